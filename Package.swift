@@ -1,0 +1,38 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Sofa",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "sofa", targets: ["sofa"]),
+        .library(name: "DocumentStore", targets: ["DocumentStore"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", exact: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", exact: "1.16.2"),
+    ],
+    targets: [
+        // System libraries: one modulemap + shim each, imported by exactly one Swift module.
+        .systemLibrary(name: "CSQLite3", path: "Sources/CSQLite3", pkgConfig: "sqlite3",
+                       providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto",
+                       providers: [.apt(["libssl-dev"])]),
+
+        .target(name: "DocumentModel", dependencies: ["CCrypto"]),
+        .target(name: "DocumentStore", dependencies: [
+            "DocumentModel", "CSQLite3",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .executableTarget(name: "sofa", dependencies: [
+            "DocumentModel", "DocumentStore",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .executableTarget(name: "sofa-bench", dependencies: ["DocumentModel", "DocumentStore"]),
+
+        .testTarget(name: "DocumentModelTests", dependencies: ["DocumentModel"]),
+        .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore"]),
+        .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore"]),
+    ]
+)

@@ -1,0 +1,73 @@
+import Foundation
+
+/// Everything that can go wrong in Sofa, with the context to say what and why.
+///
+/// One type for every layer, so that one exhaustive `switch` decides the errno
+/// of a file-system call and one the HTTP status of a server response. Tests
+/// compare cases, never message text.
+public enum SofaError: Error, Hashable, Sendable {
+    case invalidJSON(JSONParseError)
+    /// The JSON is well formed but not a valid document body.
+    case invalidDocument(reason: String)
+    case invalidDocumentID(String, reason: String)
+    case invalidAttachmentName(String, reason: String)
+    case invalidRevisionID(String)
+    case documentNotFound(String)
+    case revisionNotFound(docID: String, revID: String)
+    case attachmentNotFound(docID: String, name: String)
+    /// Saving from `revID` (or from nothing) when the document's current revision is `current`.
+    case conflict(docID: String, revID: String?, current: String)
+    case notADatabase(path: String, reason: String)
+    case databaseExists(path: String)
+    case sqlite(code: Int32, message: String, sql: String?)
+    case io(operation: String, path: String, errno: Int32)
+    /// The disk (or quota) filled up while writing `path`.
+    case diskFull(path: String)
+    case readOnlyFileSystem(path: String)
+    /// A blob file whose bytes don't hash to its name.
+    case blobCorrupted(key: String, path: String)
+    /// The attachment's body is not on this machine (`contentAvailable == false`).
+    case bodyNotAvailable(docID: String, name: String)
+    case invalidArgument(String)
+
+    /// The error for a failed system call on `path`, naming the common cases.
+    public static func system(_ operation: String, path: String, errno code: Int32) -> SofaError {
+        switch code {
+        case ENOSPC, EDQUOT: .diskFull(path: path)
+        case EROFS: .readOnlyFileSystem(path: path)
+        default: .io(operation: operation, path: path, errno: code)
+        }
+    }
+}
+
+extension SofaError: CustomStringConvertible, LocalizedError {
+    public var description: String {
+        switch self {
+        case .invalidJSON(let error): "\(error)"
+        case .invalidDocument(let reason): "invalid document: \(reason)"
+        case .invalidDocumentID(let id, let reason): "invalid document id \(quoted(id)): \(reason)"
+        case .invalidAttachmentName(let name, let reason): "invalid attachment name \(quoted(name)): \(reason)"
+        case .invalidRevisionID(let rev): "invalid revision id \(quoted(rev)): expected GENERATION-SUFFIX"
+        case .documentNotFound(let id): "no document \(quoted(id))"
+        case .revisionNotFound(let id, let rev): "document \(quoted(id)) has no revision \(rev)"
+        case .attachmentNotFound(let id, let name): "document \(quoted(id)) has no attachment \(quoted(name))"
+        case .conflict(let id, let rev, let current):
+            "conflict: document \(quoted(id)) is at revision \(current), not \(rev ?? "(new document)")"
+        case .notADatabase(let path, let reason): "\(path) is not a Sofa database: \(reason)"
+        case .databaseExists(let path): "\(path) already exists"
+        case .sqlite(let code, let message, let sql):
+            "SQLite error \(code): \(message)" + (sql.map { " (in \($0))" } ?? "")
+        case .io(let operation, let path, let code): "\(operation) \(path): \(String(cString: strerror(code)))"
+        case .diskFull(let path): "no space left on device while writing \(path)"
+        case .readOnlyFileSystem(let path): "read-only file system: cannot write \(path)"
+        case .blobCorrupted(let key, let path): "attachment body \(path) is corrupt: its bytes do not hash to \(key)"
+        case .bodyNotAvailable(let id, let name):
+            "the body of attachment \(quoted(name)) of document \(quoted(id)) is not on this machine (not downloaded)"
+        case .invalidArgument(let message): message
+        }
+    }
+
+    public var errorDescription: String? { description }
+
+    private func quoted(_ text: String) -> String { "\"\(text)\"" }
+}

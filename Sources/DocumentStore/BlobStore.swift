@@ -1,0 +1,289 @@
+import DocumentModel
+import Foundation
+
+/// A blob in the store: its key and its length in bytes.
+public struct StoredBlob: Hashable, Sendable {
+    public let key: BlobKey
+    public let length: Int64
+}
+
+/// The content-addressed store of attachment bodies: `attachments/<sha1 hex>.blob`.
+///
+/// A blob is written to `attachments/tmp/<pid>-<uuid>.tmp`, hashed while it
+/// streams, fsynced, and renamed to its key's name, after which the directory is
+/// fsynced; identical content is stored once, and a crash never leaves a partial
+/// blob under a real name. Temporary files of processes that died are swept by
+/// `removeAbandonedTemporaryFiles()` (compaction calls it).
+///
+/// ```swift
+/// let blob = try store.write(Array("hello".utf8))
+/// let reader = try store.openReader(blob.key, expectedLength: blob.length)
+/// ```
+public final class BlobStore: Sendable {
+    public let directory: String
+    let temporaryDirectory: String
+
+    /// Bytes moved per read or write call while streaming.
+    public static let chunkSize = 1 << 20
+
+    init(directory: String) {
+        self.directory = directory
+        self.temporaryDirectory = directory + "/tmp"
+    }
+
+    /// Creates the store's directories if they are missing.
+    func createDirectories() throws {
+        for path in [directory, temporaryDirectory] where mkdir(path, 0o755) != 0 && errno != EEXIST {
+            throw SofaError.system("create directory", path: path, errno: errno)
+        }
+    }
+
+    public func path(for key: BlobKey) -> String { "\(directory)/\(key.hex).blob" }
+
+    public func contains(_ key: BlobKey) -> Bool { access(path(for: key), F_OK) == 0 }
+
+    /// Starts streaming a new blob into the store.
+    public func makeWriter() throws -> BlobWriter {
+        try BlobWriter(store: self)
+    }
+
+    /// Stores `bytes` and returns their key.
+    public func write(_ bytes: some ContiguousBytes) throws -> StoredBlob {
+        let writer = try makeWriter()
+        try bytes.withUnsafeBytes { (buffer) throws in try writer.write(buffer) }
+        return try writer.finish()
+    }
+
+    /// Streams the file at `path` into the store (a pipe or FIFO works too).
+    public func write(contentsOf path: String) throws -> StoredBlob {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+        defer { close(fd) }
+        return try write(fromDescriptor: fd, name: path)
+    }
+
+    /// Streams everything readable from `fd` into the store.
+    public func write(fromDescriptor fd: Int32, name: String) throws -> StoredBlob {
+        let writer = try makeWriter()
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        while true {
+            let count = read(fd, buffer.baseAddress, buffer.count)
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw SofaError.system("read", path: name, errno: errno)
+            }
+            if count == 0 { break }
+            try writer.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+        }
+        return try writer.finish()
+    }
+
+    /// Opens a blob for reading. Throws if it is missing or its size is not `expectedLength`.
+    public func openReader(_ key: BlobKey, expectedLength: Int64? = nil) throws -> BlobReader {
+        try BlobReader(key: key, path: path(for: key), expectedLength: expectedLength)
+    }
+
+    /// Reads a whole blob and checks its hash. For tests and small bodies only.
+    public func contents(of key: BlobKey) throws -> [UInt8] {
+        let reader = try openReader(key)
+        var bytes: [UInt8] = []
+        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+        defer { chunk.deallocate() }
+        while case let count = try reader.read(into: chunk), count > 0 {
+            bytes.append(contentsOf: chunk[0..<count])
+        }
+        return bytes
+    }
+
+    /// Hashes a blob's file and throws `blobCorrupted` unless it matches its key.
+    public func verify(_ key: BlobKey) throws {
+        let reader = try openReader(key)
+        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+        defer { chunk.deallocate() }
+        while try reader.read(into: chunk) > 0 {}
+    }
+
+    /// Deletes a blob; a missing one is not an error.
+    func remove(_ key: BlobKey) throws {
+        guard unlink(path(for: key)) == 0 || errno == ENOENT else {
+            throw SofaError.system("remove", path: path(for: key), errno: errno)
+        }
+    }
+
+    /// The keys of every blob on disk, with their sizes.
+    func allBlobs() throws -> [(key: BlobKey, size: Int64)] {
+        guard let dir = opendir(directory) else { throw SofaError.system("list", path: directory, errno: errno) }
+        defer { closedir(dir) }
+        var result: [(BlobKey, Int64)] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            guard name.hasSuffix(".blob"), let key = BlobKey(hex: String(name.dropLast(5))) else { continue }
+            var info = stat()
+            guard stat(path(for: key), &info) == 0 else { continue }
+            result.append((key, Int64(info.st_size)))
+        }
+        return result
+    }
+
+    /// Deletes temporary files left by processes that no longer run. Returns bytes freed.
+    @discardableResult
+    func removeAbandonedTemporaryFiles() -> Int64 {
+        guard let dir = opendir(temporaryDirectory) else { return 0 }
+        defer { closedir(dir) }
+        var freed: Int64 = 0
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            guard name.hasSuffix(".tmp"), let dash = name.firstIndex(of: "-"), let pid = pid_t(name[..<dash]) else { continue }
+            guard kill(pid, 0) != 0 && errno == ESRCH else { continue }
+            let path = "\(temporaryDirectory)/\(name)"
+            var info = stat()
+            if stat(path, &info) == 0, unlink(path) == 0 { freed += Int64(info.st_size) }
+        }
+        return freed
+    }
+
+    fileprivate func syncDirectory() throws {
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw SofaError.system("open", path: directory, errno: errno) }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw SofaError.system("fsync", path: directory, errno: errno) }
+    }
+}
+
+/// Streams one new blob into the store. `finish()` makes it permanent; a writer
+/// dropped or cancelled before that leaves nothing behind.
+///
+/// One thread at a time; it owns its temporary file descriptor.
+public final class BlobWriter {
+    private let store: BlobStore
+    private let temporaryPath: String
+    private var fd: Int32
+    private let digest = MessageDigest(.sha1)
+    public private(set) var length: Int64 = 0
+
+    fileprivate init(store: BlobStore) throws {
+        self.store = store
+        temporaryPath = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
+        fd = open(temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw SofaError.system("create", path: temporaryPath, errno: errno) }
+    }
+
+    deinit { cancel() }
+
+    /// Appends bytes to the blob.
+    public func write(_ bytes: UnsafeRawBufferPointer) throws {
+        precondition(fd >= 0, "write after finish or cancel")
+        digest.update(bytes)
+        var offset = 0
+        while offset < bytes.count {
+            let written = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+            if written < 0 {
+                if errno == EINTR { continue }
+                let error = SofaError.system("write", path: temporaryPath, errno: errno)
+                cancel()
+                throw error
+            }
+            offset += written
+        }
+        length += Int64(bytes.count)
+    }
+
+    /// Syncs the bytes to disk and moves them under their key's name.
+    public func finish() throws -> StoredBlob {
+        precondition(fd >= 0, "finish after finish or cancel")
+        let key = BlobKey(digest: digest.finalize())
+        let finalPath = store.path(for: key)
+        do {
+            guard fsync(fd) == 0 else { throw SofaError.system("fsync", path: temporaryPath, errno: errno) }
+            guard close(fd) == 0 else { fd = -1; throw SofaError.system("close", path: temporaryPath, errno: errno) }
+            fd = -1
+            if store.contains(key) {
+                unlink(temporaryPath)  // the same bytes are stored already
+            } else {
+                guard rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
+                try store.syncDirectory()
+            }
+        } catch let error as SofaError {
+            cancel()
+            throw error
+        } catch {
+            fatalError("unreachable: only SofaError is thrown")
+        }
+        return StoredBlob(key: key, length: length)
+    }
+
+    /// Abandons the blob and deletes its temporary file.
+    public func cancel() {
+        if fd >= 0 {
+            close(fd)
+            fd = -1
+        }
+        unlink(temporaryPath)
+    }
+}
+
+/// Reads a blob sequentially and checks, at its end, that the bytes hash to the
+/// key: a corrupt blob ends in `SofaError.blobCorrupted`, never in a clean EOF.
+///
+/// `read(at:)` reads at any offset without that check (the mount's random reads).
+public final class BlobReader {
+    public let key: BlobKey
+    public let path: String
+    public let length: Int64
+    private let fd: Int32
+    private let digest = MessageDigest(.sha1)
+    private var position: Int64 = 0
+    private var verified = false
+
+    fileprivate init(key: BlobKey, path: String, expectedLength: Int64?) throws {
+        self.key = key
+        self.path = path
+        fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+        var info = stat()
+        fstat(fd, &info)
+        length = Int64(info.st_size)
+        if let expectedLength, expectedLength != length {
+            close(fd)
+            throw SofaError.blobCorrupted(key: key.hex, path: path)
+        }
+    }
+
+    deinit { close(fd) }
+
+    /// Reads the next bytes into `buffer`; 0 at the end, once the hash has been checked.
+    public func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        while true {
+            let count = Glibc.read(fd, buffer.baseAddress, buffer.count)
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw SofaError.system("read", path: path, errno: errno)
+            }
+            if count == 0 {
+                if !verified {
+                    guard position == length, BlobKey(digest: digest.finalize()) == key else {
+                        throw SofaError.blobCorrupted(key: key.hex, path: path)
+                    }
+                    verified = true
+                }
+                return 0
+            }
+            digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+            position += Int64(count)
+            return count
+        }
+    }
+
+    /// Reads up to `buffer.count` bytes at `offset`, without hash checking.
+    public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        while true {
+            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw SofaError.system("read", path: path, errno: errno)
+            }
+            return count
+        }
+    }
+}

@@ -1,0 +1,653 @@
+import DocumentModel
+import Foundation
+
+/// A Sofa database: the directory `NAME.sofa/` with `db.sqlite3` (WAL mode) and
+/// the blob store `attachments/`.
+///
+/// Documents follow CouchDB's revision semantics (see `RevisionTree`). The
+/// database is safe to use from many threads and from several processes at once:
+/// every save runs in an `IMMEDIATE` transaction that re-reads the document, so a
+/// save from a revision that is no longer current fails with
+/// `SofaError.conflict` instead of overwriting it, and readers see committed
+/// snapshots only.
+///
+/// ```swift
+/// let db = try Database.create(at: "/tmp/notes.sofa")
+/// var draft = try db.newRevision(of: "hello")
+/// draft.properties["text"] = "Hello, world"
+/// let rev = try db.save(draft)
+/// let current = try db.document(withID: "hello")   // == rev
+/// ```
+public final class Database: @unchecked Sendable {
+    // Sendable invariant: `writer` is only used under `writeLock`; reader
+    // connections are only used by the thread that checked them out of `idleReaders`.
+
+    public let path: String
+    public let blobs: BlobStore
+    public let publicUUID: String
+    public let privateUUID: String
+
+    /// The one connection that writes. Guarded by `writeLock`.
+    private let writer: SQLiteConnection
+    /// Serialises this process's writes. Lock order: 1 (taken before `readersLock`).
+    private let writeLock = Lock()
+    /// Connections ready for reading. Guarded by `readersLock`.
+    private var idleReaders: [SQLiteConnection] = []
+    /// Guards `idleReaders`. Lock order: 2 (a leaf: nothing is locked while it is held).
+    private let readersLock = Lock()
+
+    static let databaseFileName = "db.sqlite3"
+    static let attachmentsDirectoryName = "attachments"
+
+    public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }
+
+    private init(path: String, writer: SQLiteConnection) throws {
+        self.path = path
+        self.writer = writer
+        self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
+        let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
+            (row.text(0), row.text(1))
+        }
+        let values = Dictionary(meta, uniquingKeysWith: { $1 })
+        guard let publicUUID = values["public_uuid"], let privateUUID = values["private_uuid"] else {
+            throw SofaError.notADatabase(path: path, reason: "its identity is missing")
+        }
+        self.publicUUID = publicUUID
+        self.privateUUID = privateUUID
+    }
+
+    /// Creates a new, empty database directory at `path`.
+    public static func create(at path: String, revsLimit: Int = Tuning.defaultRevsLimit) throws -> Database {
+        let path = normalize(path)
+        guard mkdir(path, 0o755) == 0 else {
+            throw errno == EEXIST ? SofaError.databaseExists(path: path) : SofaError.system("create directory", path: path, errno: errno)
+        }
+        do {
+            try BlobStore(directory: "\(path)/\(attachmentsDirectoryName)").createDirectories()
+            let connection = try SQLiteConnection(path: "\(path)/\(databaseFileName)", create: true)
+            try Schema.create(connection, revsLimit: revsLimit)
+            return try Database(path: path, writer: connection)
+        } catch {
+            // Leave nothing half-made.
+            try? FileManager.default.removeItem(atPath: path)
+            throw error
+        }
+    }
+
+    /// Opens an existing database directory.
+    public static func open(at path: String) throws -> Database {
+        let path = normalize(path)
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            throw SofaError.notADatabase(path: path, reason: errno == ENOENT ? "no such file or directory" : String(cString: strerror(errno)))
+        }
+        guard info.st_mode & S_IFMT == S_IFDIR else { throw SofaError.notADatabase(path: path, reason: "it is not a directory") }
+        let file = "\(path)/\(databaseFileName)"
+        guard access(file, F_OK) == 0 else { throw SofaError.notADatabase(path: path, reason: "it has no \(databaseFileName)") }
+        let connection = try SQLiteConnection(path: file, create: false)
+        try Schema.check(connection, path: path)
+        let database = try Database(path: path, writer: connection)
+        try database.blobs.createDirectories()
+        return database
+    }
+
+    private static func normalize(_ path: String) -> String {
+        var path = path
+        while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
+        return path
+    }
+
+    // MARK: - Transactions
+
+    /// Runs `body` in a read transaction on a pooled connection: one consistent snapshot.
+    func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        let connection = try readersLock.withLock { idleReaders.popLast() }
+            ?? SQLiteConnection(path: databaseFilePath, create: false)
+        defer { readersLock.withLock { idleReaders.append(connection) } }
+        try connection.execute("BEGIN")
+        defer { try? connection.execute("COMMIT") }
+        return try body(connection)
+    }
+
+    /// Runs `body` in an IMMEDIATE write transaction; rolls back if it throws.
+    func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        try writeLock.withLock {
+            try writer.execute("BEGIN IMMEDIATE")
+            do {
+                let result = try body(writer)
+                try writer.execute("COMMIT")
+                return result
+            } catch {
+                try? writer.execute("ROLLBACK")
+                throw error
+            }
+        }
+    }
+
+    /// Saves many revisions in one transaction: all or none are saved.
+    ///
+    /// ```swift
+    /// try db.inBatch { batch in
+    ///     for draft in drafts { try batch.save(draft) }
+    /// }
+    /// ```
+    public func inBatch<T>(_ body: (Batch) throws -> T) throws -> T {
+        try write { connection in try body(Batch(database: self, connection: connection)) }
+    }
+
+    /// Write operations inside `inBatch`.
+    public struct Batch {
+        let database: Database
+        let connection: SQLiteConnection
+
+        @discardableResult
+        public func save(_ draft: RevisionDraft, allowConflict: Bool = false) throws -> Revision {
+            try database.save(draft, allowConflict: allowConflict, in: connection)
+        }
+
+        @discardableResult
+        public func insert(_ revision: ReplicatedRevision) throws -> Bool {
+            try database.insert(revision, in: connection)
+        }
+    }
+
+    // MARK: - Reading documents
+
+    /// The current revision of a live document; nil if it does not exist or is deleted.
+    public func document(withID id: String) throws -> Revision? {
+        guard let revision = try currentRevision(of: id), !revision.deleted else { return nil }
+        return revision
+    }
+
+    /// The current revision, which may be a tombstone; nil if the document never existed.
+    public func currentRevision(of id: String) throws -> Revision? {
+        try read { connection in
+            guard let row = try Database.documentRow(id, in: connection) else { return nil }
+            return try loadRevision(docKey: row.key, docID: id, revID: row.current, in: connection)
+        }
+    }
+
+    /// A specific revision. Throws `revisionNotFound` if unknown or compacted away.
+    public func revision(_ revID: RevisionID, of id: String) throws -> Revision {
+        try read { connection in
+            guard let row = try Database.documentRow(id, in: connection) else { throw SofaError.documentNotFound(id) }
+            guard let revision = try loadRevision(docKey: row.key, docID: id, revID: revID, in: connection) else {
+                throw SofaError.revisionNotFound(docID: id, revID: revID.description)
+            }
+            return revision
+        }
+    }
+
+    /// The document's revision tree.
+    public func revisionTree(of id: String) throws -> RevisionTree {
+        try read { connection in
+            guard let row = try Database.documentRow(id, in: connection) else { throw SofaError.documentNotFound(id) }
+            return try Database.loadTree(docKey: row.key, in: connection)
+        }
+    }
+
+    /// Live documents in id order, `limit` at a time after `afterID`, so that huge
+    /// databases can be listed page by page.
+    public func documents(after afterID: String? = nil, offset: Int = 0, limit: Int = Int.max,
+                          includeDeleted: Bool = false) throws -> [DocumentSummary] {
+        try read { connection in
+            try connection.query("""
+                SELECT d.doc_id, d.current_rev, d.deleted, d.sequence,
+                       (SELECT COUNT(*) FROM rev_attachments a WHERE a.doc_key = d.doc_key AND a.rev_id = d.current_rev)
+                FROM docs d WHERE d.doc_id > ? AND (? OR d.deleted = 0)
+                ORDER BY d.doc_id LIMIT ? OFFSET ?
+                """, .text(afterID ?? ""), SQLValue(includeDeleted), SQLValue(min(limit, Int(Int64.max))), SQLValue(offset)
+            ) { row in
+                DocumentSummary(docID: row.text(0), revID: try Database.revisionID(row.text(1)), deleted: row.bool(2),
+                                sequence: row.int64(3), attachmentCount: row.int(4))
+            }
+        }
+    }
+
+    /// The documents changed after `sequence`, each once at its latest change, oldest first.
+    public func changes(since sequence: Int64 = 0, limit: Int = Int.max) throws -> [Change] {
+        try read { connection in
+            try connection.query("""
+                SELECT doc_id, current_rev, deleted, sequence FROM docs WHERE sequence > ? ORDER BY sequence LIMIT ?
+                """, .integer(sequence), SQLValue(min(limit, Int(Int64.max)))
+            ) { row in
+                Change(docID: row.text(0), revID: try Database.revisionID(row.text(1)), deleted: row.bool(2), sequence: row.int64(3))
+            }
+        }
+    }
+
+    public var lastSequence: Int64 {
+        get throws { try read { try Database.lastSequence(in: $0) } }
+    }
+
+    // MARK: - Attachment bodies
+
+    /// Opens an attachment's body for streaming; the reader checks the hash at the end.
+    public func openContent(of attachment: Attachment, docID: String) throws -> BlobReader {
+        guard let key = attachment.blobKey, blobs.contains(key) else {
+            throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+        }
+        return try blobs.openReader(key, expectedLength: attachment.length)
+    }
+
+    /// The path of an attachment's body file (read-only; never write to it), or nil if not here.
+    public func contentPath(of attachment: Attachment) -> String? {
+        guard let key = attachment.blobKey, blobs.contains(key) else { return nil }
+        return blobs.path(for: key)
+    }
+
+    // MARK: - Saving
+
+    /// A draft of the next revision of `id`: on top of its current revision, or of
+    /// nothing for a new document. A deleted document is continued from its tombstone.
+    public func newRevision(of id: String) throws -> RevisionDraft {
+        try DocumentID.validate(id)
+        guard let current = try currentRevision(of: id) else {
+            return RevisionDraft(docID: id, parent: nil, properties: JSONObject(), attachments: [], blobs: blobs)
+        }
+        return RevisionDraft(docID: id, parent: current.revID, properties: current.deleted ? JSONObject() : current.properties,
+                             attachments: current.deleted ? [] : current.attachments, blobs: blobs)
+    }
+
+    /// A draft on top of a specific revision (which may be stale; see `save(_:allowConflict:)`).
+    public func newRevision(of id: String, from revID: RevisionID) throws -> RevisionDraft {
+        let base = try revision(revID, of: id)
+        return RevisionDraft(docID: id, parent: revID, properties: base.properties, attachments: base.attachments, blobs: blobs)
+    }
+
+    /// Saves a draft as a new revision.
+    ///
+    /// If the draft's parent is no longer the current revision, this throws
+    /// `SofaError.conflict` unless `allowConflict` is true, in which case the draft
+    /// becomes a new branch (a conflict) and nothing is lost. Saving content
+    /// identical to an existing child of the parent returns that revision.
+    @discardableResult
+    public func save(_ draft: RevisionDraft, allowConflict: Bool = false) throws -> Revision {
+        try write { try save(draft, allowConflict: allowConflict, in: $0) }
+    }
+
+    /// Deletes a document by saving a tombstone on top of `revID` (or the current revision).
+    @discardableResult
+    public func deleteDocument(_ id: String, revID: RevisionID? = nil) throws -> Revision {
+        try write { connection in
+            guard let row = try Database.documentRow(id, in: connection), !row.deleted else { throw SofaError.documentNotFound(id) }
+            if let revID, revID != row.current {
+                throw SofaError.conflict(docID: id, revID: revID.description, current: row.current.description)
+            }
+            var draft = RevisionDraft(docID: id, parent: row.current, properties: JSONObject(), attachments: [], blobs: blobs)
+            draft.deleted = true
+            return try save(draft, allowConflict: false, in: connection)
+        }
+    }
+
+    /// Inserts a revision with its history, as replication does (`new_edits=false`).
+    /// Returns false when the revision was already here.
+    @discardableResult
+    public func insert(_ revision: ReplicatedRevision) throws -> Bool {
+        try write { try insert(revision, in: $0) }
+    }
+
+    private func save(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> Revision {
+        try DocumentID.validate(draft.docID)
+        guard !DocumentID.isLocal(draft.docID) else {
+            throw SofaError.invalidDocumentID(draft.docID, reason: "_local documents are saved with putLocalDocument")
+        }
+        try Database.validateProperties(draft.properties)
+        let row = try Database.documentRow(draft.docID, in: connection)
+        let tree = try row.map { try Database.loadTree(docKey: $0.key, in: connection) } ?? RevisionTree([])
+
+        var parent = draft.parent
+        if let requested = draft.parent {
+            guard let row else { throw SofaError.documentNotFound(draft.docID) }
+            guard tree.contains(requested) else {
+                throw SofaError.revisionNotFound(docID: draft.docID, revID: requested.description)
+            }
+            if requested != row.current && !allowConflict {
+                throw SofaError.conflict(docID: draft.docID, revID: requested.description, current: row.current.description)
+            }
+        } else if let row {
+            if row.deleted {
+                parent = row.current  // re-creating a deleted document continues from its tombstone
+            } else if !allowConflict {
+                throw SofaError.conflict(docID: draft.docID, revID: nil, current: row.current.description)
+            }
+        }
+        if draft.deleted && row == nil { throw SofaError.documentNotFound(draft.docID) }
+
+        let parentAttachments: [String: Attachment]
+        if let parent, let key = row?.key {
+            parentAttachments = Dictionary(try Database.loadAttachments(docKey: key, revID: parent, in: connection, blobs: nil)
+                .map { ($0.name, $0) }, uniquingKeysWith: { $1 })
+        } else {
+            parentAttachments = [:]
+        }
+        let generation = (parent?.generation ?? 0) + 1
+        let attachments: [Attachment] = draft.deleted ? [] : draft.attachments.values.sorted { $0.name < $1.name }.map { attachment -> Attachment in
+            // Keep revpos when neither body nor type changed since the parent.
+            let old = parentAttachments[attachment.name]
+            let unchanged = old.map { $0.digest == attachment.digest && $0.contentType == attachment.contentType } ?? false
+            return Attachment(name: attachment.name, contentType: attachment.contentType, length: attachment.length,
+                              digest: attachment.digest, blobKey: attachment.blobKey,
+                              revpos: unchanged ? old!.revpos : generation, contentAvailable: attachment.contentAvailable)
+        }
+        let properties = draft.deleted ? JSONObject() : draft.properties
+        let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: properties,
+                                      attachments: attachments.map { ($0.name, $0.digest) })
+        let docKey = try row?.key ?? Database.insertDocumentRow(draft.docID, revID: revID, in: connection)
+        if tree.contains(revID) {
+            // The same edit of the same parent was saved before.
+            return try loadRevision(docKey: docKey, docID: draft.docID, revID: revID, in: connection)!
+        }
+        try insertRevision(docKey: docKey, revID: revID, parent: parent, deleted: draft.deleted,
+                           properties: properties, attachments: attachments, in: connection)
+        let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
+        try finishChange(docKey: docKey, tree: tree, added: [newNode], in: connection)
+        return try loadRevision(docKey: docKey, docID: draft.docID, revID: revID, in: connection)!
+    }
+
+    private func insert(_ revision: ReplicatedRevision, in connection: SQLiteConnection) throws -> Bool {
+        try DocumentID.validate(revision.docID)
+        guard !DocumentID.isLocal(revision.docID) else {
+            throw SofaError.invalidDocumentID(revision.docID, reason: "_local documents do not replicate")
+        }
+        try Database.validateProperties(revision.properties)
+        for attachment in revision.attachments { try AttachmentName.validate(attachment.name) }
+        var expected = revision.revID.generation
+        for ancestor in revision.ancestors {
+            expected -= 1
+            guard ancestor.generation == expected, expected >= 1 else {
+                throw SofaError.invalidDocument(reason: "the history of \(revision.revID) is not a chain of generations (\(ancestor))")
+            }
+        }
+        let row = try Database.documentRow(revision.docID, in: connection)
+        let tree = try row.map { try Database.loadTree(docKey: $0.key, in: connection) } ?? RevisionTree([])
+        if tree.contains(revision.revID) { return false }
+        let docKey = try row?.key ?? Database.insertDocumentRow(revision.docID, revID: revision.revID, in: connection)
+
+        // Graft: the ancestors we lack become body-less history revisions.
+        let known = revision.ancestors.firstIndex(where: tree.contains) ?? revision.ancestors.count
+        var added: [RevisionNode] = []
+        for index in stride(from: known - 1, through: 0, by: -1) {
+            let id = revision.ancestors[index]
+            let parent = index + 1 < revision.ancestors.count ? revision.ancestors[index + 1] : nil
+            try connection.run("""
+                INSERT INTO revs (doc_key, rev_id, parent_id, generation, deleted, leaf, body, sequence, saved_at)
+                VALUES (?, ?, ?, ?, 0, 0, NULL, 0, ?)
+                """, .integer(docKey), .text(id.description), SQLValue(parent?.description), SQLValue(id.generation),
+                .real(Date().timeIntervalSince1970))
+            added.append(RevisionNode(id: id, parent: parent, deleted: false, isLeaf: false))
+        }
+        let parent = revision.ancestors.first
+        try insertRevision(docKey: docKey, revID: revision.revID, parent: parent, deleted: revision.deleted,
+                           properties: revision.deleted ? JSONObject() : revision.properties,
+                           attachments: revision.attachments, in: connection)
+        added.append(RevisionNode(id: revision.revID, parent: parent, deleted: revision.deleted, isLeaf: true))
+        try finishChange(docKey: docKey, tree: tree, added: added, in: connection)
+        return true
+    }
+
+    private func insertRevision(docKey: Int64, revID: RevisionID, parent: RevisionID?, deleted: Bool,
+                                properties: JSONObject, attachments: [Attachment], in connection: SQLiteConnection) throws {
+        let body = JSONValue.object(properties).jsonString()
+        try connection.run("""
+            INSERT INTO revs (doc_key, rev_id, parent_id, generation, deleted, leaf, body, sequence, saved_at)
+            VALUES (?, ?, ?, ?, ?, 1, ?, 0, ?)
+            """, .integer(docKey), .text(revID.description), SQLValue(parent?.description), SQLValue(revID.generation),
+            SQLValue(deleted), .text(body), .real(Date().timeIntervalSince1970))
+        for attachment in attachments {
+            try connection.run("""
+                INSERT INTO rev_attachments (doc_key, rev_id, name, content_type, length, digest, blob_key, revpos)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """, .integer(docKey), .text(revID.description), .text(attachment.name), .text(attachment.contentType),
+                .integer(attachment.length), .text(attachment.digest), SQLValue(attachment.blobKey?.hex),
+                SQLValue(attachment.revpos))
+        }
+        if let parent {
+            try connection.run("UPDATE revs SET leaf = 0 WHERE doc_key = ? AND rev_id = ?", .integer(docKey), .text(parent.description))
+        }
+    }
+
+    /// After revisions were added: pick the winner, take a new sequence, prune old history.
+    private func finishChange(docKey: Int64, tree: RevisionTree, added: [RevisionNode], in connection: SQLiteConnection) throws {
+        var nodes = tree.nodes
+        for node in added {
+            nodes[node.id] = node
+            if let parent = node.parent, let old = nodes[parent], old.isLeaf {
+                nodes[parent] = RevisionNode(id: old.id, parent: old.parent, deleted: old.deleted, isLeaf: false)
+            }
+        }
+        let updated = RevisionTree(Array(nodes.values))
+        let winner = updated.winner!
+        let sequence = try Database.nextSequence(in: connection)
+        try connection.run("UPDATE docs SET current_rev = ?, deleted = ?, sequence = ? WHERE doc_key = ?",
+                           .text(winner.id.description), SQLValue(winner.deleted), .integer(sequence), .integer(docKey))
+        for node in added {
+            try connection.run("UPDATE revs SET sequence = ? WHERE doc_key = ? AND rev_id = ?",
+                               .integer(sequence), .integer(docKey), .text(node.id.description))
+        }
+        let limit = try Database.revsLimit(in: connection)
+        if updated.nodes.count > limit {
+            for id in updated.revisionsBeyond(limit: limit) {
+                try Database.deleteRevision(docKey: docKey, revID: id, in: connection)
+            }
+        }
+    }
+
+    // MARK: - Local documents
+
+    /// A `_local` document's revision (`0-N`) and body; nil if there is none.
+    public func localDocument(withID id: String) throws -> (rev: String, body: JSONObject)? {
+        try read { connection in
+            try connection.query("SELECT rev, body FROM local_docs WHERE doc_id = ?", .text(id)) { row in
+                (row.text(0), try Database.parseBody(row.bytes(1)))
+            }.first
+        }
+    }
+
+    /// Creates or replaces a `_local` document. When `rev` is given it must be the
+    /// current one (`conflict` otherwise). Returns the new revision, `0-N`.
+    @discardableResult
+    public func putLocalDocument(_ id: String, body: JSONObject, rev: String? = nil) throws -> String {
+        try DocumentID.validate(id)
+        return try write { connection in
+            let current = try connection.query("SELECT rev FROM local_docs WHERE doc_id = ?", .text(id)) { $0.text(0) }.first
+            if let rev, rev != current {
+                throw SofaError.conflict(docID: id, revID: rev, current: current ?? "(none)")
+            }
+            let count = current.flatMap { Int($0.split(separator: "-").last ?? "") } ?? 0
+            let newRev = "0-\(count + 1)"
+            try connection.run("INSERT OR REPLACE INTO local_docs (doc_id, rev, body) VALUES (?, ?, ?)",
+                               .text(id), .text(newRev), .text(JSONValue.object(body).jsonString()))
+            return newRev
+        }
+    }
+
+    public func deleteLocalDocument(_ id: String, rev: String? = nil) throws {
+        try write { connection in
+            let current = try connection.query("SELECT rev FROM local_docs WHERE doc_id = ?", .text(id)) { $0.text(0) }.first
+            guard let current else { throw SofaError.documentNotFound(id) }
+            if let rev, rev != current { throw SofaError.conflict(docID: id, revID: rev, current: current) }
+            try connection.run("DELETE FROM local_docs WHERE doc_id = ?", .text(id))
+        }
+    }
+
+    // MARK: - Info
+
+    public func info() throws -> DatabaseInfo {
+        let blobList = try blobs.allBlobs()
+        return try read { connection in
+            let counts = try connection.query("SELECT COALESCE(SUM(deleted = 0), 0), COALESCE(SUM(deleted), 0) FROM docs") { ($0.int(0), $0.int(1)) }[0]
+            var missing = 0
+            try connection.forEach("""
+                SELECT a.blob_key FROM rev_attachments a JOIN docs d ON a.doc_key = d.doc_key AND a.rev_id = d.current_rev
+                """) { row in
+                if row.isNull(0) || !blobs.contains(BlobKey(hex: row.text(0)) ?? BlobKey.of([UInt8]())) { missing += 1 }
+            }
+            return DatabaseInfo(
+                path: path, documentCount: counts.0, deletedCount: counts.1,
+                lastSequence: try Database.lastSequence(in: connection),
+                publicUUID: publicUUID, privateUUID: privateUUID, revsLimit: try Database.revsLimit(in: connection),
+                databaseBytes: databaseFileBytes(), blobCount: blobList.count,
+                blobBytes: blobList.reduce(0) { $0 + $1.size }, missingBodyCount: missing)
+        }
+    }
+
+    func databaseFileBytes() -> Int64 {
+        ["", "-wal"].reduce(Int64(0)) { total, suffix in
+            var info = stat()
+            return total + (stat(databaseFilePath + suffix, &info) == 0 ? Int64(info.st_size) : 0)
+        }
+    }
+
+    // MARK: - Compaction
+
+    /// Drops the bodies of non-leaf revisions, prunes history beyond the revs
+    /// limit, deletes blobs that no revision references (keeping the metadata of
+    /// referenced bodies that are not downloaded), sweeps abandoned temporary
+    /// files and vacuums the SQLite file.
+    ///
+    /// Blobs modified in the last `Tuning.blobGracePeriod` are kept even when
+    /// unreferenced: another process may have just written one for a save that
+    /// has not committed yet.
+    public func compact() throws -> CompactionReport {
+        var report = CompactionReport()
+        report.databaseBytesBefore = databaseFileBytes()
+        try write { connection in
+            let limit = try Database.revsLimit(in: connection)
+            let docKeys = try connection.query("SELECT doc_key FROM revs GROUP BY doc_key HAVING COUNT(*) > ?", SQLValue(limit)) { $0.int64(0) }
+            for docKey in docKeys {
+                let tree = try Database.loadTree(docKey: docKey, in: connection)
+                for id in tree.revisionsBeyond(limit: limit) {
+                    try Database.deleteRevision(docKey: docKey, revID: id, in: connection)
+                    report.revisionsPruned += 1
+                }
+            }
+            try connection.run("""
+                DELETE FROM rev_attachments WHERE EXISTS (SELECT 1 FROM revs r WHERE r.doc_key = rev_attachments.doc_key
+                    AND r.rev_id = rev_attachments.rev_id AND r.leaf = 0)
+                """)
+            try connection.run("UPDATE revs SET body = NULL WHERE leaf = 0 AND body IS NOT NULL")
+            report.bodiesDropped = connection.changes
+            // Still under the write lock: no save in this process can reference a blob meanwhile.
+            let referenced = Set(try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { $0.text(0) })
+            let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
+            for blob in try blobs.allBlobs() where !referenced.contains(blob.key.hex) {
+                var info = stat()
+                guard stat(blobs.path(for: blob.key), &info) == 0, Double(info.st_mtim.tv_sec) < cutoff else { continue }
+                try blobs.remove(blob.key)
+                report.blobsDeleted += 1
+                report.blobBytesFreed += blob.size
+            }
+        }
+        report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles()
+        try writeLock.withLock {
+            try writer.execute("VACUUM")
+            try writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        }
+        report.databaseBytesAfter = databaseFileBytes()
+        return report
+    }
+
+    /// Checks the SQLite file (`PRAGMA integrity_check`) and every blob's hash.
+    /// Returns the problems found; empty means healthy.
+    public func check() throws -> [String] {
+        var problems = try read { connection in
+            try connection.query("PRAGMA integrity_check") { $0.text(0) }.filter { $0 != "ok" }
+        }
+        for blob in try blobs.allBlobs() {
+            do { try blobs.verify(blob.key) } catch { problems.append("\(error)") }
+        }
+        return problems
+    }
+
+    // MARK: - Row helpers
+
+    struct DocumentRow {
+        let key: Int64
+        let current: RevisionID
+        let deleted: Bool
+    }
+
+    static func documentRow(_ id: String, in connection: SQLiteConnection) throws -> DocumentRow? {
+        try connection.query("SELECT doc_key, current_rev, deleted FROM docs WHERE doc_id = ?", .text(id)) { row in
+            DocumentRow(key: row.int64(0), current: try revisionID(row.text(1)), deleted: row.bool(2))
+        }.first
+    }
+
+    static func insertDocumentRow(_ id: String, revID: RevisionID, in connection: SQLiteConnection) throws -> Int64 {
+        try connection.run("INSERT INTO docs (doc_id, current_rev, deleted, sequence) VALUES (?, ?, 0, NULL)",
+                           .text(id), .text(revID.description))
+        return try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
+    }
+
+    static func loadTree(docKey: Int64, in connection: SQLiteConnection) throws -> RevisionTree {
+        RevisionTree(try connection.query("SELECT rev_id, parent_id, deleted, leaf FROM revs WHERE doc_key = ?", .integer(docKey)) { row in
+            RevisionNode(id: try revisionID(row.text(0)), parent: try row.optionalText(1).map(revisionID),
+                         deleted: row.bool(2), isLeaf: row.bool(3))
+        })
+    }
+
+    func loadRevision(docKey: Int64, docID: String, revID: RevisionID, in connection: SQLiteConnection) throws -> Revision? {
+        let rows = try connection.query("""
+            SELECT parent_id, deleted, body, sequence, saved_at FROM revs WHERE doc_key = ? AND rev_id = ? AND body IS NOT NULL
+            """, .integer(docKey), .text(revID.description)
+        ) { row in
+            (parent: try row.optionalText(0).map(Database.revisionID), deleted: row.bool(1),
+             body: try Database.parseBody(row.bytes(2)), sequence: row.int64(3), savedAt: row.double(4))
+        }
+        guard let row = rows.first else { return nil }
+        return Revision(docID: docID, revID: revID, parentRevID: row.parent, deleted: row.deleted, properties: row.body,
+                        attachments: try Database.loadAttachments(docKey: docKey, revID: revID, in: connection, blobs: blobs),
+                        sequence: row.sequence, savedAt: Date(timeIntervalSince1970: row.savedAt))
+    }
+
+    /// Attachment rows of a revision; `contentAvailable` is checked against `blobs` when given.
+    static func loadAttachments(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection, blobs: BlobStore?) throws -> [Attachment] {
+        try connection.query("""
+            SELECT name, content_type, length, digest, blob_key, revpos FROM rev_attachments
+            WHERE doc_key = ? AND rev_id = ? ORDER BY name
+            """, .integer(docKey), .text(revID.description)
+        ) { row in
+            let key = row.optionalText(4).flatMap(BlobKey.init(hex:))
+            return Attachment(name: row.text(0), contentType: row.text(1), length: row.int64(2), digest: row.text(3),
+                              blobKey: key, revpos: row.int(5),
+                              contentAvailable: key.map { blobs?.contains($0) ?? false } ?? false)
+        }
+    }
+
+    static func deleteRevision(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection) throws {
+        try connection.run("DELETE FROM rev_attachments WHERE doc_key = ? AND rev_id = ?", .integer(docKey), .text(revID.description))
+        try connection.run("DELETE FROM revs WHERE doc_key = ? AND rev_id = ?", .integer(docKey), .text(revID.description))
+    }
+
+    static func nextSequence(in connection: SQLiteConnection) throws -> Int64 {
+        try connection.query("UPDATE meta SET value = value + 1 WHERE key = 'last_sequence' RETURNING value") { $0.int64(0) }[0]
+    }
+
+    static func lastSequence(in connection: SQLiteConnection) throws -> Int64 {
+        try connection.query("SELECT value FROM meta WHERE key = 'last_sequence'") { $0.int64(0) }[0]
+    }
+
+    static func revsLimit(in connection: SQLiteConnection) throws -> Int {
+        try connection.query("SELECT value FROM meta WHERE key = 'revs_limit'") { $0.int(0) }[0]
+    }
+
+    static func revisionID(_ text: String) throws -> RevisionID {
+        guard let rev = RevisionID(text) else { throw SofaError.sqlite(code: 0, message: "corrupt revision id \(text)", sql: nil) }
+        return rev
+    }
+
+    static func parseBody(_ bytes: [UInt8]) throws -> JSONObject {
+        guard case .object(let object) = try JSONValue(parsing: bytes) else {
+            throw SofaError.invalidDocument(reason: "stored body is not an object")
+        }
+        return object
+    }
+
+    /// Top-level keys starting with `_` are CouchDB's, not the document's.
+    static func validateProperties(_ properties: JSONObject) throws {
+        if let key = properties.keys.first(where: { $0.hasPrefix("_") }) {
+            throw SofaError.invalidDocument(reason: "top-level key \"\(key)\" is reserved (keys starting with '_' are not allowed)")
+        }
+    }
+}

@@ -1,0 +1,164 @@
+import CSQLite3
+import DocumentModel
+
+/// A value bound to, or read from, an SQL statement.
+enum SQLValue {
+    case null
+    case integer(Int64)
+    case real(Double)
+    case text(String)
+}
+
+extension SQLValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByNilLiteral {
+    init(stringLiteral value: String) { self = .text(value) }
+    init(integerLiteral value: Int64) { self = .integer(value) }
+    init(nilLiteral: ()) { self = .null }
+    init(_ value: Int) { self = .integer(Int64(value)) }
+    init(_ value: Bool) { self = .integer(value ? 1 : 0) }
+    init(_ value: String?) { self = value.map { .text($0) } ?? .null }
+}
+
+/// One SQLite connection. Owns its handle and a cache of prepared statements.
+///
+/// Not thread-safe by itself: `Database` hands a connection to one thread at a
+/// time (the writer behind `writeLock`, readers through the pool), which is the
+/// invariant behind `@unchecked Sendable`.
+final class SQLiteConnection: @unchecked Sendable {
+    let handle: OpaquePointer
+    let path: String
+    private var statements: [String: OpaquePointer] = [:]
+
+    /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
+    static let busyTimeoutMilliseconds: Int32 = 30_000
+
+    init(path: String, create: Bool, readOnly: Bool = false) throws {
+        var handle: OpaquePointer?
+        var flags = readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE
+        if create { flags |= SQLITE_OPEN_CREATE }
+        flags |= SQLITE_OPEN_NOMUTEX
+        let code = sqlite3_open_v2(path, &handle, flags, nil)
+        guard code == SQLITE_OK, let handle else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? String(cString: sqlite3_errstr(code))
+            sqlite3_close_v2(handle)
+            throw code == SQLITE_NOTADB
+                ? SofaError.notADatabase(path: path, reason: message)
+                : SofaError.sqlite(code: code, message: "cannot open \(path): \(message)", sql: nil)
+        }
+        self.handle = handle
+        self.path = path
+        sqlite3_busy_timeout(handle, SQLiteConnection.busyTimeoutMilliseconds)
+        sqlite3_extended_result_codes(handle, 1)
+    }
+
+    deinit {
+        for statement in statements.values { sqlite3_finalize(statement) }
+        sqlite3_close_v2(handle)
+    }
+
+    func error(_ code: Int32, sql: String?) -> SofaError {
+        let message = String(cString: sqlite3_errmsg(handle))
+        switch code & 0xFF {
+        case SQLITE_NOTADB: return .notADatabase(path: path, reason: message)
+        case SQLITE_FULL: return .diskFull(path: path)
+        case SQLITE_READONLY: return .readOnlyFileSystem(path: path)
+        default: return .sqlite(code: code, message: message, sql: sql)
+        }
+    }
+
+    /// Runs one or more statements that take no arguments.
+    func execute(_ sql: String) throws {
+        let code = sqlite3_exec(handle, sql, nil, nil, nil)
+        guard code == SQLITE_OK else { throw error(code, sql: sql) }
+    }
+
+    /// Runs a statement for its effect.
+    func run(_ sql: String, _ arguments: SQLValue...) throws {
+        let statement = try prepare(sql, arguments)
+        defer { sqlite3_reset(statement) }
+        var code: Int32
+        repeat { code = sqlite3_step(statement) } while code == SQLITE_ROW
+        guard code == SQLITE_DONE else { throw error(code, sql: sql) }
+    }
+
+    /// Runs a query and maps each row.
+    func query<T>(_ sql: String, _ arguments: SQLValue..., row transform: (SQLiteRow) throws -> T) throws -> [T] {
+        let statement = try prepare(sql, arguments)
+        defer { sqlite3_reset(statement) }
+        var results: [T] = []
+        while true {
+            let code = sqlite3_step(statement)
+            if code == SQLITE_DONE { return results }
+            guard code == SQLITE_ROW else { throw error(code, sql: sql) }
+            results.append(try transform(SQLiteRow(statement: statement)))
+        }
+    }
+
+    /// Like `query`, but visits rows one at a time without collecting them.
+    func forEach(_ sql: String, _ arguments: SQLValue..., row visit: (SQLiteRow) throws -> Void) throws {
+        let statement = try prepare(sql, arguments)
+        defer { sqlite3_reset(statement) }
+        while true {
+            let code = sqlite3_step(statement)
+            if code == SQLITE_DONE { return }
+            guard code == SQLITE_ROW else { throw error(code, sql: sql) }
+            try visit(SQLiteRow(statement: statement))
+        }
+    }
+
+    var changes: Int { Int(sqlite3_changes(handle)) }
+
+    private func prepare(_ sql: String, _ arguments: [SQLValue]) throws -> OpaquePointer {
+        let statement: OpaquePointer
+        if let cached = statements[sql] {
+            statement = cached
+        } else {
+            var prepared: OpaquePointer?
+            let code = sqlite3_prepare_v2(handle, sql, -1, &prepared, nil)
+            guard code == SQLITE_OK, let prepared else { throw error(code, sql: sql) }
+            statements[sql] = prepared
+            statement = prepared
+        }
+        sqlite3_clear_bindings(statement)
+        for (offset, argument) in arguments.enumerated() {
+            let index = Int32(offset + 1)
+            let code: Int32
+            switch argument {
+            case .null: code = sqlite3_bind_null(statement, index)
+            case .integer(let value): code = sqlite3_bind_int64(statement, index, value)
+            case .real(let value): code = sqlite3_bind_double(statement, index, value)
+            case .text(let value):
+                code = value.utf8CString.withUnsafeBufferPointer {
+                    csqlite3_bind_text_transient(statement, index, $0.baseAddress, Int32($0.count - 1))
+                }
+            }
+            guard code == SQLITE_OK else { throw error(code, sql: sql) }
+        }
+        return statement
+    }
+}
+
+/// The current row of a running query; valid only inside the row closure.
+struct SQLiteRow {
+    let statement: OpaquePointer
+
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_NULL }
+    func int(_ column: Int32) -> Int { Int(sqlite3_column_int64(statement, column)) }
+    func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
+    func bool(_ column: Int32) -> Bool { sqlite3_column_int64(statement, column) != 0 }
+    func double(_ column: Int32) -> Double { sqlite3_column_double(statement, column) }
+
+    func text(_ column: Int32) -> String { optionalText(column) ?? "" }
+
+    func optionalText(_ column: Int32) -> String? {
+        guard let pointer = sqlite3_column_text(statement, column) else { return nil }
+        let count = Int(sqlite3_column_bytes(statement, column))
+        return String(decoding: UnsafeRawBufferPointer(start: pointer, count: count), as: UTF8.self)
+    }
+
+    /// The raw UTF-8 bytes of a text column, without making a String.
+    func bytes(_ column: Int32) -> [UInt8] {
+        guard let pointer = sqlite3_column_text(statement, column) else { return [] }
+        let count = Int(sqlite3_column_bytes(statement, column))
+        return Array(UnsafeRawBufferPointer(start: pointer, count: count))
+    }
+}

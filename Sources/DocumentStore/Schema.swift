@@ -1,0 +1,89 @@
+import DocumentModel
+import Foundation
+
+/// The SQLite schema of `db.sqlite3`, version 1.
+///
+/// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
+///   `last_sequence`, `revs_limit`.
+/// - `docs`: one row per document: its winning revision, whether that is a
+///   tombstone, and the sequence of its latest change.
+/// - `revs`: every known revision with its parent; `body` is NULL for history
+///   revisions received without a body or compacted away.
+/// - `rev_attachments`: attachment metadata per revision; `blob_key` is NULL while
+///   only the remote's digest is known.
+/// - `local_docs`: `_local` documents, outside the revision machinery.
+enum Schema {
+    static let version = 1
+
+    static func create(_ connection: SQLiteConnection, revsLimit: Int) throws {
+        try configure(connection)
+        try connection.execute("BEGIN IMMEDIATE")
+        do {
+            try connection.execute("""
+                CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL) WITHOUT ROWID;
+                CREATE TABLE docs (
+                    doc_key INTEGER PRIMARY KEY,
+                    doc_id TEXT NOT NULL UNIQUE,
+                    current_rev TEXT NOT NULL,
+                    deleted INTEGER NOT NULL,
+                    sequence INTEGER UNIQUE
+                );
+                CREATE TABLE revs (
+                    doc_key INTEGER NOT NULL,
+                    rev_id TEXT NOT NULL,
+                    parent_id TEXT,
+                    generation INTEGER NOT NULL,
+                    deleted INTEGER NOT NULL,
+                    leaf INTEGER NOT NULL,
+                    body TEXT,
+                    sequence INTEGER NOT NULL,
+                    saved_at REAL NOT NULL,
+                    PRIMARY KEY (doc_key, rev_id)
+                ) WITHOUT ROWID;
+                CREATE TABLE rev_attachments (
+                    doc_key INTEGER NOT NULL,
+                    rev_id TEXT NOT NULL,
+                    name TEXT NOT NULL,
+                    content_type TEXT NOT NULL,
+                    length INTEGER NOT NULL,
+                    digest TEXT NOT NULL,
+                    blob_key TEXT,
+                    revpos INTEGER NOT NULL,
+                    PRIMARY KEY (doc_key, rev_id, name)
+                ) WITHOUT ROWID;
+                CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
+                CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
+                """)
+            try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
+                               "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
+                               .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
+            try connection.execute("PRAGMA user_version = \(version)")
+            try connection.execute("COMMIT")
+        } catch {
+            try? connection.execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Checks that an existing file is a Sofa database of this version, and configures the connection.
+    static func check(_ connection: SQLiteConnection, path: String) throws {
+        let userVersion = try connection.query("PRAGMA user_version") { $0.int(0) }[0]
+        guard userVersion == version else {
+            throw SofaError.notADatabase(path: path, reason: userVersion == 0
+                ? "\(Database.databaseFileName) holds no Sofa schema"
+                : "schema version \(userVersion) is not supported (expected \(version))")
+        }
+        try configure(connection)
+    }
+
+    /// WAL so readers never block the writer; synchronous=NORMAL is durable against
+    /// a killed process (a power cut may lose the last commits, never corrupt).
+    static func configure(_ connection: SQLiteConnection) throws {
+        try connection.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF")
+    }
+
+    /// A random UUID as 32 lowercase hex digits, the form CouchDB uses.
+    static func newUUID() -> String {
+        UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
+    }
+}

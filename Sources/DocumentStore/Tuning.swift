@@ -1,0 +1,16 @@
+/// Every tunable of the storage layer, with the reason for its value.
+public enum Tuning {
+    /// How many generations of history a document keeps behind each leaf.
+    /// CouchDB's default `_revs_limit` is 1000; replication needs enough shared
+    /// history to find common ancestors after long offline periods.
+    public static let defaultRevsLimit = 1000
+
+    /// Unreferenced blobs younger than this survive compaction: another process
+    /// may have written one for a save that has not committed yet (a blob is
+    /// written, then the revision that refers to it is saved).
+    public static let blobGracePeriod: Double = 600
+
+    /// Documents per transaction when importing: large enough to amortise the
+    /// commit, small enough that an interrupted import keeps most of its work.
+    public static let importBatchSize = 500
+}

@@ -1,0 +1,71 @@
+import ArgumentParser
+import DocumentModel
+import DocumentStore
+import Foundation
+
+struct Attach: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Add or replace an attachment from a file (streamed, never loaded whole).")
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "Document id (created if missing).") var id: String
+    @Argument(help: "Attachment name.") var name: String
+    @Argument(help: "The file to attach, or - for standard input.") var file: String
+    @Option(name: .customLong("type"), help: "Content type (default: from the name's extension).") var contentType: String?
+
+    func execute() throws {
+        try AttachmentName.validate(name)
+        let database = try db.open()
+        var draft = try database.newRevision(of: id)
+        let blob = file == "-"
+            ? try database.blobs.write(fromDescriptor: STDIN_FILENO, name: "standard input")
+            : try database.blobs.write(contentsOf: file)
+        try draft.setAttachment(name, blob: blob, contentType: contentType)
+        Output.line(try database.save(draft).revID.description)
+    }
+}
+
+struct Detach: SofaCommand {
+    static let configuration = CommandConfiguration(abstract: "Remove an attachment (saves a new revision).")
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "Document id.") var id: String
+    @Argument(help: "Attachment name.") var name: String
+
+    func execute() throws {
+        let database = try db.open()
+        guard try database.document(withID: id) != nil else { throw SofaError.documentNotFound(id) }
+        var draft = try database.newRevision(of: id)
+        try draft.removeAttachment(name)
+        Output.line(try database.save(draft).revID.description)
+    }
+}
+
+struct CatAttachment: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Stream an attachment's body to standard output.",
+        discussion: "The body's hash is checked as it streams; a corrupt body ends with an error and exit status 1.")
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "Document id.") var id: String
+    @Argument(help: "Attachment name.") var name: String
+    @Option(help: "A specific revision.") var rev: String?
+
+    func execute() throws {
+        let database = try db.open()
+        let revision: Revision
+        if let rev {
+            revision = try database.revision(RevisionID.parse(rev), of: id)
+        } else {
+            guard let current = try database.document(withID: id) else { throw SofaError.documentNotFound(id) }
+            revision = current
+        }
+        guard let attachment = revision.attachment(named: name) else { throw SofaError.attachmentNotFound(docID: id, name: name) }
+        let reader = try database.openContent(of: attachment, docID: id)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        while case let count = try reader.read(into: buffer), count > 0 {
+            Output.writeAll(STDOUT_FILENO, UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+        }
+    }
+}

@@ -1,0 +1,239 @@
+import ArgumentParser
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// JSON lines: one document revision per line, as CouchDB shows it with
+/// `_id`, `_rev`, `_revisions` (the history) and `_attachments` (inline base64
+/// `data`, or stubs). Every leaf revision is a line, so conflicts survive the trip.
+struct Export: SofaCommand {
+    static let configuration = CommandConfiguration(abstract: "Write every document as JSON lines.")
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "The output file, or - (the default) for standard output.") var file = "-"
+    @Flag(help: "Write attachment stubs (metadata only) instead of inline base64 bodies.") var noAttachments = false
+
+    func execute() throws {
+        let database = try db.open()
+        let output = try BufferedOutput(path: file)
+        var progress = Progress("exported")
+        var count = 0
+        var after: String?
+        while true {
+            let page = try database.documents(after: after, limit: 500, includeDeleted: true)
+            guard let last = page.last else { break }
+            after = last.docID
+            for summary in page {
+                let tree = try database.revisionTree(of: summary.docID)
+                for leaf in tree.leaves {
+                    let revision = try database.revision(leaf.id, of: summary.docID)
+                    try write(revision, history: tree.history(of: leaf.id), database: database, to: output)
+                }
+                count += 1
+                progress.update(count, unit: "documents")
+            }
+        }
+        try output.close()
+        progress.finish()
+    }
+
+    private func write(_ revision: Revision, history: [RevisionID], database: Database, to output: BufferedOutput) throws {
+        var head = revision.couchJSON(includeRevisions: history)
+        let inline = noAttachments ? [] : revision.attachments.filter(\.contentAvailable)
+        if inline.isEmpty {
+            try output.write(JSONValue.object(head).serialized() + [0x0A])
+            return
+        }
+        // Stream bodies as base64 so that memory stays flat whatever their size.
+        head["_attachments"] = nil
+        try output.write(JSONValue.object(head).serialized().dropLast() + Array(#","_attachments":{"#.utf8))
+        for (index, attachment) in revision.attachments.enumerated() {
+            var meta = attachment.stub
+            meta["stub"] = nil
+            let hasData = inline.contains(attachment)
+            if !hasData { meta["stub"] = true }
+            var prefix = index > 0 ? [UInt8(ascii: ",")] : []
+            prefix += JSONValue.string(attachment.name).serialized() + [UInt8(ascii: ":")]
+            let metaBytes = JSONValue.object(meta).serialized()
+            guard hasData else {
+                try output.write(prefix + metaBytes)
+                continue
+            }
+            try output.write(prefix + metaBytes.dropLast() + Array(#","data":""#.utf8))
+            try streamBase64(database.openContent(of: attachment, docID: revision.docID), to: output)
+            try output.write(Array("\"}".utf8))
+        }
+        try output.write(Array("}}\n".utf8))
+    }
+
+    private func streamBase64(_ reader: BlobReader, to output: BufferedOutput) throws {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 3 << 18, alignment: 16)
+        defer { buffer.deallocate() }
+        var pending: [UInt8] = []
+        while case let count = try reader.read(into: buffer), count > 0 {
+            pending.append(contentsOf: buffer[0..<count])
+            let usable = pending.count / 3 * 3
+            try output.write(Array(Data(pending[0..<usable]).base64EncodedString().utf8))
+            pending.removeFirst(usable)
+        }
+        try output.write(Array(Data(pending).base64EncodedString().utf8))
+    }
+}
+
+struct Import: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Read documents from JSON lines (as written by export).",
+        discussion: "Lines with _rev keep their revision ids and history; lines without become new revisions.")
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "The input file, or - (the default) for standard input.") var file = "-"
+
+    func execute() throws {
+        let database = try db.open()
+        guard let stream = file == "-" ? fdopen(dup(STDIN_FILENO), "r") : fopen(file, "r") else {
+            throw SofaError.system("open", path: file, errno: errno)
+        }
+        defer { fclose(stream) }
+        var progress = Progress("imported")
+        var batch: [ReplicatedRevision] = []
+        var count = 0
+        var lineNumber = 0
+        func flush() throws {
+            guard !batch.isEmpty else { return }
+            try database.inBatch { writer in for revision in batch { try writer.insert(revision) } }
+            batch.removeAll()
+        }
+        var line: UnsafeMutablePointer<CChar>?
+        var capacity = 0
+        defer { free(line) }
+        while case let length = getline(&line, &capacity, stream), length >= 0 {
+            lineNumber += 1
+            let bytes = Array(UnsafeRawBufferPointer(start: line, count: length))
+            guard bytes.contains(where: { ![0x20, 0x09, 0x0A, 0x0D].contains($0) }) else { continue }
+            do {
+                if let revision = try importLine(bytes, into: database, flush: flush) {
+                    batch.append(revision)
+                    if batch.count >= Tuning.importBatchSize { try flush() }
+                }
+            } catch let error as SofaError {
+                try flush()
+                throw SofaError.invalidArgument("\(file == "-" ? "standard input" : file), line \(lineNumber): \(error)")
+            }
+            count += 1
+            progress.update(count, unit: "documents")
+        }
+        try flush()
+        progress.finish()
+        Output.line("imported \(count) documents")
+    }
+
+    /// Returns the revision to insert with history, or nil when the line was saved directly.
+    private func importLine(_ bytes: [UInt8], into database: Database, flush: () throws -> Void) throws -> ReplicatedRevision? {
+        var object = try parseJSONObject(bytes, what: "each line")
+        guard let id = object["_id"]?.stringValue else { throw SofaError.invalidDocument(reason: "missing _id") }
+        try DocumentID.validate(id)
+        if DocumentID.isLocal(id) {
+            try database.putLocalDocument(id, body: object.filter { !$0.hasPrefix("_") })
+            return nil
+        }
+        let rev = try object["_rev"].map { value -> RevisionID in
+            guard let text = value.stringValue else { throw SofaError.invalidRevisionID(value.description) }
+            return try RevisionID.parse(text)
+        }
+        let deleted = object["_deleted"]?.boolValue ?? false
+        let generation = rev?.generation ?? 1
+        var attachments: [Attachment] = []
+        for (name, meta) in object["_attachments"]?.objectValue ?? [:] {
+            attachments.append(try importAttachment(name, meta, generation: generation, database: database))
+        }
+        let history = object["_revisions"]
+        object = object.filter { !$0.hasPrefix("_") }
+        guard let rev else {
+            try flush()
+            var draft = try database.newRevision(of: id)
+            draft.properties = object
+            draft.deleted = deleted
+            for attachment in attachments { try draft.setAttachment(attachment) }
+            try database.save(draft)
+            return nil
+        }
+        var ancestors: [RevisionID] = []
+        if let history {
+            guard let start = history["start"]?.int64Value, start == rev.generation,
+                  let ids = history["ids"]?.arrayValue?.compactMap(\.stringValue), ids.first == rev.suffix else {
+                throw SofaError.invalidDocument(reason: "_revisions does not match _rev \(rev)")
+            }
+            ancestors = ids.dropFirst().enumerated().map { RevisionID(generation: Int(start) - 1 - $0.offset, suffix: $0.element) }
+        }
+        return ReplicatedRevision(docID: id, revID: rev, ancestors: ancestors, deleted: deleted, properties: object,
+                                  attachments: attachments)
+    }
+
+    private func importAttachment(_ name: String, _ meta: JSONValue, generation: Int, database: Database) throws -> Attachment {
+        try AttachmentName.validate(name)
+        guard case .object = meta else { throw SofaError.invalidDocument(reason: "attachment \(name) is not an object") }
+        let contentType = meta["content_type"]?.stringValue ?? MIMEType.forFileName(name)
+        let revpos = meta["revpos"]?.int64Value.map(Int.init) ?? generation
+        let digest = meta["digest"]?.stringValue
+        if let data = meta["data"]?.stringValue {
+            guard let bytes = Data(base64Encoded: data) else {
+                throw SofaError.invalidDocument(reason: "attachment \(name) has invalid base64 data")
+            }
+            let blob = try database.blobs.write(bytes)
+            if let digest, digest.hasPrefix("sha1-"), digest != blob.key.digestString {
+                throw SofaError.invalidDocument(reason: "attachment \(name): data does not match its digest \(digest)")
+            }
+            // A remote digest (md5-…) is kept: it is how the remote knows this body.
+            return Attachment(name: name, contentType: contentType, length: blob.length, digest: digest ?? blob.key.digestString,
+                              blobKey: blob.key, revpos: revpos, contentAvailable: true)
+        }
+        guard let digest, let length = meta["length"]?.int64Value else {
+            throw SofaError.invalidDocument(reason: "attachment \(name) has neither data nor digest and length")
+        }
+        return Attachment(name: name, contentType: contentType, length: length, digest: digest,
+                          blobKey: BlobKey(digestString: digest), revpos: revpos)
+    }
+}
+
+/// Buffered writes to a file or standard output that report failures (a full disk, a closed pipe).
+final class BufferedOutput {
+    private let fd: Int32
+    private let path: String
+    private var buffer: [UInt8] = []
+
+    init(path: String) throws {
+        self.path = path == "-" ? "standard output" : path
+        if path == "-" {
+            fd = STDOUT_FILENO
+        } else {
+            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+            guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
+        }
+        buffer.reserveCapacity(1 << 20)
+    }
+
+    func write(_ bytes: some Collection<UInt8>) throws {
+        buffer.append(contentsOf: bytes)
+        if buffer.count >= 1 << 20 { try flush() }
+    }
+
+    func flush() throws {
+        var offset = 0
+        while offset < buffer.count {
+            let count = buffer.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw SofaError.system("write", path: path, errno: errno)
+            }
+            offset += count
+        }
+        buffer.removeAll(keepingCapacity: true)
+    }
+
+    func close() throws {
+        try flush()
+        if fd != STDOUT_FILENO {
+            guard fsync(fd) == 0, Glibc.close(fd) == 0 else { throw SofaError.system("close", path: path, errno: errno) }
+        }
+    }
+}

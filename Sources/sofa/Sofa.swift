@@ -1,0 +1,174 @@
+import ArgumentParser
+import DocumentModel
+import DocumentStore
+import Foundation
+import Logging
+
+/// `sofa`: the command line of Sofa databases, in the spirit of Couchbase's `cblite`.
+/// Every command takes the database path first.
+@main
+struct Sofa: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sofa",
+        abstract: "A document database with revision histories and attachments, used through the file system.",
+        subcommands: [
+            Create.self, Info.self, List.self, Cat.self, Put.self, Remove.self, Revs.self,
+            Attach.self, Detach.self, CatAttachment.self, Compact.self, Check.self, Export.self, Import.self,
+        ]
+    )
+
+    static func main() {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = ProcessInfo.processInfo.environment["SOFA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
+            return handler
+        }
+        do {
+            var command = try parseAsRoot()
+            try command.run()
+        } catch {
+            exit(withError: error)
+        }
+    }
+}
+
+let log = Logger(label: "sofa")
+
+/// A subcommand whose domain errors print as `sofa: <what failed and why>` and exit 1.
+protocol SofaCommand: ParsableCommand {
+    func execute() throws
+}
+
+extension SofaCommand {
+    func run() throws {
+        do {
+            try execute()
+        } catch let error as SofaError {
+            Output.error("\(error)")
+            throw ExitCode(1)
+        }
+    }
+}
+
+/// Writing to the standard streams.
+enum Output {
+    static func line(_ text: String) {
+        write(STDOUT_FILENO, text + "\n")
+    }
+
+    static func error(_ text: String) {
+        write(STDERR_FILENO, "sofa: \(text)\n")
+    }
+
+    static func write(_ fd: Int32, _ text: String) {
+        write(fd, Array(text.utf8))
+    }
+
+    static func write(_ fd: Int32, _ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { writeAll(fd, $0) }
+    }
+
+    /// Writes all of `bytes`; throws on failure (e.g. a closed pipe or a full disk).
+    static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) {
+        var offset = 0
+        while offset < bytes.count {
+            let count = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+            if count < 0 {
+                if errno == EINTR { continue }
+                return
+            }
+            offset += count
+        }
+    }
+
+    static func json(_ value: JSONValue) {
+        write(STDOUT_FILENO, value.prettyPrinted())
+    }
+}
+
+/// A progress line on standard error, shown only when it is a terminal.
+struct Progress {
+    let label: String
+    private let enabled = isatty(STDERR_FILENO) == 1
+    private var lastUpdate = Date.distantPast
+
+    init(_ label: String) { self.label = label }
+
+    mutating func update(_ count: Int, unit: String) {
+        guard enabled, Date().timeIntervalSince(lastUpdate) > 0.1 else { return }
+        lastUpdate = Date()
+        Output.write(STDERR_FILENO, "\r\(label): \(count) \(unit)\u{1B}[K")
+    }
+
+    func finish() {
+        if enabled { Output.write(STDERR_FILENO, "\r\u{1B}[K") }
+    }
+}
+
+/// Options shared by every command that opens a database.
+struct DatabaseArgument: ParsableArguments {
+    @Argument(help: "The database directory (NAME.sofa).")
+    var database: String
+
+    func open() throws -> Database { try Database.open(at: database) }
+}
+
+extension Revision {
+    /// The document as CouchDB shows it: `_id`, `_rev`, the properties, `_attachments` stubs.
+    func couchJSON(includeRevisions: [RevisionID]? = nil) -> JSONObject {
+        var object: JSONObject = ["_id": .string(docID), "_rev": .string(revID.description)]
+        if deleted { object["_deleted"] = true }
+        if let history = includeRevisions {
+            object["_revisions"] = ["start": .integer(Int64(revID.generation)),
+                                    "ids": .array(history.map { .string($0.suffix) })]
+        }
+        for (key, value) in properties { object[key] = value }
+        if !attachments.isEmpty {
+            object["_attachments"] = .object(JSONObject(attachments.map { ($0.name, .object($0.stub)) }))
+        }
+        return object
+    }
+}
+
+extension Attachment {
+    var stub: JSONObject {
+        ["content_type": .string(contentType), "digest": .string(digest), "length": .integer(length),
+         "revpos": .integer(Int64(revpos)), "stub": true]
+    }
+}
+
+func parseJSONObject(_ bytes: [UInt8], what: String) throws -> JSONObject {
+    let value: JSONValue
+    do {
+        value = try JSONValue(parsing: bytes)
+    } catch {
+        throw SofaError.invalidJSON(error)
+    }
+    guard case .object(let object) = value else {
+        throw SofaError.invalidDocument(reason: "\(what) must be a JSON object, not \(value.kindName)")
+    }
+    return object
+}
+
+/// Reads all of standard input (for document bodies, which are small).
+func readStandardInput() -> [UInt8] {
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let count = read(STDIN_FILENO, &buffer, buffer.count)
+        if count < 0 && errno == EINTR { continue }
+        if count <= 0 { return bytes }
+        bytes.append(contentsOf: buffer[0..<count])
+    }
+}
+
+func formatBytes(_ bytes: Int64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    var value = Double(bytes)
+    var unit = 0
+    while value >= 1024 && unit < units.count - 1 {
+        value /= 1024
+        unit += 1
+    }
+    return unit == 0 ? "\(bytes) B" : String(format: "%.1f", value) + " " + units[unit]
+}
