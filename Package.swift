@@ -31,8 +31,10 @@ let package = Package(
         ]),
         .executableTarget(name: "sofa-bench", dependencies: ["DocumentModel", "DocumentStore"]),
 
-        .testTarget(name: "DocumentModelTests", dependencies: ["DocumentModel"]),
-        .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore"]),
-        .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore"]),
+        // Helpers shared by the test targets: temporary directories, subprocesses, fixtures.
+        .target(name: "TestSupport", dependencies: ["DocumentModel", "DocumentStore"], path: "Tests/TestSupport"),
+        .testTarget(name: "DocumentModelTests", dependencies: ["DocumentModel", "TestSupport"]),
+        .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
+        .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
     ]
 )

@@ -1,0 +1,195 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+@Suite struct AttachmentTests {
+    let directory = TemporaryDirectory()
+
+    func blobFiles(_ db: Database) throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory).filter { $0.hasSuffix(".blob") }.sorted()
+    }
+
+    @Test func attachmentsHaveMetadataAndStreamableContent() throws {
+        let db = try directory.makeDatabase()
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("notes/hello.txt", data: Array("hello\n".utf8))
+        let rev = try db.save(draft)
+        let attachment = try #require(rev.attachment(named: "notes/hello.txt"))
+        #expect(attachment.contentType == "text/plain")
+        #expect(attachment.length == 6)
+        #expect(attachment.digest == "sha1-9XLTlvrpIGYocU+yzgD3LpTyJY8=")
+        #expect(attachment.revpos == 1)
+        #expect(attachment.contentAvailable)
+        #expect(rev.attachmentNames == ["notes/hello.txt"])
+        let path = try #require(db.contentPath(of: attachment))
+        #expect(path.hasSuffix("/attachments/f572d396fae9206628714fb2ce00f72e94f2258f.blob"))
+        #expect(try db.blobs.contents(of: attachment.blobKey!) == Array("hello\n".utf8))
+    }
+
+    @Test func unchangedAttachmentsKeepRevposAndChangedOnesMove() throws {
+        let db = try directory.makeDatabase()
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("a.txt", data: Array("a".utf8))
+        try draft.setAttachment("b.bin", data: [1, 2, 3])
+        _ = try db.save(draft)
+        draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("b.bin", data: [4, 5, 6])
+        let second = try db.save(draft)
+        #expect(second.attachment(named: "a.txt")?.revpos == 1)
+        #expect(second.attachment(named: "b.bin")?.revpos == 2)
+        draft = try db.newRevision(of: "doc")
+        try draft.removeAttachment("a.txt")
+        try draft.renameAttachment("b.bin", to: "c.bin")
+        let third = try db.save(draft)
+        #expect(third.attachmentNames == ["c.bin"])
+        #expect(third.attachment(named: "c.bin")?.blobKey == second.attachment(named: "b.bin")?.blobKey)
+        #expect(throws: SofaError.attachmentNotFound(docID: "doc", name: "zzz")) { try draft.removeAttachment("zzz") }
+    }
+
+    @Test func identicalContentIsStoredOnce() throws {
+        let db = try directory.makeDatabase()
+        let bytes = [UInt8](repeating: 7, count: 100_000)
+        for id in ["one", "two"] {
+            var draft = try db.newRevision(of: id)
+            try draft.setAttachment("same.bin", data: bytes)
+            _ = try db.save(draft)
+        }
+        #expect(try blobFiles(db).count == 1)
+        #expect(try db.info().blobCount == 1)
+        // No temporary file is left behind either.
+        #expect(try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory + "/tmp").isEmpty)
+    }
+
+    @Test func corruptBlobIsAnErrorNeverGoodData() throws {
+        let db = try directory.makeDatabase()
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("x.bin", data: [UInt8](repeating: 1, count: 300_000))
+        let attachment = try #require(try db.save(draft).attachment(named: "x.bin"))
+        let path = try #require(db.contentPath(of: attachment))
+        // Same length, one byte changed.
+        let fd = open(path, O_WRONLY)
+        #expect(pwrite(fd, [UInt8(2)], 1, 150_000) == 1)
+        close(fd)
+        #expect(throws: SofaError.blobCorrupted(key: attachment.blobKey!.hex, path: path)) {
+            let reader = try db.openContent(of: attachment, docID: "doc")
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65536, alignment: 8)
+            defer { buffer.deallocate() }
+            while try reader.read(into: buffer) > 0 {}
+        }
+        #expect(throws: SofaError.self) { try db.blobs.verify(attachment.blobKey!) }
+        #expect(try db.check().count == 1)
+        // A truncated blob is refused before any byte is read.
+        #expect(truncate(path, 10) == 0)
+        #expect(throws: SofaError.blobCorrupted(key: attachment.blobKey!.hex, path: path)) {
+            try db.openContent(of: attachment, docID: "doc")
+        }
+    }
+
+    @Test func bodiesKnownOnlyByMetadataAreANormalState() throws {
+        let db = try directory.makeDatabase()
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment(Attachment(name: "remote.bin", contentType: "application/octet-stream", length: 3_145_728,
+                                           digest: "md5-4Bvfm+Y1zjFxO0jQzMk0dA==", blobKey: nil, revpos: 1))
+        let rev = try db.save(draft)
+        let attachment = try #require(rev.attachment(named: "remote.bin"))
+        #expect(!attachment.contentAvailable)
+        #expect(attachment.length == 3_145_728)
+        #expect(db.contentPath(of: attachment) == nil)
+        #expect(throws: SofaError.bodyNotAvailable(docID: "doc", name: "remote.bin")) { try db.openContent(of: attachment, docID: "doc") }
+        #expect(try db.info().missingBodyCount == 1)
+    }
+
+    @Test func streamsFromFilesAndPipes() throws {
+        let db = try directory.makeDatabase()
+        let source = directory.appending("source.bin")
+        let key = try writePatternFile(source, count: 5_000_000)
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("big.bin", contentsOf: source)
+        let rev = try db.save(draft)
+        #expect(rev.attachment(named: "big.bin")?.blobKey == key)
+        #expect(rev.attachment(named: "big.bin")?.length == 5_000_000)
+        #expect(rev.attachment(named: "big.bin")?.contentType == "application/octet-stream")
+
+        var fds: [Int32] = [0, 0]
+        #expect(pipe(&fds) == 0)
+        let writeEnd = fds[1]
+        let writer = Thread {
+            _ = "streamed through a pipe".withCString { write(writeEnd, $0, strlen($0)) }
+            close(writeEnd)
+        }
+        writer.start()
+        let blob = try db.blobs.write(fromDescriptor: fds[0], name: "pipe")
+        close(fds[0])
+        #expect(try db.blobs.contents(of: blob.key) == Array("streamed through a pipe".utf8))
+    }
+
+    @Test func cancelledWriterLeavesNothing() throws {
+        let db = try directory.makeDatabase()
+        do {
+            let writer = try db.blobs.makeWriter()
+            try [UInt8](repeating: 9, count: 1000).withUnsafeBytes { try writer.write($0) }
+            writer.cancel()
+        }
+        #expect(try blobFiles(db).isEmpty)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory + "/tmp").isEmpty)
+    }
+}
+
+@Suite struct CompactionTests {
+    let directory = TemporaryDirectory()
+
+    /// Makes every blob look older than the grace period that protects fresh blobs.
+    func ageBlobs(_ db: Database) throws {
+        for name in try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory) where name.hasSuffix(".blob") {
+            var times = [timespec(tv_sec: time(nil) - 3600, tv_nsec: 0), timespec(tv_sec: time(nil) - 3600, tv_nsec: 0)]
+            #expect(utimensat(AT_FDCWD, db.blobs.directory + "/" + name, &times, 0) == 0)
+        }
+    }
+
+    @Test func removesOrphansAndOldBodiesButKeepsAbsentReferencedBodies() throws {
+        let db = try directory.makeDatabase()
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("old.bin", data: [UInt8](repeating: 1, count: 10_000))
+        try draft.setAttachment(Attachment(name: "deferred.bin", contentType: "application/octet-stream", length: 42,
+                                           digest: "md5-AAAAAAAAAAAAAAAAAAAAAA==", blobKey: nil, revpos: 1))
+        let first = try db.save(draft)
+        draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("old.bin", data: [UInt8](repeating: 2, count: 20_000))
+        draft.properties = ["v": 2]
+        _ = try db.save(draft)
+        // An orphan: stored, never saved in a revision.
+        let orphan = try db.blobs.write([UInt8](repeating: 3, count: 5_000))
+        // A fresh orphan survives: a save in another process may be about to use it.
+        try ageBlobs(db)
+        let fresh = try db.blobs.write([UInt8](repeating: 4, count: 5_000))
+
+        let report = try db.compact()
+        #expect(report.bodiesDropped == 1)
+        #expect(report.blobsDeleted == 2)  // the old body of old.bin, and the orphan
+        #expect(report.blobBytesFreed == 15_000)
+        #expect(!db.blobs.contains(orphan.key))
+        #expect(db.blobs.contains(fresh.key))
+        #expect(!db.blobs.contains(first.attachment(named: "old.bin")!.blobKey!))
+        let current = try #require(try db.document(withID: "doc"))
+        #expect(current.attachment(named: "deferred.bin")?.length == 42)
+        #expect(current.attachment(named: "deferred.bin")?.contentAvailable == false)
+        #expect(try db.blobs.contents(of: current.attachment(named: "old.bin")!.blobKey!).count == 20_000)
+        #expect(throws: SofaError.revisionNotFound(docID: "doc", revID: first.revID.description)) { try db.revision(first.revID, of: "doc") }
+        #expect(try db.revisionTree(of: "doc").nodes.count == 2)
+        #expect(try db.check().isEmpty)
+    }
+
+    @Test func sweepsTemporaryFilesOfDeadProcesses() throws {
+        let db = try directory.makeDatabase()
+        let dead = db.blobs.directory + "/tmp/999999-dead.tmp"
+        let alive = db.blobs.directory + "/tmp/\(getpid())-alive.tmp"
+        FileManager.default.createFile(atPath: dead, contents: Data(count: 1234))
+        FileManager.default.createFile(atPath: alive, contents: Data(count: 10))
+        let report = try db.compact()
+        #expect(report.temporaryBytesFreed == 1234)
+        #expect(!FileManager.default.fileExists(atPath: dead))
+        #expect(FileManager.default.fileExists(atPath: alive))
+    }
+}

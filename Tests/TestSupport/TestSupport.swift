@@ -1,0 +1,148 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// A fresh directory under /tmp, removed when the value is released.
+public final class TemporaryDirectory: @unchecked Sendable {
+    public let path: String
+
+    public init(_ label: String = "sofa-test") {
+        var template = Array("/tmp/\(label)-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { fatalError("mkdtemp failed: \(errno)") }
+        path = String(cString: made)
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+
+    public func appending(_ name: String) -> String { "\(path)/\(name)" }
+
+    /// A new database in this directory.
+    public func makeDatabase(_ name: String = "test.sofa", revsLimit: Int = Tuning.defaultRevsLimit) throws -> Database {
+        try Database.create(at: appending(name), revsLimit: revsLimit)
+    }
+}
+
+/// The root of this package's checkout (where Package.swift is).
+public let packageRoot: String = {
+    var url = URL(fileURLWithPath: #filePath)
+    for _ in 0..<3 { url.deleteLastPathComponent() }
+    return url.path
+}()
+
+/// `../shared/fixtures` beside the checkout.
+public let fixturesDirectory = packageRoot + "/../shared/fixtures"
+
+/// The `sofa` binary built beside the test bundle.
+public let sofaBinary: String = {
+    let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    return URL(fileURLWithPath: executable).deletingLastPathComponent().appendingPathComponent("sofa").path
+}()
+
+/// What a finished child process did.
+public struct ProcessResult: Sendable {
+    public let status: Int32
+    /// The signal that killed it, if one did.
+    public let signal: Int32?
+    public let stdout: String
+    public let stderr: String
+    /// Peak resident set size in bytes (from wait4's rusage).
+    public let maxRSS: Int
+
+    public var succeeded: Bool { status == 0 && signal == nil }
+}
+
+/// A child process started with posix_spawn; stdout and stderr go to files.
+public final class ChildProcess: @unchecked Sendable {
+    public let pid: pid_t
+    private let outputPath: String
+    private let errorPath: String
+    private let keepOutput: Bool
+
+    /// Starts `arguments[0]` (a path) with `arguments`. `stdin` is a path (default /dev/null);
+    /// `stdout` a path to write to (default: captured).
+    public init(_ arguments: [String], stdin: String = "/dev/null", stdout: String? = nil, environment: [String: String] = [:]) throws {
+        let scratch = TemporaryDirectory("sofa-child")
+        outputPath = stdout ?? scratch.appending("out")
+        errorPath = "/tmp/sofa-child-err-\(UUID().uuidString)"
+        keepOutput = stdout == nil
+        // Keep the scratch directory alive until the process is collected.
+        self.scratch = scratch
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, stdin, O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_addopen(&actions, 2, errorPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        var env = ProcessInfo.processInfo.environment
+        for (key, value) in environment { env[key] = value }
+        let argv = arguments.map { strdup($0) } + [nil]
+        let envp = env.map { strdup("\($0)=\($1)") } + [nil]
+        defer {
+            argv.forEach { free($0) }
+            envp.forEach { free($0) }
+        }
+        var pid: pid_t = 0
+        let code = posix_spawn(&pid, arguments[0], &actions, nil, argv, envp)
+        guard code == 0 else { throw SofaError.io(operation: "spawn", path: arguments[0], errno: code) }
+        self.pid = pid
+    }
+
+    private let scratch: TemporaryDirectory
+
+    public func kill(_ signal: Int32 = SIGKILL) { Glibc.kill(pid, signal) }
+
+    /// Waits for the process to end.
+    public func wait() -> ProcessResult {
+        var status: Int32 = 0
+        var usage = rusage()
+        while wait4(pid, &status, 0, &usage) < 0 && errno == EINTR {}
+        let signaled = (status & 0x7F) != 0 && (status & 0x7F) != 0x7F
+        let output = keepOutput ? ((try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "") : ""
+        let error = (try? String(contentsOfFile: errorPath, encoding: .utf8)) ?? ""
+        unlink(errorPath)
+        return ProcessResult(status: signaled ? -1 : (status >> 8) & 0xFF, signal: signaled ? status & 0x7F : nil,
+                             stdout: output, stderr: error, maxRSS: usage.ru_maxrss * 1024)
+    }
+}
+
+/// Runs `sofa` with `arguments` and waits for it.
+@discardableResult
+public func sofa(_ arguments: String..., stdin: String = "/dev/null", stdout: String? = nil) throws -> ProcessResult {
+    try ChildProcess([sofaBinary] + arguments, stdin: stdin, stdout: stdout).wait()
+}
+
+/// Runs a shell command line (for mount, dd and friends) and waits.
+@discardableResult
+public func shell(_ command: String) throws -> ProcessResult {
+    try ChildProcess(["/bin/sh", "-c", command]).wait()
+}
+
+/// Writes `count` bytes of a deterministic, incompressible-looking pattern to `path`
+/// in 1 MiB chunks, and returns their SHA-1 key.
+@discardableResult
+public func writePatternFile(_ path: String, count: Int64, seed: UInt64 = 1) throws -> BlobKey {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    guard fd >= 0 else { throw SofaError.io(operation: "create", path: path, errno: errno) }
+    defer { close(fd) }
+    let digest = MessageDigest(.sha1)
+    var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
+    var chunk = [UInt64](repeating: 0, count: (1 << 20) / 8)
+    var remaining = count
+    while remaining > 0 {
+        for index in chunk.indices {
+            state ^= state << 13; state ^= state >> 7; state ^= state << 17
+            chunk[index] = state
+        }
+        let size = Int(min(remaining, Int64(1 << 20)))
+        try chunk.withUnsafeBytes { buffer in
+            let slice = UnsafeRawBufferPointer(rebasing: buffer[0..<size])
+            digest.update(slice)
+            guard write(fd, slice.baseAddress, size) == size else { throw SofaError.io(operation: "write", path: path, errno: errno) }
+        }
+        remaining -= Int64(size)
+    }
+    return BlobKey(digest: digest.finalize())
+}
+
+/// Whether this process may mount file systems (tests that need it fail, not skip, without it).
+public var isRoot: Bool { geteuid() == 0 }
