@@ -26,6 +26,9 @@ public final class Database: @unchecked Sendable {
     public let blobs: BlobStore
     public let publicUUID: String
     public let privateUUID: String
+    /// True when the database sits on a read-only file system: it is opened
+    /// immutable, reads work, and every write fails with `readOnlyFileSystem`.
+    public let isReadOnly: Bool
 
     /// The one connection that writes. Guarded by `writeLock`.
     private let writer: SQLiteConnection
@@ -41,9 +44,10 @@ public final class Database: @unchecked Sendable {
 
     public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }
 
-    private init(path: String, writer: SQLiteConnection) throws {
+    private init(path: String, writer: SQLiteConnection, readOnly: Bool = false) throws {
         self.path = path
         self.writer = writer
+        self.isReadOnly = readOnly
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
@@ -84,10 +88,15 @@ public final class Database: @unchecked Sendable {
         guard info.st_mode & S_IFMT == S_IFDIR else { throw SofaError.notADatabase(path: path, reason: "it is not a directory") }
         let file = "\(path)/\(databaseFileName)"
         guard access(file, F_OK) == 0 else { throw SofaError.notADatabase(path: path, reason: "it has no \(databaseFileName)") }
-        let connection = try SQLiteConnection(path: file, create: false)
-        try Schema.check(connection, path: path)
-        let database = try Database(path: path, writer: connection)
-        try database.blobs.createDirectories()
+        var fileSystem = statvfs()
+        var wal = stat()
+        // Immutable mode ignores the WAL, so it is only safe when all commits are in the main file.
+        let readOnly = statvfs(path, &fileSystem) == 0 && fileSystem.f_flag & UInt(ST_RDONLY) != 0
+            && (stat(file + "-wal", &wal) != 0 || wal.st_size == 0)
+        let connection = try SQLiteConnection(path: file, create: false, immutable: readOnly)
+        try Schema.check(connection, path: path, readOnly: readOnly)
+        let database = try Database(path: path, writer: connection, readOnly: readOnly)
+        if !readOnly { try database.blobs.createDirectories() }
         return database
     }
 
@@ -102,7 +111,7 @@ public final class Database: @unchecked Sendable {
     /// Runs `body` in a read transaction on a pooled connection: one consistent snapshot.
     func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         let connection = try readersLock.withLock { idleReaders.popLast() }
-            ?? SQLiteConnection(path: databaseFilePath, create: false)
+            ?? SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly)
         defer { readersLock.withLock { idleReaders.append(connection) } }
         try connection.execute("BEGIN")
         defer { try? connection.execute("COMMIT") }
@@ -111,7 +120,8 @@ public final class Database: @unchecked Sendable {
 
     /// Runs `body` in an IMMEDIATE write transaction; rolls back if it throws.
     func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        try writeLock.withLock {
+        guard !isReadOnly else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        return try writeLock.withLock {
             try writer.execute("BEGIN IMMEDIATE")
             do {
                 let result = try body(writer)
@@ -540,6 +550,7 @@ public final class Database: @unchecked Sendable {
             }
         }
         report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles()
+        // (write() above has already refused a read-only database.)
         try writeLock.withLock {
             try writer.execute("VACUUM")
             try writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")

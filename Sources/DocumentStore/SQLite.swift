@@ -1,5 +1,6 @@
 import CSQLite3
 import DocumentModel
+import Foundation
 
 /// A value bound to, or read from, an SQL statement.
 enum SQLValue {
@@ -31,12 +32,15 @@ final class SQLiteConnection: @unchecked Sendable {
     /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
     static let busyTimeoutMilliseconds: Int32 = 30_000
 
-    init(path: String, create: Bool, readOnly: Bool = false) throws {
+    /// Opens `path`. `immutable` opens it read-only without locks or a WAL index,
+    /// for databases on read-only media (a WAL database cannot be opened otherwise there).
+    init(path: String, create: Bool, immutable: Bool = false) throws {
         var handle: OpaquePointer?
-        var flags = readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE
+        var flags = immutable ? SQLITE_OPEN_READONLY | SQLITE_OPEN_URI : SQLITE_OPEN_READWRITE
         if create { flags |= SQLITE_OPEN_CREATE }
         flags |= SQLITE_OPEN_NOMUTEX
-        let code = sqlite3_open_v2(path, &handle, flags, nil)
+        let name = immutable ? "file:" + path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed)! + "?immutable=1" : path
+        let code = sqlite3_open_v2(name, &handle, flags, nil)
         guard code == SQLITE_OK, let handle else {
             let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? String(cString: sqlite3_errstr(code))
             sqlite3_close_v2(handle)

@@ -66,14 +66,14 @@ enum Schema {
     }
 
     /// Checks that an existing file is a Sofa database of this version, and configures the connection.
-    static func check(_ connection: SQLiteConnection, path: String) throws {
+    static func check(_ connection: SQLiteConnection, path: String, readOnly: Bool) throws {
         let userVersion = try connection.query("PRAGMA user_version") { $0.int(0) }[0]
         guard userVersion == version else {
             throw SofaError.notADatabase(path: path, reason: userVersion == 0
                 ? "\(Database.databaseFileName) holds no Sofa schema"
                 : "schema version \(userVersion) is not supported (expected \(version))")
         }
-        try configure(connection)
+        if !readOnly { try configure(connection) }
     }
 
     /// WAL so readers never block the writer; synchronous=NORMAL is durable against

@@ -1,0 +1,90 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// Real file-system failures: a full disk (a small tmpfs) and a directory that
+/// turns read-only in the middle of a blob write (a read-only bind mount laid
+/// over the database). These need root, as CI has; without it they fail.
+@Suite(.serialized) struct FailureTests {
+    let directory = TemporaryDirectory()
+
+    func mount(_ command: String) throws {
+        let result = try shell(command)
+        #expect(result.succeeded, "\(command): \(result.stderr)")
+    }
+
+    func blobNames(_ db: Database) throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory).filter { $0.hasSuffix(".blob") }
+    }
+
+    @Test func fullDiskDuringABlobWriteLeavesTheDatabaseUnchanged() throws {
+        #expect(isRoot, "this test mounts a tmpfs and needs root")
+        let mountPoint = directory.appending("small")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        try mount("mount -t tmpfs -o size=2m tmpfs \(mountPoint)")
+        defer { _ = try? shell("umount -l \(mountPoint)") }
+
+        let db = try Database.create(at: mountPoint + "/full.sofa")
+        var draft = try db.newRevision(of: "doc")
+        draft.properties = ["v": 1]
+        let saved = try db.save(draft)
+        let source = directory.appending("big.bin")
+        try writePatternFile(source, count: 4 << 20)
+
+        draft = try db.newRevision(of: "doc")
+        #expect(throws: SofaError.diskFull(path: "")) {
+            do { try draft.setAttachment("big.bin", contentsOf: source) } catch SofaError.diskFull { throw SofaError.diskFull(path: "") }
+        }
+        #expect(try blobNames(db).isEmpty, "no half blob under a real name")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory + "/tmp").isEmpty, "temporary file removed")
+        #expect(try db.document(withID: "doc") == saved)
+        #expect(try db.check().isEmpty)
+        // Once there is room again, work goes on.
+        try draft.setAttachment("small.txt", data: Array("fits".utf8))
+        #expect(try db.save(draft).attachmentNames == ["small.txt"])
+    }
+
+    @Test func directoryTurningReadOnlyDuringABlobWriteLeavesNoHalfBlob() throws {
+        #expect(isRoot, "this test uses a bind mount and needs root")
+        let db = try directory.makeDatabase()
+        var draft = try db.newRevision(of: "doc")
+        draft.properties = ["v": 1]
+        let saved = try db.save(draft)
+
+        let writer = try db.blobs.makeWriter()
+        let chunk = [UInt8](repeating: 0xAB, count: 1 << 20)
+        try chunk.withUnsafeBytes { try writer.write($0) }
+        // The database directory turns read-only while the blob is half written.
+        try mount("mount --bind \(db.path) \(db.path) && mount -o remount,bind,ro \(db.path)")
+        var unmounted = false
+        defer { if !unmounted { _ = try? shell("umount \(db.path)") } }
+        try chunk.withUnsafeBytes { try writer.write($0) }
+        #expect(throws: SofaError.readOnlyFileSystem(path: "")) {
+            do { _ = try writer.finish() } catch SofaError.readOnlyFileSystem { throw SofaError.readOnlyFileSystem(path: "") }
+        }
+        // Another process cannot save to the read-only database, and says why.
+        let put = try sofa("put", db.path, "doc", #"{"v":2}"#)
+        #expect(put.status == 1)
+        #expect(put.stderr.contains("read-only"), "\(put.stderr)")
+        try mount("umount \(db.path)")
+        unmounted = true
+
+        // A database on read-only media (checkpointed, as compaction leaves it) can still be read.
+        _ = try db.compact()
+        try mount("mount --bind \(db.path) \(db.path) && mount -o remount,bind,ro \(db.path)")
+        unmounted = false
+        let cat = try sofa("cat", db.path, "doc", "--properties")
+        #expect(cat.succeeded && cat.stdout == "{\n  \"v\": 1\n}\n", "\(cat.stderr)")
+        let refused = try sofa("put", db.path, "doc", #"{"v":3}"#)
+        #expect(refused.status == 1 && refused.stderr.contains("read-only file system"), "\(refused.stderr)")
+        try mount("umount \(db.path)")
+        unmounted = true
+
+        #expect(try blobNames(db).isEmpty, "no half blob under a real name")
+        let reopened = try Database.open(at: db.path)
+        #expect(try reopened.document(withID: "doc") == saved)
+        #expect(try reopened.check().isEmpty)
+    }
+}
