@@ -6,6 +6,7 @@ import Foundation
 /// JSON lines: one document revision per line, as CouchDB shows it with
 /// `_id`, `_rev`, `_revisions` (the history) and `_attachments` (inline base64
 /// `data`, or stubs). Every leaf revision is a line, so conflicts survive the trip.
+/// `_local` documents are per-replica state (checkpoints) and are not exported.
 struct Export: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Write every document as JSON lines.")
 

@@ -1,0 +1,221 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+@Suite struct CLITests {
+    let directory = TemporaryDirectory()
+
+    func create(_ name: String = "cli.sofa") throws -> String {
+        let path = directory.appending(name)
+        let result = try sofa("create", path)
+        #expect(result.succeeded, "\(result.stderr)")
+        return path
+    }
+
+    @Test func putCatLsRevsAndInfo() throws {
+        let db = try create()
+        let first = try sofa("put", db, "note", #"{"title":"hi","n":1}"#)
+        #expect(first.succeeded)
+        let rev1 = first.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(rev1.hasPrefix("1-"))
+        let second = try sofa("put", db, "note", #"{"_rev":"\#(rev1)","title":"hello","n":2}"#)
+        #expect(second.succeeded, "\(second.stderr)")
+        let rev2 = second.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+
+        let cat = try sofa("cat", db, "note")
+        #expect(cat.stdout == "{\n  \"_id\": \"note\",\n  \"_rev\": \"\(rev2)\",\n  \"title\": \"hello\",\n  \"n\": 2\n}\n")
+        #expect(try sofa("cat", db, "note", "--rev", rev1, "--properties").stdout == "{\n  \"title\": \"hi\",\n  \"n\": 1\n}\n")
+
+        let source = directory.appending("photo.png")
+        FileManager.default.createFile(atPath: source, contents: Data([0x89, 0x50, 0x4E, 0x47]))
+        #expect(try sofa("attach", db, "note", "photo.png", source).succeeded)
+        #expect(try sofa("ls", db, "-l").stdout.hasSuffix("\t1\tnote\n"))
+        #expect(try sofa("ls", db).stdout == "note\n")
+
+        let revs = try JSONValue(parsing: try sofa("revs", db, "note", "--json").stdout)
+        #expect(revs["revisions"]?.arrayValue?.count == 3)
+        #expect(revs["current"]?.stringValue?.hasPrefix("3-") == true)
+        let tree = try sofa("revs", db, "note").stdout
+        #expect(tree.contains("[current]") && tree.contains(rev1))
+
+        let info = try JSONValue(parsing: try sofa("info", db, "--json").stdout)
+        #expect(info["documents"] == .integer(1))
+        #expect(info["last_sequence"] == .integer(3))
+        #expect(info["blob_count"] == .integer(1))
+        #expect(info["blob_bytes"] == .integer(4))
+
+        #expect(try sofa("detach", db, "note", "photo.png").succeeded)
+        #expect(try sofa("rm", db, "note").succeeded)
+        #expect(try sofa("ls", db).stdout == "")
+        #expect(try sofa("ls", db, "--deleted", "--json").stdout.contains("\"deleted\":true"))
+        let compact = try JSONValue(parsing: try sofa("compact", db, "--json").stdout)
+        #expect(compact["bodies_dropped"] == .integer(4))
+    }
+
+    @Test func errorsSayWhatFailedAndExitNonZero() throws {
+        let db = try create()
+        #expect(try sofa("put", db, "doc", #"{"a":1}"#).succeeded)
+        let before = try sofa("cat", db, "doc").stdout
+
+        let cases: [([String], String)] = [
+            (["put", db, "doc", "{\"a\":\n 1,,}"], "invalid JSON at line 2, column 4"),
+            (["put", db, "doc", "[1,2]"], "must be a JSON object, not an array"),
+            (["put", db, "", "{}"], "invalid document id \"\": it is empty"),
+            (["put", db, "_private", "{}"], "only _design/ and _local/ ids may start with '_'"),
+            (["put", db, "doc", #"{"_rev":"1-nope","a":2}"#], "has no revision 1-nope"),
+            (["put", db, "doc", #"{"_deleted":true}"#], "top-level key \"_deleted\" is reserved"),
+            (["attach", db, "doc", "_x", "/etc/hostname"], "invalid attachment name \"_x\""),
+            (["attach", db, "doc", "", "/etc/hostname"], "invalid attachment name \"\""),
+            (["attach", db, "doc", "a", directory.appending("missing")], "No such file or directory"),
+            (["cat", db, "nope"], "no document \"nope\""),
+            (["cat-attachment", db, "doc", "nope"], "has no attachment \"nope\""),
+            (["ls", directory.path], "is not a Sofa database: it has no db.sqlite3"),
+            (["ls", directory.appending("missing.sofa")], "is not a Sofa database: no such file or directory"),
+            (["create", db], "already exists"),
+        ]
+        for (arguments, message) in cases {
+            let result = try ChildProcess([sofaBinary] + arguments).wait()
+            #expect(result.status == 1, "\(arguments) exited \(result.status)")
+            #expect(result.stderr.contains(message), "\(arguments): \(result.stderr)")
+            #expect(result.stdout.isEmpty)
+        }
+        // Nothing changed.
+        #expect(try sofa("cat", db, "doc").stdout == before)
+        #expect(try JSONValue(parsing: try sofa("info", db, "--json").stdout)["last_sequence"] == .integer(1))
+    }
+
+    @Test func staleRevisionIsAConflict() throws {
+        let db = try create()
+        let rev1 = try sofa("put", db, "doc", #"{"v":1}"#).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(try sofa("put", db, "doc", #"{"v":2}"#).succeeded)
+        let stale = try sofa("put", db, "doc", #"{"_rev":"\#(rev1)","v":3}"#)
+        #expect(stale.status == 1 && stale.stderr.contains("conflict"), "\(stale.stderr)")
+        #expect(try sofa("cat", db, "doc", "--properties").stdout == "{\n  \"v\": 2\n}\n")
+    }
+
+    @Test func putReadsStandardInputAndKeepsAttachments() throws {
+        let db = try create()
+        let body = directory.appending("body.json")
+        try Data(#"{"from":"stdin"}"#.utf8).write(to: URL(fileURLWithPath: body))
+        let attached = directory.appending("a.txt")
+        try Data("text".utf8).write(to: URL(fileURLWithPath: attached))
+        #expect(try sofa("attach", db, "doc", "a.txt", attached).succeeded)
+        #expect(try sofa("put", db, "doc", stdin: body).succeeded)
+        #expect(try sofa("cat", db, "doc", "--properties").stdout == "{\n  \"from\": \"stdin\"\n}\n")
+        #expect(try sofa("cat-attachment", db, "doc", "a.txt").stdout == "text")
+    }
+
+    @Test func localDocumentsThroughTheCLI() throws {
+        let db = try create()
+        #expect(try sofa("put", db, "_local/ckpt", #"{"seq":1}"#).stdout == "0-1\n")
+        #expect(try sofa("cat", db, "_local/ckpt", "--properties").stdout == "{\n  \"seq\": 1\n}\n")
+        #expect(try sofa("ls", db).stdout == "")
+    }
+}
+
+@Suite struct ExportImportTests {
+    let directory = TemporaryDirectory()
+
+    /// A database with every kind of thing export must carry: conflicts, tombstones,
+    /// odd ids, numbers, attachments (text, binary, nested names), local documents.
+    func makeSource() throws -> Database {
+        let db = try directory.makeDatabase("source.sofa")
+        for (id, body) in [("plain", #"{"a":1}"#), ("unicode-ünïcødé-文档-🚀", #"{"s":"é😀\u0001\u2028"}"#),
+                           ("folder/sub/doc", #"{"x":[1,2.0,18446744073709551615]}"#), ("_design/app", #"{"views":{}}"#)] {
+            var draft = try db.newRevision(of: id)
+            guard case .object(let object) = try JSONValue(parsing: body) else { fatalError() }
+            draft.properties = object
+            try db.save(draft)
+        }
+        var draft = try db.newRevision(of: "files")
+        try draft.setAttachment("hello.txt", data: Array("hello\n".utf8))
+        try draft.setAttachment("sub/dir/image.png", data: (0..<70_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        try db.save(draft)
+        draft = try db.newRevision(of: "files")
+        draft.properties = ["edited": true]
+        try db.save(draft)
+        // A conflict and a tombstone.
+        try db.insert(ReplicatedRevision(docID: "conflicted", revID: RevisionID("2-aaa")!, ancestors: [RevisionID("1-root")!], properties: ["side": "A"]))
+        try db.insert(ReplicatedRevision(docID: "conflicted", revID: RevisionID("3-bbb")!, ancestors: [RevisionID("2-bbb")!, RevisionID("1-root")!], properties: ["side": "B"]))
+        try db.save({ var d = try db.newRevision(of: "gone"); d.properties = ["x": 1]; return d }())
+        try db.deleteDocument("gone")
+        try db.putLocalDocument("_local/ckpt", body: ["seq": 9])
+        return db
+    }
+
+    func leaves(_ db: Database, _ id: String) throws -> [Revision] {
+        try db.revisionTree(of: id).leaves.map { try db.revision($0.id, of: id) }
+    }
+
+    @Test func exportThenImportGivesTheSameDocumentsRevisionsAndDigests() throws {
+        let source = try makeSource()
+        let file = directory.appending("dump.jsonl")
+        let export = try sofa("export", source.path, file)
+        #expect(export.succeeded, "\(export.stderr)")
+        let target = directory.appending("target.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let imported = try sofa("import", target, file)
+        #expect(imported.succeeded, "\(imported.stderr)")
+
+        let copy = try Database.open(at: target)
+        let ids = try source.documents(includeDeleted: true).map(\.docID)
+        #expect(try copy.documents(includeDeleted: true).map(\.docID) == ids)
+        for id in ids {
+            let original = try leaves(source, id)
+            let copied = try leaves(copy, id)
+            #expect(copied.map(\.revID) == original.map(\.revID), "\(id)")
+            #expect(copied.map(\.properties) == original.map(\.properties), "\(id)")
+            #expect(copied.map(\.deleted) == original.map(\.deleted), "\(id)")
+            #expect(copied.map { $0.attachments.map(\.digest) } == original.map { $0.attachments.map(\.digest) }, "\(id)")
+            #expect(copied.map { $0.attachments.map(\.revpos) } == original.map { $0.attachments.map(\.revpos) }, "\(id)")
+            #expect(try copy.revisionTree(of: id).history(of: copied[0].revID) == source.revisionTree(of: id).history(of: original[0].revID))
+        }
+        #expect(try copy.revisionTree(of: "conflicted").conflicts.map(\.id) == [RevisionID("2-aaa")!])
+        // _local documents are per-replica state (checkpoints): they are not exported.
+        #expect(try copy.localDocument(withID: "_local/ckpt") == nil)
+        #expect(try copy.check().isEmpty)
+        let image = try #require(try copy.document(withID: "files")?.attachment(named: "sub/dir/image.png"))
+        #expect(try copy.blobs.contents(of: image.blobKey!) == (0..<70_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+
+        // Importing again changes nothing.
+        let sequence = try copy.lastSequence
+        #expect(try sofa("import", target, file).succeeded)
+        #expect(try copy.lastSequence == sequence)
+    }
+
+    @Test func stubExportImportsBodiesAsNotPresent() throws {
+        let source = try makeSource()
+        let file = directory.appending("stubs.jsonl")
+        #expect(try sofa("export", source.path, file, "--no-attachments").succeeded)
+        let text = try String(contentsOfFile: file, encoding: .utf8)
+        #expect(!text.contains("\"data\"") && text.contains("\"stub\":true"))
+        let target = directory.appending("target.sofa")
+        #expect(try sofa("create", target).succeeded)
+        #expect(try sofa("import", target, file).succeeded)
+        let copy = try Database.open(at: target)
+        let files = try #require(try copy.document(withID: "files"))
+        #expect(files.attachments.allSatisfy { !$0.contentAvailable })
+        #expect(files.attachment(named: "sub/dir/image.png")?.length == 70_000)
+        #expect(try copy.info().missingBodyCount == 2)
+        let cat = try sofa("cat-attachment", target, "files", "hello.txt")
+        #expect(cat.status == 1 && cat.stderr.contains("not downloaded"))
+    }
+
+    @Test func badLinesAreReportedWithTheirNumber() throws {
+        let target = directory.appending("target.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let file = directory.appending("bad.jsonl")
+        try Data("{\"_id\":\"ok\",\"a\":1}\n\n{\"_id\":\"broken\",\n".utf8).write(to: URL(fileURLWithPath: file))
+        let result = try sofa("import", target, file)
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("line 3: invalid JSON"), "\(result.stderr)")
+        // Lines before the bad one are kept.
+        #expect(try sofa("ls", target).stdout == "ok\n")
+        try Data(#"{"_id":"x","_attachments":{"a":{"data":"aGVsbG8=","digest":"sha1-AAAAAAAAAAAAAAAAAAAAAAAAAAA="}}}"#.utf8)
+            .write(to: URL(fileURLWithPath: file))
+        let mismatch = try sofa("import", target, file)
+        #expect(mismatch.status == 1 && mismatch.stderr.contains("does not match its digest"), "\(mismatch.stderr)")
+    }
+}
