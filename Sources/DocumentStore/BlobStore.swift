@@ -199,7 +199,10 @@ public final class BlobWriter {
             guard close(fd) == 0 else { fd = -1; throw SofaError.system("close", path: temporaryPath, errno: errno) }
             fd = -1
             if store.contains(key) {
-                unlink(temporaryPath)  // the same bytes are stored already
+                // The same bytes are stored already. Touch the blob so that a compaction
+                // running before this save commits sees it as fresh and keeps it.
+                unlink(temporaryPath)
+                utimensat(AT_FDCWD, finalPath, nil, 0)
             } else {
                 guard rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
                 try store.syncDirectory()

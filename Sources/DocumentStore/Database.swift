@@ -348,11 +348,19 @@ public final class Database: @unchecked Sendable {
             // The same edit of the same parent was saved before.
             return try loadRevision(docKey: docKey, docID: draft.docID, revID: revID, in: connection)!
         }
+        // The same seconds value is stored and returned, so a reloaded revision compares equal.
+        let savedAt = Date(timeIntervalSince1970: Date().timeIntervalSince1970)
         try insertRevision(docKey: docKey, revID: revID, parent: parent, deleted: draft.deleted,
-                           properties: properties, attachments: attachments, in: connection)
+                           properties: properties, attachments: attachments, savedAt: savedAt, in: connection)
         let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
-        try finishChange(docKey: docKey, tree: tree, added: [newNode], in: connection)
-        return try loadRevision(docKey: docKey, docID: draft.docID, revID: revID, in: connection)!
+        let sequence = try finishChange(docKey: docKey, tree: tree, added: [newNode], in: connection)
+        return Revision(docID: draft.docID, revID: revID, parentRevID: parent, deleted: draft.deleted, properties: properties,
+                        attachments: attachments.map { attachment in
+                            Attachment(name: attachment.name, contentType: attachment.contentType, length: attachment.length,
+                                       digest: attachment.digest, blobKey: attachment.blobKey, revpos: attachment.revpos,
+                                       contentAvailable: attachment.blobKey.map(blobs.contains) ?? false)
+                        },
+                        sequence: sequence, savedAt: savedAt)
     }
 
     private func insert(_ revision: ReplicatedRevision, in connection: SQLiteConnection) throws -> Bool {
@@ -397,13 +405,14 @@ public final class Database: @unchecked Sendable {
     }
 
     private func insertRevision(docKey: Int64, revID: RevisionID, parent: RevisionID?, deleted: Bool,
-                                properties: JSONObject, attachments: [Attachment], in connection: SQLiteConnection) throws {
+                                properties: JSONObject, attachments: [Attachment], savedAt: Date = Date(),
+                                in connection: SQLiteConnection) throws {
         let body = JSONValue.object(properties).jsonString()
         try connection.run("""
             INSERT INTO revs (doc_key, rev_id, parent_id, generation, deleted, leaf, body, sequence, saved_at)
             VALUES (?, ?, ?, ?, ?, 1, ?, 0, ?)
             """, .integer(docKey), .text(revID.description), SQLValue(parent?.description), SQLValue(revID.generation),
-            SQLValue(deleted), .text(body), .real(Date().timeIntervalSince1970))
+            SQLValue(deleted), .text(body), .real(savedAt.timeIntervalSince1970))
         for attachment in attachments {
             try connection.run("""
                 INSERT INTO rev_attachments (doc_key, rev_id, name, content_type, length, digest, blob_key, revpos)
@@ -418,7 +427,8 @@ public final class Database: @unchecked Sendable {
     }
 
     /// After revisions were added: pick the winner, take a new sequence, prune old history.
-    private func finishChange(docKey: Int64, tree: RevisionTree, added: [RevisionNode], in connection: SQLiteConnection) throws {
+    @discardableResult
+    private func finishChange(docKey: Int64, tree: RevisionTree, added: [RevisionNode], in connection: SQLiteConnection) throws -> Int64 {
         var nodes = tree.nodes
         for node in added {
             nodes[node.id] = node
@@ -441,6 +451,7 @@ public final class Database: @unchecked Sendable {
                 try Database.deleteRevision(docKey: docKey, revID: id, in: connection)
             }
         }
+        return sequence
     }
 
     // MARK: - Local documents
@@ -543,7 +554,11 @@ public final class Database: @unchecked Sendable {
             let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
             for blob in try blobs.allBlobs() where !referenced.contains(blob.key.hex) {
                 var info = stat()
-                guard stat(blobs.path(for: blob.key), &info) == 0, Double(info.st_mtim.tv_sec) < cutoff else { continue }
+                guard stat(blobs.path(for: blob.key), &info) == 0 else { continue }
+                guard Double(info.st_mtim.tv_sec) < cutoff else {
+                    report.recentBlobsKept += 1
+                    continue
+                }
                 try blobs.remove(blob.key)
                 report.blobsDeleted += 1
                 report.blobBytesFreed += blob.size

@@ -97,6 +97,8 @@ public struct CompactionReport: Hashable, Sendable {
     public var bodiesDropped = 0
     public var blobsDeleted = 0
     public var blobBytesFreed: Int64 = 0
+    /// Unreferenced blobs kept because they were written within `Tuning.blobGracePeriod`.
+    public var recentBlobsKept = 0
     public var temporaryBytesFreed: Int64 = 0
     public var databaseBytesBefore: Int64 = 0
     public var databaseBytesAfter: Int64 = 0

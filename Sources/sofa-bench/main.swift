@@ -1,1 +1,200 @@
-print("bench placeholder")
+// sofa-bench: measures Sofa against plain tools on the same disk, in one run,
+// and prints ratios (these machines are shared and noisy; absolute numbers drift).
+//
+//   sofa-bench storage [--dir DIR] [--documents N] [--attachment-mib N]
+
+import DocumentModel
+import DocumentStore
+import Foundation
+
+struct Options {
+    var suite = "storage"
+    var directory = "/var/tmp"
+    var documents = 100_000
+    var attachmentMiB = 1024
+
+    init(_ arguments: [String]) {
+        var iterator = arguments.dropFirst().makeIterator()
+        while let argument = iterator.next() {
+            switch argument {
+            case "--dir": directory = iterator.next() ?? directory
+            case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
+            case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
+            case "storage": suite = argument
+            default:
+                FileHandle.standardError.write(Data("usage: sofa-bench storage [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                exit(2)
+            }
+        }
+    }
+}
+
+func now() -> Double {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+}
+
+@discardableResult
+func measure(_ body: () throws -> Void) rethrows -> Double {
+    let start = now()
+    try body()
+    return now() - start
+}
+
+/// Runs a shell command and returns its wall time.
+func timeShell(_ command: String) throws -> Double {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/bin/sh")
+    process.arguments = ["-c", command]
+    let start = now()
+    try process.run()
+    process.waitUntilExit()
+    let elapsed = now() - start
+    guard process.terminationStatus == 0 else { throw SofaError.invalidArgument("benchmark command failed: \(command)") }
+    return elapsed
+}
+
+func dropCaches() -> Bool {
+    sync()
+    return (try? "3\n".write(toFile: "/proc/sys/vm/drop_caches", atomically: false, encoding: .utf8)) != nil
+}
+
+func peakRSS() -> Int {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return usage.ru_maxrss * 1024
+}
+
+func rate(_ count: Int, _ seconds: Double) -> String { String(format: "%10.0f/s", Double(count) / seconds) }
+func mibps(_ bytes: Int64, _ seconds: Double) -> String { String(format: "%7.0f MiB/s", Double(bytes) / 1_048_576 / seconds) }
+func ratio(_ value: Double) -> String { String(format: "%.2f×", value) }
+
+func row(_ label: String, _ values: String...) {
+    print(label.padding(toLength: 44, withPad: " ", startingAt: 0) + values.joined(separator: "  "))
+}
+
+func storage(_ options: Options) throws {
+    let work = "\(options.directory)/sofa-bench-\(getpid())"
+    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: work) }
+    let n = options.documents
+    print("Sofa storage benchmark: \(n) documents, \(options.attachmentMiB) MiB attachment, in \(work)")
+    print(String(repeating: "-", count: 80))
+
+    // Documents: one transaction, then one transaction per save.
+    func body(_ i: Int) -> JSONObject {
+        ["type": "note", "title": .string("Note number \(i)"), "count": .integer(Int64(i)), "tags": ["a", "b"], "score": 0.5]
+    }
+    let batchDB = try Database.create(at: "\(work)/batch.sofa")
+    let batchTime = try measure {
+        try batchDB.inBatch { batch in
+            for i in 0..<n {
+                var draft = try batchDB.newRevision(of: "doc-\(i)")
+                draft.properties = body(i)
+                try batch.save(draft)
+            }
+        }
+    }
+    row("save, \(n) docs in one transaction", rate(n, batchTime))
+
+    let singleDB = try Database.create(at: "\(work)/single.sofa")
+    let singleTime = try measure {
+        for i in 0..<n {
+            var draft = try singleDB.newRevision(of: "doc-\(i)")
+            draft.properties = body(i)
+            try singleDB.save(draft)
+        }
+    }
+    row("save, \(n) docs one transaction each", rate(n, singleTime))
+
+    var ids = (0..<n).map { "doc-\($0)" }
+    ids.shuffle()
+    var found = 0
+    let readTime = try measure {
+        for id in ids where try batchDB.document(withID: id) != nil { found += 1 }
+    }
+    precondition(found == n)
+    row("read by id, \(n) docs in random order", rate(n, readTime))
+
+    // Attachments: a big file written into the blob store vs cp, read back vs cat.
+    let size = Int64(options.attachmentMiB) << 20
+    let source = "\(work)/source.bin"
+    try writeSource(source, size: size)
+    _ = try timeShell("cat \(source) > /dev/null")  // the source is read from the cache by every contender
+    sync()
+    let cpTime = try timeShell("cp \(source) \(work)/copy.bin")
+    unlink("\(work)/copy.bin")
+    sync()
+    let cpSyncTime = try timeShell("cp \(source) \(work)/copy.bin && sync \(work)/copy.bin")
+    unlink("\(work)/copy.bin")
+    sync()
+    let blobDB = try Database.create(at: "\(work)/blobs.sofa")
+    var attachment: Attachment?
+    let writeTime = try measure {
+        var draft = try blobDB.newRevision(of: "big")
+        try draft.setAttachment("big.bin", contentsOf: source)
+        attachment = try blobDB.save(draft).attachment(named: "big.bin")
+    }
+    row("write \(options.attachmentMiB) MiB attachment (hash+fsync)", mibps(size, writeTime),
+        "cp " + mibps(size, cpTime), "ratio to cp " + ratio(cpTime / writeTime), "to cp+sync " + ratio(cpSyncTime / writeTime))
+
+    let blobPath = blobDB.contentPath(of: attachment!)!
+    func sofaRead() throws -> Double {
+        try measure {
+            let reader = try blobDB.openContent(of: attachment!, docID: "big")
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+            defer { buffer.deallocate() }
+            while try reader.read(into: buffer) > 0 {}
+        }
+    }
+    _ = try timeShell("cat \(blobPath) > /dev/null")  // warm the cache
+    let catWarm = try timeShell("cat \(blobPath) > /dev/null")
+    let sofaWarm = try sofaRead()
+    row("read it back, warm cache (hash checked)", mibps(size, sofaWarm), "cat " + mibps(size, catWarm), "ratio to cat " + ratio(catWarm / sofaWarm))
+    let preadWarm = try measure {
+        let reader = try blobDB.openContent(of: attachment!, docID: "big")
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 128 * 1024, alignment: 16)
+        defer { buffer.deallocate() }
+        var offset: Int64 = 0
+        while case let count = try reader.read(into: buffer, at: offset), count > 0 { offset += Int64(count) }
+    }
+    row("read it back, warm, 128 KiB preads (no hash)", mibps(size, preadWarm), "cat " + mibps(size, catWarm), "ratio to cat " + ratio(catWarm / preadWarm))
+    if dropCaches() {
+        let catCold = try timeShell("cat \(blobPath) > /dev/null")
+        _ = dropCaches()
+        let sofaCold = try sofaRead()
+        row("read it back, cold cache (hash checked)", mibps(size, sofaCold), "cat " + mibps(size, catCold), "ratio to cat " + ratio(catCold / sofaCold))
+    } else {
+        row("read it back, cold cache", "skipped: dropping the page cache needs root")
+    }
+    print(String(repeating: "-", count: 80))
+    row("peak RSS of this process", String(format: "%.0f MB", Double(peakRSS()) / 1e6))
+}
+
+func writeSource(_ path: String, size: Int64) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    precondition(fd >= 0)
+    defer { close(fd) }
+    var state: UInt64 = 0x9E37_79B9_7F4A_7C15
+    var chunk = [UInt64](repeating: 0, count: (1 << 20) / 8)
+    var remaining = size
+    while remaining > 0 {
+        for index in chunk.indices {
+            state ^= state << 13; state ^= state >> 7; state ^= state << 17
+            chunk[index] = state
+        }
+        let count = Int(min(remaining, 1 << 20))
+        _ = chunk.withUnsafeBytes { write(fd, $0.baseAddress, count) }
+        remaining -= Int64(count)
+    }
+    fsync(fd)
+}
+
+let options = Options(CommandLine.arguments)
+do {
+    try storage(options)
+} catch {
+    FileHandle.standardError.write(Data("sofa-bench: \(error)\n".utf8))
+    exit(1)
+}

@@ -245,6 +245,7 @@ struct Compact: SofaCommand {
                          "bodies_dropped": .integer(Int64(report.bodiesDropped)),
                          "blobs_deleted": .integer(Int64(report.blobsDeleted)),
                          "blob_bytes_freed": .integer(report.blobBytesFreed),
+                         "recent_blobs_kept": .integer(Int64(report.recentBlobsKept)),
                          "temporary_bytes_freed": .integer(report.temporaryBytesFreed),
                          "database_bytes_before": .integer(report.databaseBytesBefore),
                          "database_bytes_after": .integer(report.databaseBytesAfter),
@@ -254,7 +255,8 @@ struct Compact: SofaCommand {
         Output.line("""
             Revisions pruned: \(report.revisionsPruned)
             Bodies dropped:   \(report.bodiesDropped)
-            Blobs deleted:    \(report.blobsDeleted) (\(formatBytes(report.blobBytesFreed)))
+            Blobs deleted:    \(report.blobsDeleted) (\(formatBytes(report.blobBytesFreed)))\(report.recentBlobsKept > 0
+                ? "; \(report.recentBlobsKept) unreferenced blob(s) younger than \(Int(Tuning.blobGracePeriod / 60)) minutes kept" : "")
             Temporary files:  \(formatBytes(report.temporaryBytesFreed))
             SQLite file:      \(formatBytes(report.databaseBytesBefore)) -> \(formatBytes(report.databaseBytesAfter))
             Freed in all:     \(formatBytes(report.bytesFreed))

@@ -169,6 +169,7 @@ import TestSupport
         #expect(report.bodiesDropped == 1)
         #expect(report.blobsDeleted == 2)  // the old body of old.bin, and the orphan
         #expect(report.blobBytesFreed == 15_000)
+        #expect(report.recentBlobsKept == 1)
         #expect(!db.blobs.contains(orphan.key))
         #expect(db.blobs.contains(fresh.key))
         #expect(!db.blobs.contains(first.attachment(named: "old.bin")!.blobKey!))
