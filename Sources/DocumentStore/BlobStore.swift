@@ -55,15 +55,15 @@ public final class BlobStore: Sendable {
     }
 
     /// Streams the file at `path` into the store (a pipe or FIFO works too).
-    public func write(contentsOf path: String) throws -> StoredBlob {
+    public func write(contentsOf path: String, progress: ((Int64) -> Void)? = nil) throws -> StoredBlob {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         defer { close(fd) }
-        return try write(fromDescriptor: fd, name: path)
+        return try write(fromDescriptor: fd, name: path, progress: progress)
     }
 
-    /// Streams everything readable from `fd` into the store.
-    public func write(fromDescriptor fd: Int32, name: String) throws -> StoredBlob {
+    /// Streams everything readable from `fd` into the store; `progress` is told the bytes so far.
+    public func write(fromDescriptor fd: Int32, name: String, progress: ((Int64) -> Void)? = nil) throws -> StoredBlob {
         let writer = try makeWriter()
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
         defer { buffer.deallocate() }
@@ -75,6 +75,7 @@ public final class BlobStore: Sendable {
             }
             if count == 0 { break }
             try writer.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+            progress?(writer.length)
         }
         return try writer.finish()
     }

@@ -17,9 +17,12 @@ struct Attach: SofaCommand {
         try AttachmentName.validate(name)
         let database = try db.open()
         var draft = try database.newRevision(of: id)
+        var progress = Progress("attaching \(name)")
+        let report: (Int64) -> Void = { progress.update(bytes: $0) }
         let blob = file == "-"
-            ? try database.blobs.write(fromDescriptor: STDIN_FILENO, name: "standard input")
-            : try database.blobs.write(contentsOf: file)
+            ? try database.blobs.write(fromDescriptor: STDIN_FILENO, name: "standard input", progress: report)
+            : try database.blobs.write(contentsOf: file, progress: report)
+        progress.finish()
         try draft.setAttachment(name, blob: blob, contentType: contentType)
         Output.line(try database.save(draft).revID.description)
     }

@@ -100,6 +100,12 @@ struct Progress {
         Output.write(STDERR_FILENO, "\r\(label): \(count) \(unit)\u{1B}[K")
     }
 
+    mutating func update(bytes: Int64) {
+        guard enabled, Date().timeIntervalSince(lastUpdate) > 0.1 else { return }
+        lastUpdate = Date()
+        Output.write(STDERR_FILENO, "\r\(label): \(formatBytes(bytes))\u{1B}[K")
+    }
+
     func finish() {
         if enabled { Output.write(STDERR_FILENO, "\r\u{1B}[K") }
     }
