@@ -332,13 +332,11 @@ public final class Database: @unchecked Sendable {
             parentAttachments = [:]
         }
         let generation = (parent?.generation ?? 0) + 1
-        let attachments: [Attachment] = draft.deleted ? [] : draft.attachments.values.sorted { $0.name < $1.name }.map { attachment -> Attachment in
+        let attachments: [Attachment] = draft.deleted ? [] : draft.attachments.values.sorted { $0.name < $1.name }.map { attachment in
             // Keep revpos when neither body nor type changed since the parent.
             let old = parentAttachments[attachment.name]
             let unchanged = old.map { $0.digest == attachment.digest && $0.contentType == attachment.contentType } ?? false
-            return Attachment(name: attachment.name, contentType: attachment.contentType, length: attachment.length,
-                              digest: attachment.digest, blobKey: attachment.blobKey,
-                              revpos: unchanged ? old!.revpos : generation, contentAvailable: attachment.contentAvailable)
+            return attachment.with(revpos: unchanged ? old!.revpos : generation)
         }
         let properties = draft.deleted ? JSONObject() : draft.properties
         let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: properties,
@@ -355,11 +353,7 @@ public final class Database: @unchecked Sendable {
         let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
         let sequence = try finishChange(docKey: docKey, tree: tree, added: [newNode], in: connection)
         return Revision(docID: draft.docID, revID: revID, parentRevID: parent, deleted: draft.deleted, properties: properties,
-                        attachments: attachments.map { attachment in
-                            Attachment(name: attachment.name, contentType: attachment.contentType, length: attachment.length,
-                                       digest: attachment.digest, blobKey: attachment.blobKey, revpos: attachment.revpos,
-                                       contentAvailable: attachment.blobKey.map(blobs.contains) ?? false)
-                        },
+                        attachments: attachments.map { $0.with(contentAvailable: $0.blobKey.map(blobs.contains) ?? false) },
                         sequence: sequence, savedAt: savedAt)
     }
 
@@ -421,9 +415,6 @@ public final class Database: @unchecked Sendable {
                 .integer(attachment.length), .text(attachment.digest), SQLValue(attachment.blobKey?.hex),
                 SQLValue(attachment.revpos))
         }
-        if let parent {
-            try connection.run("UPDATE revs SET leaf = 0 WHERE doc_key = ? AND rev_id = ?", .integer(docKey), .text(parent.description))
-        }
     }
 
     /// After revisions were added: pick the winner, take a new sequence, prune old history.
@@ -432,8 +423,10 @@ public final class Database: @unchecked Sendable {
         var nodes = tree.nodes
         for node in added {
             nodes[node.id] = node
+            // A revision that gained a child is no longer a leaf, in memory and on disk.
             if let parent = node.parent, let old = nodes[parent], old.isLeaf {
                 nodes[parent] = RevisionNode(id: old.id, parent: old.parent, deleted: old.deleted, isLeaf: false)
+                try connection.run("UPDATE revs SET leaf = 0 WHERE doc_key = ? AND rev_id = ?", .integer(docKey), .text(parent.description))
             }
         }
         let updated = RevisionTree(Array(nodes.values))
@@ -502,7 +495,10 @@ public final class Database: @unchecked Sendable {
             try connection.forEach("""
                 SELECT a.blob_key FROM rev_attachments a JOIN docs d ON a.doc_key = d.doc_key AND a.rev_id = d.current_rev
                 """) { row in
-                if row.isNull(0) || !blobs.contains(BlobKey(hex: row.text(0)) ?? BlobKey.of([UInt8]())) { missing += 1 }
+                guard let key = row.optionalText(0).flatMap(BlobKey.init(hex:)), blobs.contains(key) else {
+                    missing += 1
+                    return
+                }
             }
             return DatabaseInfo(
                 path: path, documentCount: counts.0, deletedCount: counts.1,

@@ -28,6 +28,12 @@ public struct Attachment: Hashable, Sendable {
         self.contentAvailable = contentAvailable
     }
 
+    /// A copy with some fields changed.
+    public func with(name: String? = nil, contentType: String? = nil, revpos: Int? = nil, contentAvailable: Bool? = nil) -> Attachment {
+        Attachment(name: name ?? self.name, contentType: contentType ?? self.contentType, length: length, digest: digest,
+                   blobKey: blobKey, revpos: revpos ?? self.revpos, contentAvailable: contentAvailable ?? self.contentAvailable)
+    }
+
     /// Metadata for a body stored in the blob store.
     public init(name: String, contentType: String, blob: StoredBlob, revpos: Int) {
         self.init(name: name, contentType: contentType, length: blob.length, digest: blob.key.digestString,
@@ -186,8 +192,7 @@ public struct RevisionDraft: Sendable {
     /// Changes an attachment's content type, keeping its body.
     public mutating func setContentType(_ contentType: String, ofAttachment name: String) throws {
         guard let existing = attachments[name] else { throw SofaError.attachmentNotFound(docID: docID, name: name) }
-        attachments[name] = Attachment(name: name, contentType: contentType, length: existing.length, digest: existing.digest,
-                                       blobKey: existing.blobKey, revpos: 0, contentAvailable: existing.contentAvailable)
+        attachments[name] = existing.with(contentType: contentType, revpos: 0)
     }
 
     public mutating func removeAttachment(_ name: String) throws {
@@ -202,8 +207,6 @@ public struct RevisionDraft: Sendable {
         guard let existing = attachments.removeValue(forKey: name) else {
             throw SofaError.attachmentNotFound(docID: docID, name: name)
         }
-        attachments[newName] = Attachment(name: newName, contentType: existing.contentType, length: existing.length,
-                                          digest: existing.digest, blobKey: existing.blobKey, revpos: 0,
-                                          contentAvailable: existing.contentAvailable)
+        attachments[newName] = existing.with(name: newName, revpos: 0)
     }
 }

@@ -56,13 +56,7 @@ struct CatAttachment: SofaCommand {
 
     func execute() throws {
         let database = try db.open()
-        let revision: Revision
-        if let rev {
-            revision = try database.revision(RevisionID.parse(rev), of: id)
-        } else {
-            guard let current = try database.document(withID: id) else { throw SofaError.documentNotFound(id) }
-            revision = current
-        }
+        let revision = try database.revision(of: id, rev: rev)
         guard let attachment = revision.attachment(named: name) else { throw SofaError.attachmentNotFound(docID: id, name: name) }
         let reader = try database.openContent(of: attachment, docID: id)
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)

@@ -108,13 +108,7 @@ struct Cat: SofaCommand {
             Output.json(.object(properties ? local.body : object))
             return
         }
-        let revision: Revision
-        if let rev {
-            revision = try database.revision(RevisionID.parse(rev), of: id)
-        } else {
-            guard let current = try database.document(withID: id) else { throw SofaError.documentNotFound(id) }
-            revision = current
-        }
+        let revision = try database.revision(of: id, rev: rev)
         Output.json(.object(properties ? revision.properties : revision.couchJSON()))
     }
 }

@@ -119,6 +119,15 @@ struct DatabaseArgument: ParsableArguments {
     func open() throws -> Database { try Database.open(at: database) }
 }
 
+extension Database {
+    /// The revision `rev` of a document, or its current one; errors name what is missing.
+    func revision(of id: String, rev: String?) throws -> Revision {
+        if let rev { return try revision(RevisionID.parse(rev), of: id) }
+        guard let current = try document(withID: id) else { throw SofaError.documentNotFound(id) }
+        return current
+    }
+}
+
 extension Revision {
     /// The document as CouchDB shows it: `_id`, `_rev`, the properties, `_attachments` stubs.
     func couchJSON(includeRevisions: [RevisionID]? = nil) -> JSONObject {

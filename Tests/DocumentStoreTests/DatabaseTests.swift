@@ -125,6 +125,19 @@ import TestSupport
         #expect(try db.revisionTree(of: "c").conflicts.isEmpty)
     }
 
+    @Test func graftingOntoALeafThroughMissingRevisionsLeavesNoPhantomConflict() throws {
+        let db = try directory.makeDatabase()
+        let first = try db.save({ var d = try db.newRevision(of: "doc"); d.properties = ["v": 1]; return d }())
+        let third = RevisionID(generation: 3, suffix: "ccc")
+        #expect(try db.insert(ReplicatedRevision(docID: "doc", revID: third, ancestors: [RevisionID("2-bbb")!, first.revID],
+                                                  properties: ["v": 3])))
+        let reopened = try Database.open(at: db.path)
+        let tree = try reopened.revisionTree(of: "doc")
+        #expect(tree.leaves.map(\.id) == [third])
+        #expect(tree.conflicts.isEmpty)
+        #expect(tree.history(of: third) == [third, RevisionID("2-bbb")!, first.revID])
+    }
+
     @Test func twoReplicasAgreeOnTheWinnerWhateverTheOrder() throws {
         let revisions = [
             ReplicatedRevision(docID: "d", revID: RevisionID("2-b")!, ancestors: [RevisionID("1-a")!], properties: ["v": 1]),
