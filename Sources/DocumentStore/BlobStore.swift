@@ -166,7 +166,8 @@ public final class BlobWriter {
     fileprivate init(store: BlobStore) throws {
         self.store = store
         temporaryPath = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
-        fd = open(temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        // 0444: a blob never changes once written, and `contentPath` hands it out as read-only.
+        fd = open(temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
         guard fd >= 0 else { throw SofaError.system("create", path: temporaryPath, errno: errno) }
     }
 

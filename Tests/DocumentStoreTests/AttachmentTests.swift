@@ -25,6 +25,8 @@ import TestSupport
         #expect(rev.attachmentNames == ["notes/hello.txt"])
         let path = try #require(db.contentPath(of: attachment))
         #expect(path.hasSuffix("/attachments/f572d396fae9206628714fb2ce00f72e94f2258f.blob"))
+        var info = stat()
+        #expect(stat(path, &info) == 0 && info.st_mode & 0o777 == 0o444)
         #expect(try db.blobs.contents(of: attachment.blobKey!) == Array("hello\n".utf8))
     }
 
