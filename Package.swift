@@ -18,14 +18,18 @@ let package = Package(
                        providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto",
                        providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CFuse3", path: "Sources/CFuse3", pkgConfig: "fuse3",
+                       providers: [.apt(["libfuse3-dev"])]),
 
         .target(name: "DocumentModel", dependencies: ["CCrypto"]),
-        .target(name: "DocumentStore", dependencies: [
-            "DocumentModel", "CSQLite3",
+        .target(name: "DocumentStore", dependencies: ["DocumentModel", "CSQLite3"]),
+        .target(name: "FuseKit", dependencies: ["CFuse3"]),
+        .target(name: "DocumentFS", dependencies: [
+            "DocumentModel", "DocumentStore", "FuseKit",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "sofa", dependencies: [
-            "DocumentModel", "DocumentStore",
+            "DocumentModel", "DocumentStore", "DocumentFS", "FuseKit",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -36,5 +40,6 @@ let package = Package(
         .testTarget(name: "DocumentModelTests", dependencies: ["DocumentModel", "TestSupport"]),
         .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
+        .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "TestSupport"]),
     ]
 )

@@ -144,6 +144,65 @@ public final class BlobStore: Sendable {
         return freed
     }
 
+    /// Makes the temporary file `fd` (at `temporaryPath`) the blob `key`: fsync, make it
+    /// read-only, rename it into place and fsync the directory. Closes `fd`.
+    fileprivate func install(_ fd: Int32, at temporaryPath: String, as key: BlobKey) throws {
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw SofaError.system("fsync", path: temporaryPath, errno: errno) }
+        fchmod(fd, 0o444)
+        let finalPath = path(for: key)
+        if contains(key) {
+            // The same bytes are stored already. Touch the blob so that a compaction
+            // running before this save commits sees it as fresh and keeps it.
+            unlink(temporaryPath)
+            utimensat(AT_FDCWD, finalPath, nil, 0)
+        } else {
+            guard rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
+            try syncDirectory()
+        }
+    }
+
+    /// A new temporary file for random-access writing, starting as a copy of `key`'s body.
+    public func makeTemporaryFile(copying key: BlobKey? = nil) throws -> TemporaryBlobFile {
+        try TemporaryBlobFile(store: self, copying: key)
+    }
+
+    /// Moves the file at `path` (on the same file system) into the store, without
+    /// copying it. With `keepingOriginal`, the store gets a hard link and the file
+    /// stays where it is, for the caller to remove once the blob is referenced.
+    public func adopt(fileAt path: String, keepingOriginal: Bool = false) throws -> StoredBlob {
+        var path = path
+        if keepingOriginal {
+            let link = "\(temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
+            guard Glibc.link(path, link) == 0 else { throw SofaError.system("link", path: path, errno: errno) }
+            path = link
+        }
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+        let digest = MessageDigest(.sha1)
+        let length = try hashFile(fd, path: path, into: digest)
+        let key = BlobKey(digest: digest.finalize())
+        try install(fd, at: path, as: key)
+        return StoredBlob(key: key, length: length)
+    }
+
+    /// Hashes a whole file from offset 0 with `pread`; returns its length.
+    fileprivate func hashFile(_ fd: Int32, path: String, into digest: MessageDigest) throws -> Int64 {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        var offset: Int64 = 0
+        while true {
+            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw SofaError.system("read", path: path, errno: errno)
+            }
+            if count == 0 { return offset }
+            digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+            offset += Int64(count)
+        }
+    }
+
     fileprivate func syncDirectory() throws {
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw SofaError.system("open", path: directory, errno: errno) }
@@ -195,25 +254,13 @@ public final class BlobWriter {
     public func finish() throws -> StoredBlob {
         precondition(fd >= 0, "finish after finish or cancel")
         let key = BlobKey(digest: digest.finalize())
-        let finalPath = store.path(for: key)
         do {
-            guard fsync(fd) == 0 else { throw SofaError.system("fsync", path: temporaryPath, errno: errno) }
-            guard close(fd) == 0 else { fd = -1; throw SofaError.system("close", path: temporaryPath, errno: errno) }
+            let descriptor = fd
             fd = -1
-            if store.contains(key) {
-                // The same bytes are stored already. Touch the blob so that a compaction
-                // running before this save commits sees it as fresh and keeps it.
-                unlink(temporaryPath)
-                utimensat(AT_FDCWD, finalPath, nil, 0)
-            } else {
-                guard rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
-                try store.syncDirectory()
-            }
-        } catch let error as SofaError {
+            try store.install(descriptor, at: temporaryPath, as: key)
+        } catch {
             cancel()
             throw error
-        } catch {
-            fatalError("unreachable: only SofaError is thrown")
         }
         return StoredBlob(key: key, length: length)
     }
@@ -290,5 +337,109 @@ public final class BlobReader {
             }
             return count
         }
+    }
+}
+
+/// A temporary file written at any offset (the mount's attachment writes), that
+/// becomes a blob with `commit()`. While writes arrive in order from offset 0 the
+/// bytes are hashed as they come; otherwise the file is hashed once at commit.
+/// One thread at a time.
+public final class TemporaryBlobFile {
+    private let store: BlobStore
+    public let path: String
+    private var fd: Int32
+    /// Non-nil while every byte so far was written in order.
+    private var digest: MessageDigest? = MessageDigest(.sha1)
+    private var hashedLength: Int64 = 0
+    public private(set) var size: Int64 = 0
+
+    fileprivate init(store: BlobStore, copying key: BlobKey?) throws {
+        self.store = store
+        path = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
+        if let key {
+            do {
+                let reader = try store.openReader(key)
+                let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+                defer { buffer.deallocate() }
+                while case let count = try reader.read(into: buffer), count > 0 {
+                    try write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), at: size)
+                }
+            } catch {
+                discard()
+                throw error
+            }
+        }
+    }
+
+    deinit { discard() }
+
+    public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
+        var written = 0
+        while written < bytes.count {
+            let count = pwrite(fd, bytes.baseAddress! + written, bytes.count - written, off_t(offset) + written)
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw SofaError.system("write", path: path, errno: errno)
+            }
+            written += count
+        }
+        if let digest, offset == hashedLength {
+            digest.update(bytes)
+            hashedLength += Int64(bytes.count)
+        } else {
+            digest = nil
+        }
+        size = max(size, offset + Int64(bytes.count))
+    }
+
+    public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        while true {
+            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
+            if count >= 0 { return count }
+            if errno != EINTR { throw SofaError.system("read", path: path, errno: errno) }
+        }
+    }
+
+    public func truncate(to newSize: Int64) throws {
+        guard ftruncate(fd, off_t(newSize)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
+        if newSize == 0 {
+            digest = MessageDigest(.sha1)
+            hashedLength = 0
+        } else if newSize != hashedLength {
+            digest = nil
+        }
+        size = newSize
+    }
+
+    /// Makes the file a blob; the file is gone afterwards.
+    public func commit() throws -> StoredBlob {
+        precondition(fd >= 0, "commit after commit or discard")
+        let finished: MessageDigest
+        if let digest, hashedLength == size {
+            finished = digest
+        } else {
+            finished = MessageDigest(.sha1)
+            _ = try store.hashFile(fd, path: path, into: finished)
+        }
+        let key = BlobKey(digest: finished.finalize())
+        let descriptor = fd
+        fd = -1
+        do {
+            try store.install(descriptor, at: path, as: key)
+        } catch {
+            unlink(path)
+            throw error
+        }
+        return StoredBlob(key: key, length: size)
+    }
+
+    /// Deletes the file unless it was committed.
+    public func discard() {
+        guard fd >= 0 else { return }
+        close(fd)
+        fd = -1
+        unlink(path)
     }
 }

@@ -203,13 +203,16 @@ public final class Database: @unchecked Sendable {
         try read { connection in
             try connection.query("""
                 SELECT d.doc_id, d.current_rev, d.deleted, d.sequence,
-                       (SELECT COUNT(*) FROM rev_attachments a WHERE a.doc_key = d.doc_key AND a.rev_id = d.current_rev)
-                FROM docs d WHERE d.doc_id > ? AND (? OR d.deleted = 0)
+                       (SELECT COUNT(*) FROM rev_attachments a WHERE a.doc_key = d.doc_key AND a.rev_id = d.current_rev),
+                       r.saved_at
+                FROM docs d JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
+                WHERE d.doc_id > ? AND (? OR d.deleted = 0)
                 ORDER BY d.doc_id LIMIT ? OFFSET ?
                 """, .text(afterID ?? ""), SQLValue(includeDeleted), SQLValue(min(limit, Int(Int64.max))), SQLValue(offset)
             ) { row in
                 DocumentSummary(docID: row.text(0), revID: try Database.revisionID(row.text(1)), deleted: row.bool(2),
-                                sequence: row.int64(3), attachmentCount: row.int(4))
+                                sequence: row.int64(3), attachmentCount: row.int(4),
+                                modified: Date(timeIntervalSince1970: row.double(5)))
             }
         }
     }
@@ -257,6 +260,13 @@ public final class Database: @unchecked Sendable {
         }
         return RevisionDraft(docID: id, parent: current.revID, properties: current.deleted ? JSONObject() : current.properties,
                              attachments: current.deleted ? [] : current.attachments, blobs: blobs)
+    }
+
+    /// A draft of a brand-new document. Saving it when the id exists already is a
+    /// conflict, or a new root branch with `allowConflict`.
+    public func newDocument(_ id: String) throws -> RevisionDraft {
+        try DocumentID.validate(id)
+        return RevisionDraft(docID: id, parent: nil, properties: JSONObject(), attachments: [], blobs: blobs)
     }
 
     /// A draft on top of a specific revision (which may be stale; see `save(_:allowConflict:)`).

@@ -13,4 +13,8 @@ public enum Tuning {
     /// Documents per transaction when importing: large enough to amortise the
     /// commit, small enough that an interrupted import keeps most of its work.
     public static let importBatchSize = 500
+
+    /// How often a mount looks for changes made behind its back. With the kernel's
+    /// one-second attribute timeout, other processes' changes show within a second.
+    public static let changePollInterval = 0.2
 }

@@ -78,6 +78,8 @@ public struct DocumentSummary: Hashable, Sendable {
     public let deleted: Bool
     public let sequence: Int64
     public let attachmentCount: Int
+    /// When the current revision was saved.
+    public let modified: Date
 }
 
 /// What `sofa info` shows.

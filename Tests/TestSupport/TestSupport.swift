@@ -91,6 +91,9 @@ public final class ChildProcess: @unchecked Sendable {
 
     public func kill(_ signal: Int32 = SIGKILL) { Glibc.kill(pid, signal) }
 
+    /// What the process wrote to standard error so far.
+    public var errorOutput: String { (try? String(contentsOfFile: errorPath, encoding: .utf8)) ?? "" }
+
     /// Waits for the process to end.
     public func wait() -> ProcessResult {
         var status: Int32 = 0

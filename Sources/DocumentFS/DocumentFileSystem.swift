@@ -1,0 +1,443 @@
+/// DocumentFS: a Sofa database as a tree of folders and files.
+///
+/// ```
+/// /docs/<id>/properties.json          the current revision's properties
+/// /docs/<id>/attachments/<name>       one file per attachment ('/' in a name = subfolders)
+/// /docs/<id>/conflicts/<rev>/…        losing branches (read-only; rm -r resolves)
+/// /docs/<id>/<anything else>          scratch files: local only, never replicated
+/// /.sofa/status.json                  read-only status
+/// ```
+///
+/// Closing a written file saves one revision. A file written from a revision that
+/// is no longer current is merged onto the current one when the edits touch
+/// different things (two attachments), and saved as a conflicting branch when
+/// they touch the same thing; nothing is lost. `rm -r docs/x` deletes the
+/// document: unlinking properties.json starts the removal and the final `rmdir`
+/// saves one tombstone. Unsupported cross-kind renames answer EXDEV, so `mv`
+/// falls back to copy and delete.
+///
+/// This module never imports FUSE: `FuseKit` calls it through `FileSystem`.
+
+import DocumentModel
+import DocumentStore
+import Foundation
+import FuseKit
+import Logging
+
+public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
+    // Sendable invariant: mutable state is guarded by `stateLock`; handles guard their own.
+
+    public let database: Database
+    public let readOnly: Bool
+    let scratchRoot: String
+    let handles = HandleTable()
+    let log = Logger(label: "sofa.mount")
+    let mountTime = Date().timeIntervalSince1970
+
+    /// Documents whose removal (`rm -r`) is under way. Guarded by `stateLock`.
+    var removals: [String: Removal] = [:]
+    /// Attachment folders made with mkdir that hold no attachment yet. Guarded by `stateLock`.
+    var emptyFolders: Set<FolderKey> = []
+    /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
+    var openedDigests: [String: String] = [:]
+    private var listings: [UInt64: Listing] = [:]
+    private var nextListing: UInt64 = 1
+    /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).
+    private let stateLock = NSLock()
+
+    struct Removal {
+        var properties = false
+        var attachments: Set<String> = []
+    }
+
+    struct FolderKey: Hashable {
+        let docID: String
+        let folder: String
+    }
+
+    public init(database: Database, readOnly: Bool = false) throws {
+        self.database = database
+        self.readOnly = readOnly || database.isReadOnly
+        scratchRoot = database.path + "/scratch"
+        if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {
+            throw SofaError.system("create directory", path: scratchRoot, errno: errno)
+        }
+    }
+
+    func withState<T>(_ body: () throws -> T) rethrows -> T {
+        stateLock.lock()
+        defer { stateLock.unlock() }
+        return try body()
+    }
+
+    // MARK: - Lookups
+
+    func scratchDirectory(_ id: String) -> String { "\(scratchRoot)/\(FileNames.escape(id))" }
+    func scratchPath(_ id: String, _ relative: String) -> String { "\(scratchDirectory(id))/\(relative)" }
+
+    /// The live current revision, with removals under way applied.
+    func liveRevision(_ id: String) throws -> Revision? {
+        guard !DocumentID.isLocal(id), (try? DocumentID.validate(id)) != nil else { return nil }
+        return try database.document(withID: id)
+    }
+
+    func removal(_ id: String) -> Removal? { withState { removals[id] } }
+
+    /// Attachments visible in the folder of a live revision.
+    func visibleAttachments(_ revision: Revision) -> [Attachment] {
+        guard let removal = removal(revision.docID) else { return revision.attachments }
+        return revision.attachments.filter { !removal.attachments.contains($0.name) }
+    }
+
+    func documentFolderExists(_ id: String) throws -> Bool {
+        if try liveRevision(id) != nil { return true }
+        return isDirectory(scratchDirectory(id))
+    }
+
+    func isDirectory(_ path: String) -> Bool {
+        var info = stat()
+        return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
+    }
+
+    func render(_ properties: JSONObject) -> [UInt8] {
+        Array(JSONValue.object(properties).prettyPrinted().utf8)
+    }
+
+    func directory(_ modified: Double, writable: Bool = true) -> FileAttributes {
+        FileAttributes(kind: .directory, permissions: (writable && !readOnly) ? 0o755 : 0o555, modified: modified)
+    }
+
+    func file(_ size: Int64, _ modified: Double, writable: Bool = true) -> FileAttributes {
+        FileAttributes(kind: .regularFile, size: size, permissions: (writable && !readOnly) ? 0o644 : 0o444, modified: modified)
+    }
+
+    /// Whether some attachment name lies below `folder` ("" is attachments/ itself).
+    func isFolder(_ folder: String, in attachments: [Attachment], docID: String) -> Bool {
+        if folder.isEmpty { return true }
+        let prefix = folder + "/"
+        if attachments.contains(where: { $0.name.hasPrefix(prefix) }) { return true }
+        if handles.writers(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
+        return withState { emptyFolders.contains(FolderKey(docID: docID, folder: folder)) }
+    }
+
+    func conflictRevision(_ id: String, _ rev: String) throws -> Revision? {
+        guard let revID = RevisionID(rev), try database.revisionTree(of: id).conflicts.contains(where: { $0.id == revID }) else { return nil }
+        return try database.revision(revID, of: id)
+    }
+
+    // MARK: - Attributes
+
+    public func attributes(of path: String) throws -> FileAttributes {
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        if let writer = handles.writers(at: path).first {
+            return file(writer.size, Date().timeIntervalSince1970)
+        }
+        switch node {
+        case .root, .docs: return directory(mountTime)
+        case .statusDirectory: return directory(mountTime, writable: false)
+        case .statusFile(let name):
+            guard let bytes = try statusFile(name) else { throw FileSystemError(ENOENT) }
+            return file(Int64(bytes.count), Date().timeIntervalSince1970, writable: false)
+        case .document(let id):
+            if let revision = try liveRevision(id) { return directory(revision.savedAt.timeIntervalSince1970) }
+            guard isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
+            return directory(mountTime)
+        case .properties(let id):
+            guard let revision = try liveRevision(id), removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            return file(Int64(render(revision.properties).count), revision.savedAt.timeIntervalSince1970)
+        case .attachment(let id, let name):
+            guard let revision = try liveRevision(id) else {
+                guard name.isEmpty, isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
+                return directory(mountTime)
+            }
+            let attachments = visibleAttachments(revision)
+            if let attachment = attachments.first(where: { $0.name == name }) {
+                return file(attachment.length, revision.savedAt.timeIntervalSince1970)
+            }
+            guard isFolder(name, in: attachments, docID: id) else { throw FileSystemError(ENOENT) }
+            return directory(revision.savedAt.timeIntervalSince1970)
+        case .conflicts(let id):
+            guard let revision = try liveRevision(id) else { throw FileSystemError(ENOENT) }
+            return directory(revision.savedAt.timeIntervalSince1970, writable: false)
+        case .conflict(let id, let rev):
+            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            return directory(conflict.savedAt.timeIntervalSince1970, writable: false)
+        case .conflictProperties(let id, let rev):
+            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            return file(Int64(render(conflict.properties).count), conflict.savedAt.timeIntervalSince1970, writable: false)
+        case .conflictAttachment(let id, let rev, let name):
+            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            if let attachment = conflict.attachment(named: name) {
+                return file(attachment.length, conflict.savedAt.timeIntervalSince1970, writable: false)
+            }
+            guard isFolder(name, in: conflict.attachments, docID: "") else { throw FileSystemError(ENOENT) }
+            return directory(conflict.savedAt.timeIntervalSince1970, writable: false)
+        case .scratch(let id, let relative):
+            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            return try scratchAttributes(scratchPath(id, relative))
+        }
+    }
+
+    public func attributes(ofHandle number: UInt64) throws -> FileAttributes {
+        let handle = try handles.get(number)
+        return file(handle.size, Date().timeIntervalSince1970, writable: handle is WriteHandle || handle is ScratchHandle)
+    }
+
+    func scratchAttributes(_ path: String) throws -> FileAttributes {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { throw FileSystemError(errno) }
+        let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
+        if info.st_mode & S_IFMT == S_IFDIR { return directory(modified) }
+        return FileAttributes(kind: .regularFile, size: Int64(info.st_size), permissions: UInt32(info.st_mode & 0o777), modified: modified)
+    }
+
+    // MARK: - Directories
+
+    /// An open directory: a fixed list of entries, or the paged listing of /docs.
+    final class Listing {
+        let node: Node
+        let entries: [DirectoryEntry]
+        /// For /docs: where the last page stopped (position of the next entry, id of the last one).
+        var cursorOffset = 0
+        var cursorAfter: String?
+
+        init(node: Node, entries: [DirectoryEntry]) {
+            self.node = node
+            self.entries = entries
+        }
+    }
+
+    public func openDirectory(_ path: String) throws -> UInt64 {
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        let attributes = try attributes(of: path)
+        guard attributes.kind == .directory else { throw FileSystemError(ENOTDIR) }
+        let entries = try listEntries(node, path: path)
+        return withState {
+            let number = nextListing
+            nextListing += 1
+            listings[number] = Listing(node: node, entries: entries)
+            return number
+        }
+    }
+
+    public func releaseDirectory(_ handle: UInt64) {
+        _ = withState { listings.removeValue(forKey: handle) }
+    }
+
+    public func readDirectory(_ handle: UInt64, from offset: Int, add: (DirectoryEntry) -> Bool) throws {
+        guard let listing = withState({ listings[handle] }) else { throw FileSystemError(EBADF) }
+        if offset < listing.entries.count {
+            for entry in listing.entries[offset...] where !add(entry) { return }
+        }
+        guard listing.node == .docs else { return }
+        // The documents, a page at a time, so that huge databases list in constant memory.
+        var position = max(offset, listing.entries.count)
+        var after: String?
+        if position == listing.cursorOffset {
+            after = listing.cursorAfter
+        } else if position > listing.entries.count {
+            after = try database.documents(offset: position - listing.entries.count - 1, limit: 1).first?.docID
+        }
+        while true {
+            let page = try database.documents(after: after, limit: 256)
+            guard !page.isEmpty else { return }
+            for summary in page {
+                let entry = DirectoryEntry(name: FileNames.escape(summary.docID),
+                                           attributes: directory(summary.modified.timeIntervalSince1970))
+                guard add(entry) else { return }
+                position += 1
+                after = summary.docID
+                listing.cursorOffset = position
+                listing.cursorAfter = after
+            }
+        }
+    }
+
+    private func listEntries(_ node: Node, path: String) throws -> [DirectoryEntry] {
+        let dots = [DirectoryEntry(name: "."), DirectoryEntry(name: "..")]
+        switch node {
+        case .root:
+            return dots + [DirectoryEntry(name: "docs", attributes: directory(mountTime)),
+                           DirectoryEntry(name: Node.statusDirectoryName, attributes: directory(mountTime, writable: false))]
+        case .docs:
+            // Documents that exist only as folders (mkdir, nothing saved yet) come first; the rest is paged.
+            let pending = ((try? FileManager.default.contentsOfDirectory(atPath: scratchRoot)) ?? []).sorted().filter {
+                (try? liveRevision(FileNames.unescape($0))) == nil
+            }
+            return dots + pending.map { DirectoryEntry(name: $0, attributes: directory(mountTime)) }
+        case .statusDirectory:
+            return dots + ["status.json"].map { DirectoryEntry(name: $0) }
+        case .document(let id):
+            var entries = dots
+            if let revision = try liveRevision(id) {
+                let modified = revision.savedAt.timeIntervalSince1970
+                // properties.json first, so that `rm -r` starts the removal before it empties attachments/.
+                if removal(id)?.properties != true {
+                    entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: file(Int64(render(revision.properties).count), modified)))
+                }
+                entries.append(DirectoryEntry(name: Node.attachmentsDirectoryName, attributes: directory(modified)))
+                if try !database.revisionTree(of: id).conflicts.isEmpty {
+                    entries.append(DirectoryEntry(name: Node.conflictsDirectoryName, attributes: directory(modified, writable: false)))
+                }
+            } else {
+                entries.append(DirectoryEntry(name: Node.attachmentsDirectoryName, attributes: directory(mountTime)))
+            }
+            entries += scratchEntries(scratchDirectory(id)).filter { $0.name != Node.attachmentsDirectoryName }
+            return entries
+        case .attachment(let id, let folder):
+            var entries = dots
+            var seen = Set<String>()
+            let revision = try liveRevision(id)
+            let attachments = revision.map(visibleAttachments) ?? []
+            var names = attachments.map { ($0.name, Optional($0)) }
+            names += handles.writers(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil) } }
+            names += withState { emptyFolders.filter { $0.docID == id }.map { ($0.folder + "/", nil) } }
+            let prefix = folder.isEmpty ? "" : folder + "/"
+            let modified = revision?.savedAt.timeIntervalSince1970 ?? mountTime
+            for (name, attachment) in names where name.hasPrefix(prefix) {
+                let components = FileNames.attachmentComponents(String(name.dropFirst(prefix.count)))
+                    .filter { !$0.isEmpty }
+                guard let first = components.first, seen.insert(first).inserted else { continue }
+                if components.count == 1, let attachment {
+                    entries.append(DirectoryEntry(name: first, attributes: file(attachment.length, modified)))
+                } else {
+                    entries.append(DirectoryEntry(name: first, attributes: components.count == 1 ? nil : directory(modified)))
+                }
+            }
+            if folder.isEmpty {
+                entries += scratchEntries(scratchPath(id, Node.attachmentsDirectoryName)).filter { !seen.contains($0.name) }
+            }
+            return entries
+        case .conflicts(let id):
+            return dots + (try database.revisionTree(of: id).conflicts.map { DirectoryEntry(name: $0.id.description) })
+        case .conflict(let id, let rev):
+            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            let modified = conflict.savedAt.timeIntervalSince1970
+            return dots + [DirectoryEntry(name: Node.propertiesFileName,
+                                          attributes: file(Int64(render(conflict.properties).count), modified, writable: false)),
+                           DirectoryEntry(name: Node.attachmentsDirectoryName, attributes: directory(modified, writable: false))]
+        case .conflictAttachment(let id, let rev, let folder):
+            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            let prefix = folder.isEmpty ? "" : folder + "/"
+            var seen = Set<String>()
+            return dots + conflict.attachments.filter { $0.name.hasPrefix(prefix) }.compactMap { attachment in
+                let components = FileNames.attachmentComponents(String(attachment.name.dropFirst(prefix.count)))
+                guard let first = components.first, seen.insert(first).inserted else { return nil }
+                return DirectoryEntry(name: first)
+            }
+        case .scratch(let id, let relative):
+            return dots + scratchEntries(scratchPath(id, relative))
+        case .properties, .statusFile, .conflictProperties:
+            throw FileSystemError(ENOTDIR)
+        }
+    }
+
+    private func scratchEntries(_ directory: String) -> [DirectoryEntry] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted().map { name in
+            DirectoryEntry(name: name, attributes: try? scratchAttributes("\(directory)/\(name)"))
+        }
+    }
+
+    // MARK: - Status
+
+    func statusFile(_ name: String) throws -> [UInt8]? {
+        guard name == "status.json" else { return nil }
+        let status: JSONValue = [
+            "database": .string(database.path),
+            "read_only": .bool(readOnly),
+            "mounted_at": .double(mountTime),
+            "last_sequence": .integer(try database.lastSequence),
+            "replication": ["state": "none"],
+            "downloads": [],
+        ]
+        return Array(status.prettyPrinted().utf8)
+    }
+
+    // MARK: - Statistics, times, xattrs
+
+    public func statistics(of path: String) throws -> statvfs {
+        var result = statvfs()
+        guard statvfs(database.path, &result) == 0 else { throw FileSystemError(errno) }
+        return result
+    }
+
+    public func setTimes(_ path: String, accessed: timespec?, modified: timespec?) throws {
+        if case .scratch(let id, let relative) = Node(path: path) {
+            let omit = timespec(tv_sec: 0, tv_nsec: (1 << 30) - 2)  // UTIME_OMIT
+            var times = [accessed ?? omit, modified ?? omit]
+            guard utimensat(AT_FDCWD, scratchPath(id, relative), &times, 0) == 0 else { throw FileSystemError(errno) }
+            return
+        }
+        _ = try attributes(of: path)  // times come from revisions; accept the call so cp -a and rsync -a work
+    }
+
+    static let revisionAttribute = "user.sofa.rev"
+    static let digestAttribute = "user.sofa.digest"
+    static let availableAttribute = "user.sofa.available"
+    static let contentTypeAttribute = "user.mime_type"
+
+    /// The extended attributes of a node, by name.
+    func extendedAttributes(of path: String) throws -> [String: String] {
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        switch node {
+        case .document(let id), .properties(let id):
+            guard let revision = try liveRevision(id) else { _ = try attributes(of: path); return [:] }
+            return [DocumentFileSystem.revisionAttribute: revision.revID.description]
+        case .attachment(let id, let name):
+            guard let revision = try liveRevision(id), let attachment = visibleAttachments(revision).first(where: { $0.name == name }) else {
+                _ = try attributes(of: path)
+                return [:]
+            }
+            return [DocumentFileSystem.revisionAttribute: revision.revID.description,
+                    DocumentFileSystem.digestAttribute: attachment.digest,
+                    DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
+                    DocumentFileSystem.contentTypeAttribute: attachment.contentType]
+        case .conflictAttachment(let id, let rev, let name):
+            guard let conflict = try conflictRevision(id, rev), let attachment = conflict.attachment(named: name) else {
+                _ = try attributes(of: path)
+                return [:]
+            }
+            return [DocumentFileSystem.revisionAttribute: conflict.revID.description,
+                    DocumentFileSystem.digestAttribute: attachment.digest,
+                    DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
+                    DocumentFileSystem.contentTypeAttribute: attachment.contentType]
+        case .conflict(let id, let rev), .conflictProperties(let id, let rev):
+            guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
+            return [DocumentFileSystem.revisionAttribute: rev]
+        default:
+            _ = try attributes(of: path)
+            return [:]
+        }
+    }
+
+    public func extendedAttribute(_ name: String, of path: String) throws -> [UInt8] {
+        guard let value = try extendedAttributes(of: path)[name] else { throw FileSystemError(ENODATA) }
+        return Array(value.utf8)
+    }
+
+    public func extendedAttributeNames(of path: String) throws -> [String] {
+        try extendedAttributes(of: path).keys.sorted()
+    }
+
+    public func setExtendedAttribute(_ name: String, of path: String, to value: [UInt8], flags: Int32) throws {
+        let current = try extendedAttributes(of: path)
+        guard name == DocumentFileSystem.contentTypeAttribute, case .attachment(let id, let attachmentName) = Node(path: path),
+              current[name] != nil else {
+            // user.sofa.* are derived: copying them (cp -a, rsync -X) is accepted and changes nothing.
+            if name.hasPrefix("user.sofa.") { return }
+            throw FileSystemError(ENOTSUP)
+        }
+        guard !readOnly else { throw SofaError.readOnlyFileSystem(path: path) }
+        let type = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !type.isEmpty, type != current[name] else { return }
+        let base = try liveRevision(id)?.revID
+        _ = try commit(id, base: base, change: .attachment(attachmentName)) { draft in
+            try draft.setContentType(type, ofAttachment: attachmentName)
+        }
+    }
+
+    public func removeExtendedAttribute(_ name: String, of path: String) throws {
+        _ = try attributes(of: path)
+        throw FileSystemError(ENOTSUP)
+    }
+}

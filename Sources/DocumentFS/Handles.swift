@@ -1,0 +1,269 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import FuseKit
+
+/// An open file of the mount. Subclasses hold the state of one kind of file;
+/// `lock` guards it. Lock order: a handle's lock (1) is taken before the file
+/// system's `stateLock` (2), which is taken before the database's locks (3).
+class Handle: @unchecked Sendable {
+    let lock = NSLock()
+    /// The mount path it was opened at (for logs and for `getattr` of written files).
+    let path: String
+
+    init(path: String) { self.path = path }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int { throw FileSystemError(EBADF) }
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int { throw FileSystemError(EBADF) }
+    func truncate(to size: Int64) throws { throw FileSystemError(EBADF) }
+    var size: Int64 { 0 }
+    func close() {}
+}
+
+/// A read-only snapshot of bytes: properties.json as rendered at open, status files.
+final class BytesHandle: Handle, @unchecked Sendable {
+    let bytes: [UInt8]
+
+    init(path: String, bytes: [UInt8]) {
+        self.bytes = bytes
+        super.init(path: path)
+    }
+
+    override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        guard offset < bytes.count else { return 0 }
+        let count = min(buffer.count, bytes.count - Int(offset))
+        bytes.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[Int(offset)..<Int(offset) + count])) }
+        return count
+    }
+
+    override var size: Int64 { Int64(bytes.count) }
+}
+
+/// Reads an attachment body straight from its blob file.
+final class BlobReadHandle: Handle, @unchecked Sendable {
+    let reader: BlobReader
+
+    init(path: String, reader: BlobReader) {
+        self.reader = reader
+        super.init(path: path)
+    }
+
+    override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        try reader.read(into: buffer, at: offset)
+    }
+
+    override var size: Int64 { reader.length }
+}
+
+/// An attachment whose body is not on this machine. Reads fail with ENODATA
+/// (until the replicator supplies a body source).
+final class AbsentBodyHandle: Handle, @unchecked Sendable {
+    let docID: String
+    let attachment: Attachment
+
+    init(path: String, docID: String, attachment: Attachment) {
+        self.docID = docID
+        self.attachment = attachment
+        super.init(path: path)
+    }
+
+    override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+    }
+
+    override var size: Int64 { attachment.length }
+}
+
+/// What a written file changes in its document when it is saved.
+enum Change: Hashable {
+    case properties
+    case attachment(String)
+}
+
+/// A file being written whose content becomes a revision on flush.
+class WriteHandle: Handle, @unchecked Sendable {
+    let docID: String
+    /// The revision the content was based on when opened (nil: a new document).
+    var base: RevisionID?
+    /// Written or truncated since the last save: the next flush saves.
+    var dirty = false
+    /// Created, or truncated by open(O_TRUNC), and not saved since. Shells close a
+    /// duplicate descriptor before they write, so this alone waits for release to save.
+    var emptiedAtOpen = false
+    /// The last save failed (its error was returned by flush); release does not retry.
+    var failed = false
+
+    init(path: String, docID: String, base: RevisionID?) {
+        self.docID = docID
+        self.base = base
+        super.init(path: path)
+    }
+
+    var change: Change { fatalError("abstract") }
+}
+
+/// properties.json open for writing: the bytes live in memory (documents are small).
+final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
+    var buffer: [UInt8]
+    static let maximumSize = 64 << 20
+
+    init(path: String, docID: String, base: RevisionID?, initial: [UInt8]) {
+        buffer = initial
+        super.init(path: path, docID: docID, base: base)
+    }
+
+    override var change: Change { .properties }
+
+    override func read(into destination: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        guard offset < buffer.count else { return 0 }
+        let count = min(destination.count, buffer.count - Int(offset))
+        buffer.withUnsafeBytes { destination.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[Int(offset)..<Int(offset) + count])) }
+        return count
+    }
+
+    override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
+        let end = Int(offset) + bytes.count
+        guard end <= PropertiesWriteHandle.maximumSize else { throw FileSystemError(EFBIG) }
+        if end > buffer.count { buffer += [UInt8](repeating: 0, count: end - buffer.count) }
+        buffer.replaceSubrange(Int(offset)..<end, with: bytes)
+        dirty = true
+        failed = false
+        return bytes.count
+    }
+
+    override func truncate(to size: Int64) throws {
+        guard size <= PropertiesWriteHandle.maximumSize else { throw FileSystemError(EFBIG) }
+        if Int(size) < buffer.count { buffer.removeLast(buffer.count - Int(size)) } else {
+            buffer += [UInt8](repeating: 0, count: Int(size) - buffer.count)
+        }
+        dirty = true
+        failed = false
+    }
+
+    override var size: Int64 { Int64(buffer.count) }
+}
+
+/// An attachment open for writing: the body goes to a temporary file in the
+/// blob store, hashed as it arrives while writes are sequential, and becomes a
+/// blob (renamed, never copied) when the file is saved.
+final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
+    let name: String
+    var contentType: String
+    let blobs: BlobStore
+    private var file: TemporaryBlobFile
+
+    init(path: String, docID: String, base: RevisionID?, name: String, contentType: String, blobs: BlobStore,
+         initialContent: BlobKey?) throws {
+        self.name = name
+        self.contentType = contentType
+        self.blobs = blobs
+        file = try blobs.makeTemporaryFile(copying: initialContent)
+        super.init(path: path, docID: docID, base: base)
+    }
+
+    override var change: Change { .attachment(name) }
+
+    override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        try file.read(into: buffer, at: offset)
+    }
+
+    override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
+        try file.write(bytes, at: offset)
+        dirty = true
+        failed = false
+        return bytes.count
+    }
+
+    override func truncate(to size: Int64) throws {
+        try file.truncate(to: size)
+        dirty = true
+        failed = false
+    }
+
+    override var size: Int64 { file.size }
+
+    /// Moves the written bytes into the blob store; the handle keeps a copy-on-write view for later writes.
+    func commitBody() throws -> StoredBlob {
+        let blob = try file.commit()
+        file = try blobs.makeTemporaryFile(copying: blob.key)
+        return blob
+    }
+
+    override func close() { file.discard() }
+}
+
+/// A scratch file: a real file beside the database.
+final class ScratchHandle: Handle, @unchecked Sendable {
+    let fd: Int32
+
+    init(path: String, fd: Int32) {
+        self.fd = fd
+        super.init(path: path)
+    }
+
+    override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
+        guard count >= 0 else { throw FileSystemError(errno) }
+        return count
+    }
+
+    override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
+        let count = pwrite(fd, bytes.baseAddress, bytes.count, off_t(offset))
+        guard count >= 0 else { throw FileSystemError(errno) }
+        return count
+    }
+
+    override func truncate(to size: Int64) throws {
+        guard ftruncate(fd, off_t(size)) == 0 else { throw FileSystemError(errno) }
+    }
+
+    override var size: Int64 {
+        var info = stat()
+        return fstat(fd, &info) == 0 ? Int64(info.st_size) : 0
+    }
+
+    override func close() { Glibc.close(fd) }
+}
+
+/// Open files by handle number.
+final class HandleTable: @unchecked Sendable {
+    // Guarded by `lock` (a leaf lock: nothing else is taken while it is held).
+    private var handles: [UInt64: Handle] = [:]
+    private var next: UInt64 = 1
+    private let lock = NSLock()
+
+    func add(_ handle: Handle) -> UInt64 {
+        lock.lock()
+        defer { lock.unlock() }
+        let number = next
+        next += 1
+        handles[number] = handle
+        return number
+    }
+
+    func get(_ number: UInt64) throws -> Handle {
+        lock.lock()
+        defer { lock.unlock() }
+        guard let handle = handles[number] else { throw FileSystemError(EBADF) }
+        return handle
+    }
+
+    func remove(_ number: UInt64) -> Handle? {
+        lock.lock()
+        defer { lock.unlock() }
+        return handles.removeValue(forKey: number)
+    }
+
+    /// Open write handles at `path`, for getattr and listings of files not saved yet.
+    func writers(at path: String) -> [WriteHandle] {
+        lock.lock()
+        defer { lock.unlock() }
+        return handles.values.compactMap { $0 as? WriteHandle }.filter { $0.path == path }
+    }
+
+    func writers(inDocument docID: String) -> [WriteHandle] {
+        lock.lock()
+        defer { lock.unlock() }
+        return handles.values.compactMap { $0 as? WriteHandle }.filter { $0.docID == docID }
+    }
+}

@@ -1,0 +1,163 @@
+/// Reversible mapping between document ids / attachment names and file names.
+///
+/// - A document id becomes one file name: `%` → `%25`, `/` → `%2F`, and a name
+///   that would be `.` or `..` (or empty) is written with `%2E`.
+/// - An attachment name becomes a path under `attachments/`: `/` separates
+///   folders and each part is escaped like an id. A name whose parts would not
+///   make a clean path (an empty part, `.` or `..`) is kept as one file name
+///   with its `/` written `%2F`.
+///
+/// Only `%25`, `%2F` and `%2E` are decoded, so every other `%` sequence stays
+/// literal; nothing a remote sends can make a path leave its folder.
+enum FileNames {
+    static func escape(_ name: String) -> String {
+        var result = ""
+        result.reserveCapacity(name.utf8.count)
+        for character in name {
+            switch character {
+            case "%": result += "%25"
+            case "/": result += "%2F"
+            default: result.append(character)
+            }
+        }
+        if result.isEmpty || result == "." || result == ".." {
+            result = String(repeating: "%2E", count: result.count)
+        }
+        return result.isEmpty ? "%2E%2E%2E" : result
+    }
+
+    static func unescape(_ component: String) -> String {
+        guard component.contains("%") else { return component }
+        if component == "%2E%2E%2E" { return "" }
+        var bytes: [UInt8] = []
+        var utf8 = Array(component.utf8)[...]
+        while let byte = utf8.first {
+            if byte == UInt8(ascii: "%"), utf8.count >= 3 {
+                let code = String(decoding: utf8.dropFirst().prefix(2), as: UTF8.self).uppercased()
+                let decoded: UInt8? = ["25": 0x25, "2F": 0x2F, "2E": 0x2E][code]
+                if let decoded {
+                    bytes.append(decoded)
+                    utf8 = utf8.dropFirst(3)
+                    continue
+                }
+            }
+            bytes.append(byte)
+            utf8 = utf8.dropFirst()
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// The path components under `attachments/` for an attachment name.
+    static func attachmentComponents(_ name: String) -> [String] {
+        let parts = name.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        if parts.count > 1, parts.allSatisfy({ !$0.isEmpty && $0 != "." && $0 != ".." }) {
+            return parts.map(escape)
+        }
+        return [escape(name)]
+    }
+
+    /// The attachment name for path components under `attachments/`.
+    static func attachmentName(_ components: [String]) -> String {
+        components.map(unescape).joined(separator: "/")
+    }
+
+    /// Names of the temporary files that editors and tools make beside the files
+    /// they write. Inside `attachments/` such files are scratch files, not attachments.
+    static func isToolTemporary(_ name: String) -> Bool {
+        if name == "4913" || name.hasSuffix("~") { return true }  // vim's write test; backups
+        if name.hasPrefix(".") {
+            if [".swp", ".swo", ".swx", ".swn", ".tmp"].contains(where: name.hasSuffix) { return true }
+            if name.hasPrefix(".goutputstream-") || name.hasPrefix(".#") { return true }
+            // rsync: ".name.XXXXXX"
+            if let dot = name.lastIndex(of: "."), dot != name.startIndex {
+                let suffix = name[name.index(after: dot)...]
+                // Random suffixes almost always hold a capital or a digit; ".config.backup" is no temp file.
+                if suffix.count == 6 && suffix.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) })
+                    && suffix.contains(where: { $0.isUppercase || $0.isNumber }) { return true }
+            }
+        }
+        // sed -i: "sedXXXXXX"
+        if name.hasPrefix("sed") && name.count == 9 { return true }
+        return false
+    }
+}
+
+/// What a path in the mount names.
+enum Node: Equatable {
+    case root
+    case docs
+    case statusDirectory
+    case statusFile(String)
+    case document(String)
+    case properties(String)
+    /// `attachments/` itself (empty name) or a path below it: an attachment or a folder of them.
+    case attachment(String, name: String)
+    case conflicts(String)
+    case conflict(String, rev: String)
+    case conflictProperties(String, rev: String)
+    case conflictAttachment(String, rev: String, name: String)
+    /// Any other file in a document folder: kept on local disk, never replicated.
+    case scratch(String, relative: String)
+
+    static let propertiesFileName = "properties.json"
+    static let attachmentsDirectoryName = "attachments"
+    static let conflictsDirectoryName = "conflicts"
+    static let statusDirectoryName = ".sofa"
+
+    init?(path: String) {
+        let parts = path.split(separator: "/").map(String.init)
+        guard let first = parts.first else { self = .root; return }
+        if first == Node.statusDirectoryName {
+            switch parts.count {
+            case 1: self = .statusDirectory
+            case 2: self = .statusFile(parts[1])
+            default: return nil
+            }
+            return
+        }
+        guard first == "docs" else { return nil }
+        guard parts.count >= 2 else { self = .docs; return }
+        let id = FileNames.unescape(parts[1])
+        guard parts.count >= 3 else { self = .document(id); return }
+        let rest = Array(parts[3...])
+        switch parts[2] {
+        case Node.propertiesFileName where parts.count == 3:
+            self = .properties(id)
+        case Node.attachmentsDirectoryName:
+            if let last = rest.last, FileNames.isToolTemporary(last) {
+                self = .scratch(id, relative: parts[2...].joined(separator: "/"))
+            } else {
+                self = .attachment(id, name: FileNames.attachmentName(rest))
+            }
+        case Node.conflictsDirectoryName:
+            switch rest.count {
+            case 0: self = .conflicts(id)
+            case 1: self = .conflict(id, rev: rest[0])
+            default:
+                if rest.count == 2 && rest[1] == Node.propertiesFileName {
+                    self = .conflictProperties(id, rev: rest[0])
+                } else if rest[1] == Node.attachmentsDirectoryName {
+                    self = .conflictAttachment(id, rev: rest[0], name: FileNames.attachmentName(Array(rest[2...])))
+                } else {
+                    return nil
+                }
+            }
+        default:
+            self = .scratch(id, relative: parts[2...].joined(separator: "/"))
+        }
+    }
+
+    /// The document this node belongs to, if any.
+    var documentID: String? {
+        switch self {
+        case .root, .docs, .statusDirectory, .statusFile: nil
+        case .document(let id), .properties(let id), .attachment(let id, _), .conflicts(let id), .conflict(let id, _),
+             .conflictProperties(let id, _), .conflictAttachment(let id, _, _), .scratch(let id, _): id
+        }
+    }
+}
+
+extension String {
+    /// The mount path of a document folder.
+    static func documentPath(_ id: String) -> String { "/docs/" + FileNames.escape(id) }
+}

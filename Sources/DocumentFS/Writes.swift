@@ -1,0 +1,547 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import FuseKit
+
+/// renameat2(2) flags (not exported by Glibc's module).
+private let renameNoReplace: UInt32 = 1
+private let renameExchange: UInt32 = 2
+
+extension DocumentFileSystem {
+    // MARK: - Opening
+
+    public func open(_ path: String, flags: Int32) throws -> OpenFile {
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        let writing = flags & O_ACCMODE != O_RDONLY
+        let truncating = flags & O_TRUNC != 0
+        if writing { try checkWritable(node, path: path) }
+        switch node {
+        case .properties(let id):
+            guard let revision = try liveRevision(id), removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            let rendered = render(revision.properties)
+            if writing {
+                let handle = PropertiesWriteHandle(path: path, docID: id, base: revision.revID, initial: truncating ? [] : rendered)
+                handle.emptiedAtOpen = truncating
+                return OpenFile(handle: handles.add(handle), directIO: true)
+            }
+            return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: rendered)), directIO: true)
+        case .attachment(let id, let name):
+            guard let revision = try liveRevision(id),
+                  let attachment = visibleAttachments(revision).first(where: { $0.name == name }) else {
+                throw try attributes(of: path).kind == .directory ? FileSystemError(EISDIR) : FileSystemError(ENOENT)
+            }
+            if writing {
+                if !truncating && !attachment.contentAvailable {
+                    throw SofaError.bodyNotAvailable(docID: id, name: name)
+                }
+                let handle = try AttachmentWriteHandle(path: path, docID: id, base: revision.revID, name: name,
+                                                       contentType: attachment.contentType, blobs: database.blobs,
+                                                       initialContent: truncating ? nil : attachment.blobKey)
+                handle.emptiedAtOpen = truncating
+                return OpenFile(handle: handles.add(handle))
+            }
+            return try openForReading(attachment, docID: id, path: path)
+        case .conflictProperties(let id, let rev):
+            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: render(conflict.properties))), directIO: true)
+        case .conflictAttachment(let id, let rev, let name):
+            guard let conflict = try conflictRevision(id, rev), let attachment = conflict.attachment(named: name) else {
+                throw FileSystemError(ENOENT)
+            }
+            return try openForReading(attachment, docID: id, path: path)
+        case .statusFile(let name):
+            guard let bytes = try statusFile(name) else { throw FileSystemError(ENOENT) }
+            return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: bytes)), directIO: true)
+        case .scratch(let id, let relative):
+            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            let fd = Glibc.open(scratchPath(id, relative), (flags & ~O_CREAT) | O_CLOEXEC)
+            guard fd >= 0 else { throw FileSystemError(errno) }
+            return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
+        case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
+            throw FileSystemError(EISDIR)
+        }
+    }
+
+    private func openForReading(_ attachment: Attachment, docID: String, path: String) throws -> OpenFile {
+        guard attachment.contentAvailable, let key = attachment.blobKey else {
+            log.warning("\(path): the body of attachment \"\(attachment.name)\" is not on this machine (not downloaded)")
+            return OpenFile(handle: handles.add(AbsentBodyHandle(path: path, docID: docID, attachment: attachment)), directIO: true)
+        }
+        let reader = try database.blobs.openReader(key, expectedLength: attachment.length)
+        // A body never changes under its digest: keep the kernel's cache unless the path now shows another body.
+        let keep = withState {
+            let same = openedDigests[path] == attachment.digest
+            openedDigests[path] = attachment.digest
+            return same
+        }
+        return OpenFile(handle: handles.add(BlobReadHandle(path: path, reader: reader)), keepCache: keep)
+    }
+
+    public func create(_ path: String, permissions: UInt32, flags: Int32) throws -> OpenFile {
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        try checkWritable(node, path: path)
+        switch node {
+        case .properties(let id):
+            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            let handle = PropertiesWriteHandle(path: path, docID: id, base: try liveRevision(id)?.revID, initial: [])
+            handle.emptiedAtOpen = true
+            return OpenFile(handle: handles.add(handle), directIO: true)
+        case .attachment(let id, let name):
+            guard !name.isEmpty else { throw FileSystemError(EISDIR) }
+            try AttachmentName.validate(name)
+            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            let revision = try liveRevision(id)
+            let existing = revision.flatMap { visibleAttachments($0).first { $0.name == name } }
+            let handle = try AttachmentWriteHandle(path: path, docID: id, base: revision?.revID, name: name,
+                                                   contentType: existing?.contentType ?? MIMEType.forFileName(name),
+                                                   blobs: database.blobs, initialContent: nil)
+            handle.emptiedAtOpen = true
+            return OpenFile(handle: handles.add(handle))
+        case .scratch(let id, let relative):
+            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            let target = scratchPath(id, relative)
+            try makeParents(of: target)
+            let fd = Glibc.open(target, flags | O_CREAT | O_CLOEXEC, mode_t(permissions))
+            guard fd >= 0 else { throw FileSystemError(errno) }
+            return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
+        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory:
+            throw FileSystemError(EROFS)
+        case .root, .docs, .document:
+            throw FileSystemError(EACCES)
+        }
+    }
+
+    private func checkWritable(_ node: Node, path: String) throws {
+        if readOnly { throw FileSystemError(EROFS) }
+        switch node {
+        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory:
+            throw FileSystemError(EROFS)
+        default: return
+        }
+    }
+
+    func makeParents(of path: String) throws {
+        let parent = (path as NSString).deletingLastPathComponent
+        guard !isDirectory(parent) else { return }
+        try FileManager.default.createDirectory(atPath: parent, withIntermediateDirectories: true)
+    }
+
+    // MARK: - Reading and writing
+
+    public func read(_ number: UInt64, into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        let handle = try handles.get(number)
+        if handle is BlobReadHandle || handle is BytesHandle {
+            return try handle.read(into: buffer, at: offset)  // immutable: no lock needed
+        }
+        handle.lock.lock()
+        defer { handle.lock.unlock() }
+        return try handle.read(into: buffer, at: offset)
+    }
+
+    public func write(_ number: UInt64, _ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
+        let handle = try handles.get(number)
+        handle.lock.lock()
+        defer { handle.lock.unlock() }
+        return try handle.write(bytes, at: offset)
+    }
+
+    public func truncate(_ path: String, to size: Int64, handle number: UInt64?) throws {
+        if let number {
+            let handle = try handles.get(number)
+            handle.lock.lock()
+            defer { handle.lock.unlock() }
+            try handle.truncate(to: size)
+            return
+        }
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        switch node {
+        case .properties, .attachment:
+            // open, truncate, save, close: one revision.
+            let file = try open(path, flags: O_WRONLY)
+            defer { release(file.handle) }
+            let handle = try handles.get(file.handle)
+            handle.lock.lock()
+            try handle.truncate(to: size)
+            handle.lock.unlock()
+            try flush(file.handle)
+        case .scratch(let id, let relative):
+            guard !readOnly else { throw FileSystemError(EROFS) }
+            guard Glibc.truncate(scratchPath(id, relative), off_t(size)) == 0 else { throw FileSystemError(errno) }
+        default:
+            try checkWritable(node, path: path)
+            throw FileSystemError(EISDIR)
+        }
+    }
+
+    /// Every close: a written file becomes one new revision.
+    public func flush(_ number: UInt64) throws {
+        guard let handle = try handles.get(number) as? WriteHandle else { return }
+        handle.lock.lock()
+        defer { handle.lock.unlock() }
+        try save(handle)
+    }
+
+    public func fsync(_ number: UInt64) throws {
+        let handle = try handles.get(number)
+        if let scratch = handle as? ScratchHandle {
+            guard Glibc.fsync(scratch.fd) == 0 else { throw FileSystemError(errno) }
+            return
+        }
+        try flush(number)
+    }
+
+    public func release(_ number: UInt64) {
+        guard let handle = handles.remove(number) else { return }
+        handle.lock.lock()
+        defer { handle.lock.unlock() }
+        if let writer = handle as? WriteHandle, writer.dirty || writer.emptiedAtOpen, !writer.failed {
+            writer.dirty = true
+            do { try save(writer) } catch { log.error("\(handle.path): not saved: \(error)") }
+        }
+        handle.close()
+    }
+
+    /// Saves a dirty write handle as a revision. Caller holds the handle's lock.
+    private func save(_ handle: WriteHandle) throws {
+        guard handle.dirty else { return }
+        do {
+            let revision: Revision
+            switch handle {
+            case let properties as PropertiesWriteHandle:
+                let object: JSONObject
+                do {
+                    object = try parseProperties(properties.buffer)
+                } catch {
+                    log.error("\(handle.path): not saved, the document is unchanged: \(error)")
+                    throw error
+                }
+                revision = try commit(handle.docID, base: handle.base, change: .properties) { $0.properties = object }
+            case let attachment as AttachmentWriteHandle:
+                let blob = try attachment.commitBody()
+                revision = try commit(handle.docID, base: handle.base, change: .attachment(attachment.name)) { draft in
+                    try draft.setAttachment(attachment.name, blob: blob, contentType: attachment.contentType)
+                }
+                withState { openedDigests[handle.path] = nil }
+            default:
+                return
+            }
+            handle.base = revision.revID
+            handle.dirty = false
+            handle.emptiedAtOpen = false
+        } catch {
+            handle.failed = true
+            handle.dirty = false
+            handle.emptiedAtOpen = false
+            throw error
+        }
+    }
+
+    func parseProperties(_ bytes: [UInt8]) throws -> JSONObject {
+        let value: JSONValue
+        do { value = try JSONValue(parsing: bytes) } catch { throw SofaError.invalidJSON(error) }
+        guard case .object(let object) = value else {
+            throw SofaError.invalidDocument(reason: "properties.json must hold a JSON object, not \(value.kindName)")
+        }
+        return object
+    }
+
+    /// Saves a change made from `base`: on top of the current revision when the
+    /// change does not collide with what happened since, else as a conflicting
+    /// branch from `base`. Removals under way (`rm -r`) are applied too.
+    func commit(_ id: String, base: RevisionID?, change: Change, _ apply: (inout RevisionDraft) throws -> Void) throws -> Revision {
+        for _ in 0..<8 {
+            let current = try database.currentRevision(of: id)
+            let live = current.flatMap { $0.deleted ? nil : $0 }
+            var draft: RevisionDraft
+            var allowConflict = false
+            if live?.revID == base || (base == nil && live == nil) || !collides(change, base: base, live: live, id: id) {
+                draft = try database.newRevision(of: id)
+            } else {
+                draft = try base.flatMap { try? database.newRevision(of: id, from: $0) } ?? database.newDocument(id)
+                allowConflict = true
+            }
+            if let removal = removal(id) {
+                for name in removal.attachments where draft.attachments[name] != nil { try draft.removeAttachment(name) }
+            }
+            try apply(&draft)
+            do {
+                let revision = try database.save(draft, allowConflict: allowConflict)
+                if allowConflict {
+                    log.warning("docs/\(FileNames.escape(id)): changed since it was opened; saved as conflicting revision \(revision.revID)")
+                }
+                withState {
+                    removals[id] = nil
+                    emptyFolders = emptyFolders.filter { key in
+                        key.docID != id || !draft.attachments.keys.contains { $0.hasPrefix(key.folder + "/") }
+                    }
+                }
+                return revision
+            } catch SofaError.conflict {
+                continue  // another writer saved in between: look again
+            }
+        }
+        throw SofaError.conflict(docID: id, revID: base?.description, current: (try? database.currentRevision(of: id)?.revID.description) ?? "?")
+    }
+
+    /// Whether a change made from `base` touches what changed between `base` and `live`.
+    private func collides(_ change: Change, base: RevisionID?, live: Revision?, id: String) -> Bool {
+        guard let live else { return base != nil }  // deleted since: keep the edit as a branch
+        guard let base else {
+            switch change {
+            case .properties: return !live.properties.isEmpty
+            case .attachment(let name): return live.attachment(named: name) != nil
+            }
+        }
+        guard let original = try? database.revision(base, of: id) else { return true }
+        switch change {
+        case .properties: return original.properties != live.properties
+        case .attachment(let name): return original.attachment(named: name)?.digest != live.attachment(named: name)?.digest
+        }
+    }
+
+    // MARK: - Namespace
+
+    public func makeDirectory(_ path: String) throws {
+        guard let node = Node(path: path) else { throw FileSystemError(EPERM) }
+        guard !readOnly else { throw FileSystemError(EROFS) }
+        switch node {
+        case .document(let id):
+            try DocumentID.validate(id)
+            guard !DocumentID.isLocal(id) else { throw SofaError.invalidDocumentID(id, reason: "_local documents are not shown in the mount") }
+            guard try !documentFolderExists(id) else { throw FileSystemError(EEXIST) }
+            guard mkdir(scratchDirectory(id), 0o755) == 0 else { throw FileSystemError(errno) }
+        case .attachment(let id, let folder):
+            guard !folder.isEmpty else { throw FileSystemError(EEXIST) }
+            try AttachmentName.validate(folder)
+            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            if (try? attributes(of: path)) != nil { throw FileSystemError(EEXIST) }
+            _ = withState { emptyFolders.insert(FolderKey(docID: id, folder: folder)) }
+        case .scratch(let id, let relative):
+            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            let target = scratchPath(id, relative)
+            try makeParents(of: target)
+            guard mkdir(target, 0o755) == 0 else { throw FileSystemError(errno) }
+        default:
+            throw FileSystemError((try? attributes(of: path)) != nil ? EEXIST : EPERM)
+        }
+    }
+
+    public func removeDirectory(_ path: String) throws {
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        guard !readOnly else { throw FileSystemError(EROFS) }
+        switch node {
+        case .document(let id):
+            let scratch = scratchDirectory(id)
+            if let revision = try liveRevision(id) {
+                let removal = self.removal(id) ?? Removal()
+                guard removal.properties, visibleAttachments(revision).isEmpty,
+                      try database.revisionTree(of: id).conflicts.isEmpty,
+                      scratchIsEmpty(scratch) else { throw FileSystemError(ENOTEMPTY) }
+                try deleteDocument(id)
+            } else if !isDirectory(scratch) {
+                throw FileSystemError(ENOENT)
+            }
+            guard scratchIsEmpty(scratch) else { throw FileSystemError(ENOTEMPTY) }
+            try? FileManager.default.removeItem(atPath: scratch)
+            withState {
+                removals[id] = nil
+                emptyFolders = emptyFolders.filter { $0.docID != id }
+            }
+        case .attachment(let id, let folder):
+            guard let revision = try liveRevision(id) else {
+                guard isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
+                return
+            }
+            let attachments = visibleAttachments(revision)
+            let prefix = folder.isEmpty ? "" : folder + "/"
+            guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
+            guard !attachments.contains(where: { $0.name.hasPrefix(prefix) }),
+                  folder.isEmpty ? scratchIsEmpty(scratchPath(id, Node.attachmentsDirectoryName)) : true else {
+                throw FileSystemError(ENOTEMPTY)
+            }
+            _ = withState { emptyFolders.remove(FolderKey(docID: id, folder: folder)) }
+        case .conflict(let id, let rev):
+            // `rm -r conflicts/<rev>`: resolve by deleting that branch.
+            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            var draft = try database.newRevision(of: id, from: conflict.revID)
+            draft.deleted = true
+            try database.save(draft, allowConflict: true)
+        case .conflicts(let id):
+            guard try liveRevision(id) != nil else { throw FileSystemError(ENOENT) }
+            guard try database.revisionTree(of: id).conflicts.isEmpty else { throw FileSystemError(ENOTEMPTY) }
+        case .scratch(let id, let relative):
+            guard rmdir(scratchPath(id, relative)) == 0 else { throw FileSystemError(errno) }
+        case .root, .docs, .statusDirectory:
+            throw FileSystemError(EBUSY)
+        case .properties, .statusFile, .conflictProperties, .conflictAttachment:
+            throw FileSystemError(ENOTDIR)
+        }
+    }
+
+    /// Whether a scratch folder holds no file (empty subfolders do not count).
+    private func scratchIsEmpty(_ directory: String) -> Bool {
+        guard let enumerator = FileManager.default.enumerator(atPath: directory) else { return true }
+        for case let name as String in enumerator where !isDirectory("\(directory)/\(name)") { return false }
+        return true
+    }
+
+    /// Tombstones every live leaf, so that no conflict resurrects the document.
+    private func deleteDocument(_ id: String) throws {
+        for _ in 0..<8 {
+            guard let current = try liveRevision(id) else { return }
+            do { try database.deleteDocument(id, revID: current.revID) } catch SofaError.conflict { continue }
+        }
+    }
+
+    public func unlink(_ path: String) throws {
+        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        guard !readOnly else { throw FileSystemError(EROFS) }
+        switch node {
+        case .properties(let id):
+            // Starts a removal: the document is deleted by the rmdir of its folder.
+            guard try liveRevision(id) != nil, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            withState { removals[id, default: Removal()].properties = true }
+        case .attachment(let id, let name):
+            guard let revision = try liveRevision(id), visibleAttachments(revision).contains(where: { $0.name == name }) else {
+                throw (try? attributes(of: path))?.kind == .directory ? FileSystemError(EISDIR) : FileSystemError(ENOENT)
+            }
+            let removing = withState { () -> Bool in
+                guard removals[id] != nil else { return false }
+                removals[id]!.attachments.insert(name)
+                return true
+            }
+            if !removing {
+                _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
+            }
+        case .conflictProperties(let id, let rev), .conflictAttachment(let id, let rev, _):
+            // Part of `rm -r conflicts/<rev>`; the branch goes with the folder.
+            guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
+        case .scratch(let id, let relative):
+            guard Glibc.unlink(scratchPath(id, relative)) == 0 else { throw FileSystemError(errno) }
+        case .statusFile:
+            throw FileSystemError(EROFS)
+        case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
+            throw FileSystemError(EISDIR)
+        }
+    }
+
+    public func rename(_ from: String, to: String, flags: UInt32) throws {
+        guard let source = Node(path: from), let target = Node(path: to) else { throw FileSystemError(ENOENT) }
+        guard !readOnly else { throw FileSystemError(EROFS) }
+        guard flags & renameExchange == 0 else { throw FileSystemError(EINVAL) }
+        let noReplace = flags & renameNoReplace != 0
+        if noReplace, (try? attributes(of: to)) != nil { throw FileSystemError(EEXIST) }
+        switch (source, target) {
+        case let (.attachment(fromID, fromName), .attachment(toID, toName)) where !fromName.isEmpty && !toName.isEmpty:
+            try renameAttachment(fromID, fromName, to: toID, toName)
+        case let (.scratch(id, relative), .properties(toID)):
+            guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            let file = scratchPath(id, relative)
+            let object = try parseProperties(try readSmallFile(file))
+            _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .properties) { $0.properties = object }
+            Glibc.unlink(file)
+        case let (.scratch(id, relative), .attachment(toID, name)) where !name.isEmpty:
+            try AttachmentName.validate(name)
+            guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            let file = scratchPath(id, relative)
+            guard !isDirectory(file) else { throw FileSystemError(EISDIR) }
+            let blob = try database.blobs.adopt(fileAt: file, keepingOriginal: true)
+            let live = try liveRevision(toID)
+            let type = live?.attachment(named: name)?.contentType ?? MIMEType.forFileName(name)
+            _ = try commit(toID, base: live?.revID, change: .attachment(name)) { try $0.setAttachment(name, blob: blob, contentType: type) }
+            Glibc.unlink(file)
+        case let (.properties(id), .scratch(toID, relative)):
+            guard let revision = try liveRevision(id), try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            try writeScratch(scratchPath(toID, relative), bytes: render(revision.properties))
+        case let (.attachment(id, name), .scratch(toID, relative)) where !name.isEmpty:
+            guard let revision = try liveRevision(id), let attachment = visibleAttachments(revision).first(where: { $0.name == name }),
+                  try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            let reader = try database.openContent(of: attachment, docID: id)
+            try copy(reader, toScratch: scratchPath(toID, relative))
+            _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
+        case let (.scratch(id, relative), .scratch(toID, toRelative)):
+            guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            let destination = scratchPath(toID, toRelative)
+            try makeParents(of: destination)
+            guard Glibc.rename(scratchPath(id, relative), destination) == 0 else { throw FileSystemError(errno) }
+        case let (.document(fromID), .document(toID)):
+            try renameDocument(fromID, to: toID)
+        default:
+            // Anything else (properties.json to an attachment, a document into another folder…):
+            // EXDEV makes mv copy and delete, which the tree supports.
+            throw FileSystemError(EXDEV)
+        }
+    }
+
+    private func renameAttachment(_ fromID: String, _ fromName: String, to toID: String, _ toName: String) throws {
+        try AttachmentName.validate(toName)
+        guard let source = try liveRevision(fromID) else { throw FileSystemError(ENOENT) }
+        let attachments = visibleAttachments(source)
+        let prefix = fromName + "/"
+        // A file, or a whole folder of attachments.
+        let moving = attachments.filter { $0.name == fromName || $0.name.hasPrefix(prefix) }
+        guard !moving.isEmpty else { throw FileSystemError(ENOENT) }
+        func renamed(_ name: String) -> String { name == fromName ? toName : toName + "/" + name.dropFirst(prefix.count) }
+        if fromID == toID {
+            _ = try commit(fromID, base: source.revID, change: .attachment(toName)) { draft in
+                for attachment in moving { try draft.renameAttachment(attachment.name, to: renamed(attachment.name)) }
+            }
+            return
+        }
+        guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+        // No bytes move: the target refers to the same blobs.
+        _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .attachment(toName)) { draft in
+            for attachment in moving { try draft.setAttachment(attachment.with(name: renamed(attachment.name), revpos: 0)) }
+        }
+        _ = try commit(fromID, base: source.revID, change: .attachment(fromName)) { draft in
+            for attachment in moving { try draft.removeAttachment(attachment.name) }
+        }
+    }
+
+    private func renameDocument(_ fromID: String, to toID: String) throws {
+        try DocumentID.validate(toID)
+        guard !DocumentID.isLocal(toID) else { throw SofaError.invalidDocumentID(toID, reason: "_local documents are not shown in the mount") }
+        guard try liveRevision(toID) == nil else { throw FileSystemError(ENOTEMPTY) }
+        let fromScratch = scratchDirectory(fromID), toScratch = scratchDirectory(toID)
+        if isDirectory(toScratch) && !scratchIsEmpty(toScratch) { throw FileSystemError(ENOTEMPTY) }
+        if let source = try liveRevision(fromID) {
+            // The same body and blobs under the new id; the old one is deleted.
+            _ = try commit(toID, base: nil, change: .properties) { draft in
+                draft.properties = source.properties
+                for attachment in visibleAttachments(source) { try draft.setAttachment(attachment.with(revpos: 0)) }
+            }
+            try deleteDocument(fromID)
+        } else if !isDirectory(fromScratch) {
+            throw FileSystemError(ENOENT)
+        }
+        if isDirectory(fromScratch) {
+            try? FileManager.default.removeItem(atPath: toScratch)
+            guard Glibc.rename(fromScratch, toScratch) == 0 else { throw FileSystemError(errno) }
+        }
+    }
+
+    private func readSmallFile(_ path: String) throws -> [UInt8] {
+        var info = stat()
+        guard stat(path, &info) == 0 else { throw FileSystemError(errno) }
+        guard info.st_size <= PropertiesWriteHandle.maximumSize else { throw FileSystemError(EFBIG) }
+        guard let data = FileManager.default.contents(atPath: path) else { throw FileSystemError(EIO) }
+        return [UInt8](data)
+    }
+
+    private func writeScratch(_ path: String, bytes: [UInt8]) throws {
+        try makeParents(of: path)
+        guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw FileSystemError(EIO) }
+    }
+
+    private func copy(_ reader: BlobReader, toScratch path: String) throws {
+        try makeParents(of: path)
+        let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw FileSystemError(errno) }
+        defer { Glibc.close(fd) }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        while case let count = try reader.read(into: buffer), count > 0 {
+            guard Glibc.write(fd, buffer.baseAddress, count) == count else { throw FileSystemError(errno) }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+/// FuseKit: a small bridge from libfuse3's high-level, path-based API to a Swift
+/// `FileSystem`.
+///
+/// - **Threading.** `FuseMount` runs a fixed pool of its own worker threads, each
+///   looping `fuse_session_receive_buf` → `fuse_session_process_buf` (libfuse's
+///   `fuse_loop_mt` stops workers with `pthread_cancel`, which ThreadSanitizer
+///   cannot stomach). Every `FileSystem` method may be called on several threads
+///   at once and must be synchronous: block on locks or I/O, never on a `Task`.
+/// - **Errors.** A method throws; the bridge turns the error into an errno with
+///   `ErrnoConvertible` (anything else is `EIO`). Nothing is asserted on worker
+///   threads.
+/// - **Handles.** `open`/`create`/`openDirectory` return a 64-bit handle that the
+///   kernel hands back with every later call on that open file; paths are only
+///   for namespace operations.
+/// - **Caching.** The kernel caches attributes and entries for the timeouts given
+///   in `FuseMount.Configuration`, and file data when `open` says `keepCache`;
+///   `FuseMount.invalidate(_:)` drops what it holds for a path changed behind its back.
+/// - **Unmounting.** The loop ends when the file system is unmounted from outside
+///   (`fusermount3 -u`, `umount`); `FuseMount.unmount()` does that lazily, so open
+///   files finish their work first.
+
+import Foundation
+
+/// What `stat` shows for a node.
+public struct FileAttributes: Sendable, Equatable {
+    public enum Kind: Sendable { case directory, regularFile }
+
+    public var kind: Kind
+    public var size: Int64
+    /// Permission bits (e.g. 0o644).
+    public var permissions: UInt32
+    public var modified: Double
+    public var linkCount: UInt32
+
+    public init(kind: Kind, size: Int64 = 0, permissions: UInt32? = nil, modified: Double = 0, linkCount: UInt32? = nil) {
+        self.kind = kind
+        self.size = size
+        self.permissions = permissions ?? (kind == .directory ? 0o755 : 0o644)
+        self.modified = modified
+        self.linkCount = linkCount ?? (kind == .directory ? 2 : 1)
+    }
+}
+
+/// One entry of a directory listing.
+public struct DirectoryEntry: Sendable {
+    public let name: String
+    /// Attributes, when cheap to give: the kernel then needs no `stat` per entry (readdirplus).
+    public let attributes: FileAttributes?
+
+    public init(name: String, attributes: FileAttributes? = nil) {
+        self.name = name
+        self.attributes = attributes
+    }
+}
+
+/// How an open file should be treated by the kernel.
+public struct OpenFile: Sendable {
+    public let handle: UInt64
+    /// Keep the kernel's cached data of this file from earlier opens (it has not changed).
+    public var keepCache: Bool
+    /// Bypass the page cache (for files whose size is not known up front).
+    public var directIO: Bool
+
+    public init(handle: UInt64, keepCache: Bool = false, directIO: Bool = false) {
+        self.handle = handle
+        self.keepCache = keepCache
+        self.directIO = directIO
+    }
+}
+
+/// An error that knows its errno.
+public protocol ErrnoConvertible: Error {
+    var errno: Int32 { get }
+}
+
+/// A bare errno, for file-system answers that are not domain errors (ENOENT, EISDIR, …).
+public struct FileSystemError: ErrnoConvertible, Equatable, CustomStringConvertible {
+    public let errno: Int32
+    public init(_ errno: Int32) { self.errno = errno }
+    public var description: String { String(cString: strerror(errno)) }
+}
+
+/// A file system served by `FuseMount`. Paths are absolute within the mount
+/// (`/docs/a/properties.json`). All methods may run concurrently.
+public protocol FileSystem: AnyObject, Sendable {
+    func attributes(of path: String) throws -> FileAttributes
+    /// Attributes of an open file (it may have been unlinked or renamed since).
+    func attributes(ofHandle handle: UInt64) throws -> FileAttributes
+
+    func openDirectory(_ path: String) throws -> UInt64
+    /// Lists entries from position `offset` on; `add` returns false when the kernel's
+    /// buffer is full. An entry's position is its index in the listing plus one.
+    func readDirectory(_ handle: UInt64, from offset: Int, add: (DirectoryEntry) -> Bool) throws
+    func releaseDirectory(_ handle: UInt64)
+
+    func open(_ path: String, flags: Int32) throws -> OpenFile
+    func create(_ path: String, permissions: UInt32, flags: Int32) throws -> OpenFile
+    func read(_ handle: UInt64, into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int
+    func write(_ handle: UInt64, _ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int
+    /// Called on every `close` of a file descriptor: where written files are saved.
+    func flush(_ handle: UInt64) throws
+    func fsync(_ handle: UInt64) throws
+    /// The last close; errors cannot be reported any more.
+    func release(_ handle: UInt64)
+    func truncate(_ path: String, to size: Int64, handle: UInt64?) throws
+
+    func makeDirectory(_ path: String) throws
+    func removeDirectory(_ path: String) throws
+    func unlink(_ path: String) throws
+    /// `flags` are renameat2's (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
+    func rename(_ from: String, to: String, flags: UInt32) throws
+
+    func extendedAttribute(_ name: String, of path: String) throws -> [UInt8]
+    func extendedAttributeNames(of path: String) throws -> [String]
+    func setExtendedAttribute(_ name: String, of path: String, to value: [UInt8], flags: Int32) throws
+    func removeExtendedAttribute(_ name: String, of path: String) throws
+
+    func statistics(of path: String) throws -> statvfs
+    /// `chmod`, `chown` and `utimens`: accepted so that `cp -a` and `rsync -a` work.
+    func setTimes(_ path: String, accessed: timespec?, modified: timespec?) throws
+}

@@ -1,0 +1,100 @@
+import ArgumentParser
+import DocumentFS
+import DocumentModel
+import DocumentStore
+import Foundation
+import FuseKit
+
+struct Mount: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Mount a database as a directory tree.",
+        discussion: """
+            /docs/<id>/properties.json and /docs/<id>/attachments/<name>; writes create revisions.
+            Unmount with `fusermount3 -u MOUNTPOINT`, or Ctrl-C / SIGTERM in the foreground:
+            pending saves finish first. Use `-o auto_unmount` so that a killed process leaves no dead mount.
+            """)
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "An empty directory to mount on.") var mountPoint: String
+    @Flag(help: "Refuse every change.") var readOnly = false
+    @Flag(name: [.short, .customLong("foreground")], help: "Stay in the foreground until unmounted.") var foreground = false
+    @Option(name: .short, help: "FUSE mount options, comma-separated (allow_other, auto_unmount, …).") var options: [String] = []
+
+    func execute() throws {
+        let mountPoint = URL(fileURLWithPath: self.mountPoint).standardizedFileURL.path
+        var info = stat()
+        guard stat(mountPoint, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw SofaError.invalidArgument("mount point \(mountPoint) is not a directory")
+        }
+        if !foreground { return try daemonize(mountPoint) }
+
+        let database = try db.open()
+        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly)
+        var configuration = FuseMount.Configuration()
+        configuration.options = options.flatMap { $0.split(separator: ",").map(String.init) } + (readOnly ? ["ro"] : [])
+        configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
+        let mount: FuseMount
+        do {
+            mount = try FuseMount(fileSystem: fileSystem, at: mountPoint, configuration: configuration)
+        } catch let error as FileSystemError {
+            throw SofaError.invalidArgument("cannot mount on \(mountPoint): \(error)")
+        }
+        let watcher = try ChangeWatcher(database: database) { [mount] path in mount.invalidate(path) }
+        watcher.start()
+
+        // Ctrl-C, SIGTERM, SIGHUP: unmount lazily; open files finish their saves, then run() returns.
+        var sources: [DispatchSourceSignal] = []
+        for signalNumber in [SIGINT, SIGTERM, SIGHUP] {
+            signal(signalNumber, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+            source.setEventHandler { mount.unmount() }
+            source.resume()
+            sources.append(source)
+        }
+        log.info("mounted \(database.path) on \(mountPoint)")
+        mount.run()
+        watcher.stop()
+        sources.forEach { $0.cancel() }
+    }
+
+    /// Runs this command again in the foreground as a detached child, and returns once it is mounted.
+    private func daemonize(_ mountPoint: String) throws {
+        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        var arguments = [executable, "mount", db.database, mountPoint, "--foreground"]
+        if readOnly { arguments.append("--read-only") }
+        for option in options { arguments += ["-o", option] }
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        posix_spawnattr_setflags(&attributes, 0x80)  // POSIX_SPAWN_SETSID (glibc), not exported to Swift
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        let argv = arguments.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        let code = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+        guard code == 0 else { throw SofaError.io(operation: "spawn", path: executable, errno: code) }
+        // Wait until the mount appears, or the child gives up.
+        for _ in 0..<200 {
+            if MountTable.contains(mountPoint) { return }
+            var status: Int32 = 0
+            if waitpid(pid, &status, WNOHANG) == pid { throw ExitCode((status >> 8) & 0xFF == 0 ? 1 : (status >> 8) & 0xFF) }
+            usleep(50_000)
+        }
+        throw SofaError.invalidArgument("timed out waiting for the mount on \(mountPoint)")
+    }
+}
+
+/// Reads /proc/self/mountinfo.
+enum MountTable {
+    static func contains(_ mountPoint: String) -> Bool {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
+        return text.split(separator: "\n").contains { line in
+            let fields = line.split(separator: " ")
+            return fields.count > 4 && fields[4].replacingOccurrences(of: "\\040", with: " ") == mountPoint
+        }
+    }
+}
