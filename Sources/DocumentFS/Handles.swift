@@ -92,6 +92,7 @@ class WriteHandle: Handle, @unchecked Sendable {
     var emptiedAtOpen = false
     /// The last save failed (its error was returned by flush); release does not retry.
     var failed = false
+    var lastError: Error?
 
     init(path: String, docID: String, base: RevisionID?) {
         self.docID = docID

@@ -3,6 +3,19 @@ import DocumentStore
 import Foundation
 import FuseKit
 
+/// What makes two attachments the same in a revision.
+private struct AttachmentIdentity: Hashable {
+    let name: String
+    let digest: String
+    let contentType: String
+
+    init(_ attachment: Attachment) {
+        name = attachment.name
+        digest = attachment.digest
+        contentType = attachment.contentType
+    }
+}
+
 /// renameat2(2) flags (not exported by Glibc's module).
 private let renameNoReplace: UInt32 = 1
 private let renameExchange: UInt32 = 2
@@ -202,7 +215,9 @@ extension DocumentFileSystem {
     }
 
     /// Saves a dirty write handle as a revision. Caller holds the handle's lock.
+    /// A failed save is reported again by every later flush until the file is written again.
     private func save(_ handle: WriteHandle) throws {
+        if !handle.dirty, handle.failed, let error = handle.lastError { throw error }
         guard handle.dirty else { return }
         do {
             let revision: Revision
@@ -230,6 +245,7 @@ extension DocumentFileSystem {
             handle.emptiedAtOpen = false
         } catch {
             handle.failed = true
+            handle.lastError = error
             handle.dirty = false
             handle.emptiedAtOpen = false
             throw error
@@ -264,6 +280,10 @@ extension DocumentFileSystem {
                 for name in removal.attachments where draft.attachments[name] != nil { try draft.removeAttachment(name) }
             }
             try apply(&draft)
+            if !allowConflict, let live, live.revID == draft.parent, !draft.deleted, draft.properties == live.properties,
+               Set(draft.attachments.values.map(AttachmentIdentity.init)) == Set(live.attachments.map(AttachmentIdentity.init)) {
+                return live  // nothing changed (rsync rewriting a file with the same bytes): no new revision
+            }
             do {
                 let revision = try database.save(draft, allowConflict: allowConflict)
                 if allowConflict {
@@ -369,12 +389,29 @@ extension DocumentFileSystem {
         case .conflicts(let id):
             guard try liveRevision(id) != nil else { throw FileSystemError(ENOENT) }
             guard try database.revisionTree(of: id).conflicts.isEmpty else { throw FileSystemError(ENOTEMPTY) }
+        case .conflictAttachment:
+            // Part of `rm -r conflicts/<rev>`; the branch goes with its folder.
+            guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
         case .scratch(let id, let relative):
             guard rmdir(scratchPath(id, relative)) == 0 else { throw FileSystemError(errno) }
         case .root, .docs, .statusDirectory:
             throw FileSystemError(EBUSY)
-        case .properties, .statusFile, .conflictProperties, .conflictAttachment:
+        case .properties, .statusFile, .conflictProperties:
             throw FileSystemError(ENOTDIR)
+        }
+    }
+
+    /// Keeps the folders that held `names` visible until they are removed with rmdir,
+    /// as a real directory stays when its last file goes.
+    func keepFolders(of names: [String], in id: String) {
+        withState {
+            for name in names {
+                var parts = name.split(separator: "/", omittingEmptySubsequences: false).dropLast()
+                while !parts.isEmpty {
+                    emptyFolders.insert(FolderKey(docID: id, folder: parts.joined(separator: "/")))
+                    parts = parts.dropLast()
+                }
+            }
         }
     }
 
@@ -413,6 +450,7 @@ extension DocumentFileSystem {
             if !removing {
                 _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
             }
+            keepFolders(of: [name], in: id)
         case .conflictProperties(let id, let rev), .conflictAttachment(let id, let rev, _):
             // Part of `rm -r conflicts/<rev>`; the branch goes with the folder.
             guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
@@ -437,7 +475,14 @@ extension DocumentFileSystem {
         case let (.scratch(id, relative), .properties(toID)):
             guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
             let file = scratchPath(id, relative)
-            let object = try parseProperties(try readSmallFile(file))
+            let object: JSONObject
+            do {
+                object = try parseProperties(try readSmallFile(file))
+            } catch let error as SofaError {
+                log.error("\(to): not saved, the document is unchanged: \(error)")
+                // mv reads EINVAL from rename(2) as "cannot move to a subdirectory of itself".
+                throw FileSystemError(EBADMSG)
+            }
             _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .properties) { $0.properties = object }
             Glibc.unlink(file)
         case let (.scratch(id, relative), .attachment(toID, name)) where !name.isEmpty:
@@ -482,6 +527,7 @@ extension DocumentFileSystem {
         let moving = attachments.filter { $0.name == fromName || $0.name.hasPrefix(prefix) }
         guard !moving.isEmpty else { throw FileSystemError(ENOENT) }
         func renamed(_ name: String) -> String { name == fromName ? toName : toName + "/" + name.dropFirst(prefix.count) }
+        defer { keepFolders(of: moving.map(\.name), in: fromID) }
         if fromID == toID {
             _ = try commit(fromID, base: source.revID, change: .attachment(toName)) { draft in
                 for attachment in moving { try draft.renameAttachment(attachment.name, to: renamed(attachment.name)) }

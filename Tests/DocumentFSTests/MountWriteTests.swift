@@ -1,0 +1,329 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// Writing through a real mount: every save is exactly one new revision.
+@Suite struct MountWritePropertiesTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+
+    init() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        db = try directory.makeDatabase()
+        try db.put("doc", ["greeting": "hi", "n": 1], attachments: ["keep.txt": Array("kept".utf8)])
+    }
+
+    func properties() throws -> JSONObject { try #require(try db.document(withID: "doc")).properties }
+
+    @Test func echoRedirectSavesOneRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        try sh("echo '{\"greeting\":\"hello\",\"n\":2}' > \(mount.path("docs/doc/properties.json"))")
+        #expect(try generation(db, "doc") == 2)
+        #expect(try properties() == ["greeting": "hello", "n": 2])
+        #expect(try db.document(withID: "doc")?.attachmentNames == ["keep.txt"], "attachments are kept")
+        #expect(try sh("cat \(mount.path("docs/doc/properties.json"))") == "{\n  \"greeting\": \"hello\",\n  \"n\": 2\n}\n")
+    }
+
+    @Test func invalidJSONFailsTheCloseAndChangesNothing() throws {
+        let mount = try MountedDatabase(db.path)
+        let fd = open(mount.path("docs/doc/properties.json"), O_WRONLY | O_TRUNC)
+        #expect(fd >= 0)
+        let text = "{\"greeting\": \"hi\",\n  oops}\n"
+        #expect(write(fd, text, text.utf8.count) == text.utf8.count)
+        #expect(fsync(fd) == -1 && errno == EINVAL, "fsync reports the invalid JSON")
+        #expect(close(fd) == -1 && errno == EINVAL, "close reports it too")
+        #expect(try generation(db, "doc") == 1)
+        #expect(try properties() == ["greeting": "hi", "n": 1])
+        #expect(mount.log.contains("invalid JSON at line 2, column 3"), "\(mount.log)")
+        // A body that is not an object is refused the same way.
+        #expect(try shell("printf '[1,2]' | dd of=\(mount.path("docs/doc/properties.json")) conv=fsync status=none").succeeded == false)
+        #expect(try generation(db, "doc") == 1)
+    }
+
+    @Test func jqToATempFileThenRenameSavesOneRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc")
+        try sh("cd \(folder) && jq '.n += 41' properties.json > t && mv t properties.json")
+        #expect(try generation(db, "doc") == 2)
+        #expect(try properties() == ["greeting": "hi", "n": 42])
+        #expect(try sh("ls -A \(folder)") == "attachments\nproperties.json\n", "the temp file was consumed")
+    }
+
+    @Test func sedInPlaceSavesOneRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        try sh("sed -i 's/\"hi\"/\"salut\"/' \(mount.path("docs/doc/properties.json"))")
+        #expect(try generation(db, "doc") == 2)
+        #expect(try properties() == ["greeting": "salut", "n": 1])
+    }
+
+    @Test func vimWithDefaultSettingsSavesOneRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        let result = try shell("cd \(mount.path("docs/doc")) && HOME=\(directory.path) vim -es -c '%s/\"hi\"/\"vim\"/' -c 'wq' properties.json")
+        #expect(result.succeeded, "\(result.stderr) \(result.stdout)")
+        #expect(try generation(db, "doc") == 2)
+        #expect(try properties() == ["greeting": "vim", "n": 1])
+        #expect(try sh("ls -A \(mount.path("docs/doc"))") == "attachments\nproperties.json\n", "no swap or backup file left")
+    }
+
+    @Test func editorStyleTempFileAndRenameSavesOneRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc")
+        try sh("printf '{\"greeting\":\"gedit\"}' > \(folder)/.goutputstream-ABC123 && mv \(folder)/.goutputstream-ABC123 \(folder)/properties.json")
+        #expect(try generation(db, "doc") == 2)
+        #expect(try properties() == ["greeting": "gedit"])
+        // An invalid temp file renamed over properties.json is refused and stays.
+        let refused = try shell("printf 'nope' > \(folder)/t2 && mv \(folder)/t2 \(folder)/properties.json")
+        #expect(!refused.succeeded && refused.stderr.contains("Bad message"), "\(refused.stderr)")
+        #expect(try generation(db, "doc") == 2)
+        #expect(FileManager.default.fileExists(atPath: "\(folder)/t2"))
+    }
+
+    @Test func staleWriteBecomesAConflictNothingIsLost() throws {
+        let mount = try MountedDatabase(db.path)
+        let fd = open(mount.path("docs/doc/properties.json"), O_WRONLY | O_TRUNC)
+        #expect(fd >= 0)
+        // Another process changes the document while the file is open.
+        #expect(try sofa("put", db.path, "doc", #"{"greeting":"from the CLI"}"#).succeeded)
+        let text = #"{"greeting":"from the mount"}"#
+        #expect(write(fd, text, text.utf8.count) == text.utf8.count)
+        #expect(close(fd) == 0)
+        let tree = try db.revisionTree(of: "doc")
+        #expect(tree.leaves.count == 2)
+        #expect(tree.conflicts.count == 1)
+        let bodies = Set(try tree.leaves.map { try db.revision($0.id, of: "doc").properties["greeting"] })
+        #expect(bodies == [.string("from the CLI"), .string("from the mount")])
+        // The losing branch shows under conflicts/, and rm -r resolves it.
+        let loser = try #require(tree.conflicts.first).id
+        #expect(try eventually { (try? sh("ls \(mount.path("docs/doc/conflicts"))")) == "\(loser)\n" } != nil)
+        try sh("rm -r \(mount.path("docs/doc/conflicts/\(loser)"))")
+        #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
+    }
+
+    @Test func changesFromAnotherProcessShowWithinASecond() throws {
+        let mount = try MountedDatabase(db.path)
+        let file = mount.path("docs/doc/properties.json")
+        #expect(try sh("cat \(file)").contains("\"hi\""))
+        #expect(try sofa("put", db.path, "doc", #"{"greeting":"live"}"#).succeeded)
+        #expect(try sofa("put", db.path, "other", #"{"new":true}"#).succeeded)
+        let seen = try eventually { try sh("cat \(file)") == "{\n  \"greeting\": \"live\"\n}\n" }
+        #expect(seen != nil && seen! <= 1.5, "seen after \(seen.map { "\($0)" } ?? "never") s")
+        #expect(try eventually { try sh("ls \(mount.path("docs"))").contains("other") } != nil)
+    }
+}
+
+@Suite struct MountWriteAttachmentTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+
+    init() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        db = try directory.makeDatabase()
+        try db.put("doc", ["n": 1], attachments: ["a.txt": Array("alpha\n".utf8)])
+        try db.put("other", ["n": 1])
+    }
+
+    func attachment(_ name: String, in id: String = "doc") throws -> DocumentStore.Attachment? {
+        try db.document(withID: id)?.attachment(named: name)
+    }
+
+    func contents(_ name: String, in id: String = "doc") throws -> [UInt8]? {
+        try attachment(name, in: id).map { try db.blobs.contents(of: $0.blobKey!) }
+    }
+
+    @Test func writingTheSameBytesAgainMakesNoRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        try sh("printf 'alpha\\n' > \(mount.path("docs/doc/attachments/a.txt"))")
+        try sh("cp \(mount.path("docs/doc/attachments/a.txt")) \(directory.appending("a")) && cp \(directory.appending("a")) \(mount.path("docs/doc/attachments/a.txt"))")
+        try sh("cat \(mount.path("docs/doc/properties.json")) > \(directory.appending("p")) && cat \(directory.appending("p")) > \(mount.path("docs/doc/properties.json"))")
+        #expect(try generation(db, "doc") == 1)
+    }
+
+    @Test func copyingFilesInSavesOneRevisionEach() throws {
+        let mount = try MountedDatabase(db.path)
+        let source = directory.appending("big.bin")
+        let key = try writePatternFile(source, count: 20_000_000)
+        try sh("cp \(source) \(mount.path("docs/doc/attachments/"))")
+        #expect(try generation(db, "doc") == 2)
+        #expect(try attachment("big.bin")?.blobKey == key)
+        #expect(try attachment("big.bin")?.contentType == "application/octet-stream")
+        #expect(try sh("sha1sum \(mount.path("docs/doc/attachments/big.bin"))").hasPrefix(key.hex))
+        try sh("printf 'first line\\n' > \(mount.path("docs/doc/attachments/log.txt"))")
+        #expect(try generation(db, "doc") == 3)
+        #expect(try attachment("log.txt")?.contentType == "text/plain")
+        try sh("printf 'second line\\n' >> \(mount.path("docs/doc/attachments/log.txt"))")
+        #expect(try generation(db, "doc") == 4)
+        #expect(try contents("log.txt") == Array("first line\nsecond line\n".utf8))
+        try sh("cat > \(mount.path("docs/doc/attachments/cat.txt")) < /etc/hostname")
+        #expect(try contents("cat.txt") == [UInt8](try Data(contentsOf: URL(fileURLWithPath: "/etc/hostname"))))
+        #expect(try generation(db, "doc") == 5)
+    }
+
+    @Test func overwritingInTheMiddleAndTruncating() throws {
+        let mount = try MountedDatabase(db.path)
+        let file = mount.path("docs/doc/attachments/a.txt")
+        try sh("printf 'XY' | dd of=\(file) bs=1 seek=2 conv=notrunc status=none")
+        #expect(try contents("a.txt") == Array("alXYa\n".utf8))
+        #expect(try generation(db, "doc") == 2)
+        try sh("truncate -s 3 \(file)")
+        #expect(try contents("a.txt") == Array("alX".utf8))
+        try sh("truncate -s 5 \(file)")
+        #expect(try contents("a.txt") == Array("alX".utf8) + [0, 0])
+        #expect(try generation(db, "doc") == 4)
+        #expect(try sh("cat \(file) | od -An -c").contains("a   l   X  \\0  \\0"))
+    }
+
+    @Test func removingRenamingAndMovingAttachmentsCopyNoBytes() throws {
+        let mount = try MountedDatabase(db.path)
+        let blobs = try db.info().blobCount
+        let key = try #require(try attachment("a.txt")?.blobKey)
+        try sh("mv \(mount.path("docs/doc/attachments/a.txt")) \(mount.path("docs/doc/attachments/b.txt"))")
+        #expect(try generation(db, "doc") == 2)
+        #expect(try db.document(withID: "doc")?.attachmentNames == ["b.txt"])
+        #expect(try attachment("b.txt")?.blobKey == key)
+        try sh("mv \(mount.path("docs/doc/attachments/b.txt")) \(mount.path("docs/other/attachments/moved.txt"))")
+        #expect(try generation(db, "doc") == 3 && generation(db, "other") == 2)
+        #expect(try attachment("moved.txt", in: "other")?.blobKey == key)
+        #expect(try db.document(withID: "doc")?.attachmentNames == [])
+        try sh("cp \(mount.path("docs/other/attachments/moved.txt")) \(mount.path("docs/doc/attachments/copy.txt"))")
+        #expect(try attachment("copy.txt")?.blobKey == key)
+        #expect(try db.info().blobCount == blobs, "the copy is the same blob")
+        try sh("rm \(mount.path("docs/doc/attachments/copy.txt"))")
+        #expect(try generation(db, "doc") == 5)
+        #expect(try db.document(withID: "doc")?.attachmentNames == [])
+    }
+
+    @Test func rsyncAndTarFillAttachments() throws {
+        let mount = try MountedDatabase(db.path)
+        let tree = directory.appending("tree")
+        try sh("mkdir -p \(tree)/sub/deeper && printf one > \(tree)/one.txt && printf two > \(tree)/sub/two.txt && printf three > \(tree)/sub/deeper/three.txt")
+        let rsync = try shell("rsync -a \(tree)/ \(mount.path("docs/doc/attachments/"))")
+        #expect(rsync.succeeded, "\(rsync.stderr)")
+        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "one.txt", "sub/deeper/three.txt", "sub/two.txt"])
+        #expect(try contents("sub/deeper/three.txt") == Array("three".utf8))
+        // A second rsync rewrites nothing that matters: the same bytes make no new revision.
+        let generationAfterRsync = try generation(db, "doc")
+        #expect(try shell("sleep 1.1; rsync -a \(tree)/ \(mount.path("docs/doc/attachments/"))").succeeded)
+        #expect(try shell("rsync -a --checksum \(tree)/ \(mount.path("docs/doc/attachments/"))").succeeded)
+        #expect(try generation(db, "doc") == generationAfterRsync)
+
+        try sh("tar -C \(tree) -cf \(directory.appending("t.tar")) . && tar -x -C \(mount.path("docs/other/attachments")) -f \(directory.appending("t.tar"))")
+        #expect(try db.document(withID: "other")?.attachmentNames == ["one.txt", "sub/deeper/three.txt", "sub/two.txt"])
+        #expect(try sh("cat \(mount.path("docs/other/attachments/sub/two.txt"))") == "two")
+        // cp -a keeps going through chmod, chown and times.
+        #expect(try shell("cp -a \(tree)/sub \(mount.path("docs/other/attachments/copied"))").succeeded)
+        #expect(try contents("copied/deeper/three.txt", in: "other") == Array("three".utf8))
+    }
+
+    @Test func contentTypeFollowsTheExtensionAndTheXattr() throws {
+        let mount = try MountedDatabase(db.path)
+        try sh("printf 'x' > \(mount.path("docs/doc/attachments/photo.png"))")
+        #expect(try attachment("photo.png")?.contentType == "image/png")
+        let before = try generation(db, "doc")
+        try sh("setfattr -n user.mime_type -v image/webp \(mount.path("docs/doc/attachments/photo.png"))")
+        #expect(try attachment("photo.png")?.contentType == "image/webp")
+        #expect(try generation(db, "doc") == before + 1)
+        #expect(try sh("getfattr --only-values -n user.mime_type \(mount.path("docs/doc/attachments/photo.png"))") == "image/webp")
+    }
+
+    @Test func concurrentEditsOfDifferentAttachmentsMerge() throws {
+        let mount = try MountedDatabase(db.path)
+        let fd = open(mount.path("docs/doc/attachments/mine.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        #expect(fd >= 0)
+        // Meanwhile another process changes another attachment of the same document.
+        let elsewhere = directory.appending("theirs.txt")
+        try Data("theirs".utf8).write(to: URL(fileURLWithPath: elsewhere))
+        #expect(try sofa("attach", db.path, "doc", "theirs.txt", elsewhere).succeeded)
+        #expect(write(fd, "mine", 4) == 4)
+        #expect(close(fd) == 0)
+        let tree = try db.revisionTree(of: "doc")
+        #expect(tree.conflicts.isEmpty, "different attachments merge")
+        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "mine.txt", "theirs.txt"])
+    }
+}
+
+@Suite struct MountDocumentTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+
+    init() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        db = try directory.makeDatabase()
+        try db.put("doc", ["n": 1], attachments: ["a.txt": Array("alpha".utf8), "sub/b.txt": Array("beta".utf8)])
+    }
+
+    @Test func mkdirThenWriteCreatesADocument() throws {
+        let mount = try MountedDatabase(db.path)
+        try sh("mkdir \(mount.path("docs/new"))")
+        #expect(try sh("ls \(mount.path("docs"))") == "doc\nnew\n")
+        #expect(try db.document(withID: "new") == nil, "nothing saved yet")
+        try sh("echo '{\"fresh\":true}' > \(mount.path("docs/new/properties.json"))")
+        #expect(try db.document(withID: "new")?.properties == ["fresh": true])
+        #expect(try generation(db, "new") == 1)
+        try sh("mkdir \(mount.path("docs/files")) && printf data > \(mount.path("docs/files/attachments/x.bin"))")
+        #expect(try db.document(withID: "files")?.attachmentNames == ["x.bin"])
+        let invalid = try shell("mkdir \(mount.path("docs/_private"))")
+        #expect(!invalid.succeeded && invalid.stderr.contains("Invalid argument"), "\(invalid.stderr)")
+        #expect(!(try shell("mkdir \(mount.path("docs/doc"))")).succeeded, "exists")
+    }
+
+    @Test func removeRecursivelyDeletesTheDocumentWithOneTombstone() throws {
+        let mount = try MountedDatabase(db.path)
+        try sh("rm -r \(mount.path("docs/doc"))")
+        let current = try #require(try db.currentRevision(of: "doc"))
+        #expect(current.deleted)
+        #expect(current.revID.generation == 2, "one tombstone, no revision per unlinked file")
+        #expect(try sh("ls \(mount.path("docs"))") == "")
+        #expect(!(try shell("ls \(mount.path("docs/doc"))")).succeeded)
+    }
+
+    @Test func renamingADocumentKeepsBodyAndBlobs() throws {
+        let mount = try MountedDatabase(db.path)
+        let blobs = try db.info().blobCount
+        try sh("mv \(mount.path("docs/doc")) \(mount.path("docs/renamed"))")
+        #expect(try db.document(withID: "doc") == nil)
+        let renamed = try #require(try db.document(withID: "renamed"))
+        #expect(renamed.properties == ["n": 1])
+        #expect(renamed.attachmentNames == ["a.txt", "sub/b.txt"])
+        #expect(try db.info().blobCount == blobs)
+        #expect(try sh("cat \(mount.path("docs/renamed/attachments/sub/b.txt"))") == "beta")
+    }
+
+    @Test func scratchFilesStayLocalAndSurviveARemount() throws {
+        var mount = try MountedDatabase(db.path)
+        try sh("printf 'draft' > \(mount.path("docs/doc/notes.swp")) && mkdir \(mount.path("docs/doc/.cache")) && printf x > \(mount.path("docs/doc/.cache/y"))")
+        #expect(try sh("ls -A \(mount.path("docs/doc"))") == ".cache\nattachments\nnotes.swp\nproperties.json\n")
+        #expect(try generation(db, "doc") == 1, "scratch files are not revisions")
+        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "sub/b.txt"])
+        mount.unmount()
+        mount = try MountedDatabase(db.path)
+        #expect(try sh("cat \(mount.path("docs/doc/notes.swp"))") == "draft")
+        // Renaming a scratch file into attachments/ saves it.
+        try sh("mv \(mount.path("docs/doc/notes.swp")) \(mount.path("docs/doc/attachments/notes.txt"))")
+        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "notes.txt", "sub/b.txt"])
+        #expect(try generation(db, "doc") == 2)
+    }
+
+    @Test func sigtermUnmountsCleanlyAfterPendingSaves() throws {
+        let mount = try MountedDatabase(db.path)
+        let fd = open(mount.path("docs/doc/attachments/late.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        #expect(fd >= 0)
+        #expect(write(fd, "late", 4) == 4)
+        let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
+        kill(pid, SIGTERM)
+        #expect(try eventually { !MountedDatabase.isMounted(mount.mountPoint) } != nil, "the mount goes away")
+        #expect(close(fd) == 0, "the open file still saves")
+        let result = mount.unmount()
+        #expect(result.succeeded, "\(result.stderr)")
+        #expect(try db.document(withID: "doc")?.attachment(named: "late.txt")?.length == 4)
+    }
+
+    @Test func autoUnmountLeavesNoDeadMountWhenKilled() throws {
+        let mount = try MountedDatabase(db.path, arguments: ["-o", "auto_unmount"])
+        let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
+        kill(pid, SIGKILL)
+        #expect(try eventually(timeout: 5) { !MountedDatabase.isMounted(mount.mountPoint) } != nil)
+        #expect(mount.unmount().signal == SIGKILL)
+    }
+}
