@@ -67,7 +67,8 @@ enum FileNames {
         if name == "4913" || name.hasSuffix("~") { return true }  // vim's write test; backups
         if name.hasPrefix(".") {
             if [".swp", ".swo", ".swx", ".swn", ".tmp"].contains(where: name.hasSuffix) { return true }
-            if name.hasPrefix(".goutputstream-") || name.hasPrefix(".#") { return true }
+            // gedit, emacs locks, Foundation's atomic writes
+            if name.hasPrefix(".goutputstream-") || name.hasPrefix(".#") || name.hasPrefix(".dat.nosync") { return true }
             // rsync: ".name.XXXXXX"
             if let dot = name.lastIndex(of: "."), dot != name.startIndex {
                 let suffix = name[name.index(after: dot)...]

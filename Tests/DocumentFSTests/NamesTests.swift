@@ -40,7 +40,7 @@ import Testing
     }
 
     @Test func toolTemporaryFilesAreRecognised() {
-        for name in [".notes.txt.swp", "4913", "notes.txt~", ".goutputstream-ABC123", "sedAb12Cd", ".photo.jpg.aB3dE9"] {
+        for name in [".notes.txt.swp", "4913", "notes.txt~", ".goutputstream-ABC123", "sedAb12Cd", ".photo.jpg.aB3dE9", ".dat.nosync5519.ovoqlb"] {
             #expect(FileNames.isToolTemporary(name), "\(name)")
         }
         for name in ["notes.txt", ".config.backup", "photo.jpg", "sediment.txt", ".hidden"] {

@@ -1,5 +1,6 @@
 import DocumentModel
 import Foundation
+import Testing
 
 /// A database mounted by a real `sofa mount --foreground` child process.
 /// Unmounts in `unmount()` or, at the latest, when released.
@@ -47,6 +48,10 @@ public final class MountedDatabase: @unchecked Sendable {
         let finished = process.wait()
         rmdir(mountPoint)
         result = finished
+        // Under --sanitize=thread the mount process reports races on its stderr.
+        if finished.stderr.contains("ThreadSanitizer") {
+            Issue.record("ThreadSanitizer report from the mount process:\n\(finished.stderr.prefix(4000))")
+        }
         return finished
     }
 
