@@ -34,6 +34,10 @@ public final class FuseMount: @unchecked Sendable {
     private let session: OpaquePointer
     private var unmounted = false
     private let unmountLock = NSLock()
+    /// Set once `run()` is about to free `fuse`; `invalidate` then does nothing. Guarded by `fuseLock`.
+    private var destroyed = false
+    /// Guards `destroyed` and every use of `fuse` from outside the loop. Lock order: a leaf.
+    private let fuseLock = NSLock()
 
     public init(fileSystem: any FileSystem, at mountPoint: String, configuration: Configuration = Configuration()) throws {
         self.fileSystem = fileSystem
@@ -76,6 +80,9 @@ public final class FuseMount: @unchecked Sendable {
             thread.start()
         }
         group.wait()
+        fuseLock.lock()
+        destroyed = true
+        fuseLock.unlock()
         fuse_unmount(fuse)
         fuse_destroy(fuse)
     }
@@ -115,7 +122,11 @@ public final class FuseMount: @unchecked Sendable {
     }
 
     /// Drops what the kernel caches about `path` (attributes, name, data).
+    /// Safe from any thread, also while or after the loop ends.
     public func invalidate(_ path: String) {
+        fuseLock.lock()
+        defer { fuseLock.unlock() }
+        guard !destroyed else { return }
         _ = fuse_invalidate_path(fuse, path)
     }
 }
