@@ -20,9 +20,9 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage": suite = argument
+            case "storage", "mount": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -221,7 +221,10 @@ func writeSource(_ path: String, size: Int64) throws {
 
 let options = Options(CommandLine.arguments)
 do {
-    try storage(options)
+    switch options.suite {
+    case "mount": try mountBenchmark(options)
+    default: try storage(options)
+    }
 } catch {
     FileHandle.standardError.write(Data("sofa-bench: \(error)\n".utf8))
     exit(1)

@@ -26,6 +26,10 @@ struct Mount: SofaCommand {
         guard stat(mountPoint, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
             throw SofaError.invalidArgument("mount point \(mountPoint) is not a directory")
         }
+        guard !MountTable.contains(mountPoint) else {
+            throw SofaError.invalidArgument("\(mountPoint) is already a mount point (unmount it with fusermount3 -u)")
+        }
+        _ = try db.open()  // a bad database fails here, in the foreground, with its reason
         if !foreground { return try daemonize(mountPoint) }
 
         let database = try db.open()
@@ -70,8 +74,13 @@ struct Mount: SofaCommand {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
+        // Detach from the caller's streams (a caller reading them to EOF must not hang);
+        // the log goes beside the database, and is shown if mounting fails.
+        let logPath = URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
+        let logWritable = access(URL(fileURLWithPath: db.database).path, W_OK) == 0
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, logWritable ? logPath : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0o644)
         let argv = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var pid: pid_t = 0
@@ -81,7 +90,12 @@ struct Mount: SofaCommand {
         for _ in 0..<200 {
             if MountTable.contains(mountPoint) { return }
             var status: Int32 = 0
-            if waitpid(pid, &status, WNOHANG) == pid { throw ExitCode((status >> 8) & 0xFF == 0 ? 1 : (status >> 8) & 0xFF) }
+            if waitpid(pid, &status, WNOHANG) == pid {
+                let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
+                let lines = log.split(separator: "\n").suffix(5).joined(separator: "\n")
+                if !lines.isEmpty { FileHandle.standardError.write(Data((lines + "\n").utf8)) }
+                throw ExitCode((status >> 8) & 0xFF == 0 ? 1 : (status >> 8) & 0xFF)
+            }
             usleep(50_000)
         }
         throw SofaError.invalidArgument("timed out waiting for the mount on \(mountPoint)")

@@ -327,3 +327,31 @@ import TestSupport
         #expect(mount.unmount().signal == SIGKILL)
     }
 }
+
+@Suite struct MountCommandTests {
+    let directory = TemporaryDirectory()
+
+    @Test func backgroundMountDetachesAndRefusesBadInput() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        try db.put("doc", ["n": 1])
+        let mountPoint = directory.appending("mnt")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        // Captured through a pipe: this hangs if the background process keeps the caller's streams.
+        let mounted = try shell("timeout 20 sh -c '\(sofaBinary) mount \(db.path) \(mountPoint) 2>&1 | cat'")
+        defer { _ = try? shell("fusermount3 -u \(mountPoint)") }
+        #expect(mounted.succeeded, "\(mounted.stdout) \(mounted.stderr)")
+        #expect(MountedDatabase.isMounted(mountPoint))
+        #expect(try sh("cat \(mountPoint)/docs/doc/properties.json") == "{\n  \"n\": 1\n}\n")
+
+        let twice = try sofa("mount", db.path, mountPoint)
+        #expect(twice.status == 1 && twice.stderr.contains("already a mount point"), "\(twice.stderr)")
+        let missing = try sofa("mount", directory.appending("missing.sofa"), directory.path)
+        #expect(missing.status == 1 && missing.stderr.contains("is not a Sofa database"), "\(missing.stderr)")
+        let notDirectory = try sofa("mount", db.path, directory.appending("nowhere"))
+        #expect(notDirectory.status == 1 && notDirectory.stderr.contains("is not a directory"), "\(notDirectory.stderr)")
+
+        #expect(try shell("fusermount3 -u \(mountPoint)").succeeded)
+        #expect(try eventually { !MountedDatabase.isMounted(mountPoint) } != nil)
+    }
+}
