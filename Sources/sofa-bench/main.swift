@@ -3,6 +3,7 @@
 //
 //   sofa-bench storage [--dir DIR] [--documents N] [--attachment-mib N]
 
+@preconcurrency import Glibc
 import DocumentModel
 import DocumentStore
 import Foundation
@@ -219,6 +220,7 @@ func writeSource(_ path: String, size: Int64) throws {
     fsync(fd)
 }
 
+setvbuf(stdout, nil, _IOLBF, 0)
 let options = Options(CommandLine.arguments)
 do {
     switch options.suite {
