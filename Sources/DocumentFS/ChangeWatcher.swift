@@ -9,14 +9,18 @@ public final class ChangeWatcher: @unchecked Sendable {
     // Sendable invariant: `lastSequence` and `stopped` are only touched on the watcher thread or under `lock`.
     private let database: Database
     private let invalidate: @Sendable (String) -> Void
+    private let documentChanged: @Sendable (String) -> Void
     private let interval: Double
     private var lastSequence: Int64
     private var stopped = false
     private let lock = NSLock()
 
-    /// `invalidate` receives mount paths (`/docs/x`, `/docs/x/properties.json`, …).
-    public init(database: Database, interval: Double = Tuning.changePollInterval, invalidate: @escaping @Sendable (String) -> Void) throws {
+    /// `documentChanged` receives each changed document's id first (to drop what the
+    /// file system caches), then `invalidate` the mount paths that show it.
+    public init(database: Database, interval: Double = Tuning.changePollInterval,
+                documentChanged: @escaping @Sendable (String) -> Void, invalidate: @escaping @Sendable (String) -> Void) throws {
         self.database = database
+        self.documentChanged = documentChanged
         self.invalidate = invalidate
         self.interval = interval
         lastSequence = try database.lastSequence
@@ -50,16 +54,21 @@ public final class ChangeWatcher: @unchecked Sendable {
         guard let changes = try? database.changes(since: lastSequence), let last = changes.last else { return }
         lastSequence = last.sequence
         for change in changes {
+            documentChanged(change.docID)
             let folder = String.documentPath(change.docID)
             var paths = [folder, folder + "/" + Node.propertiesFileName, folder + "/" + Node.attachmentsDirectoryName,
                          folder + "/" + Node.conflictsDirectoryName]
             if let revision = try? database.currentRevision(of: change.docID) {
                 for attachment in revision.attachments {
-                    paths.append(folder + "/" + Node.attachmentsDirectoryName + "/"
-                                 + FileNames.attachmentComponents(attachment.name).joined(separator: "/"))
+                    // The file, and every folder above it (their cached listings).
+                    var components = FileNames.attachmentComponents(attachment.name)
+                    while !components.isEmpty {
+                        paths.append(folder + "/" + Node.attachmentsDirectoryName + "/" + components.joined(separator: "/"))
+                        components.removeLast()
+                    }
                 }
             }
-            paths.forEach(invalidate)
+            Set(paths).forEach(invalidate)
         }
         invalidate("/docs")
     }

@@ -31,6 +31,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     public let readOnly: Bool
     let scratchRoot: String
     let handles = HandleTable()
+    let cache = DocumentCache()
     let log = Logger(label: "sofa.mount")
     let mountTime = Date().timeIntervalSince1970
 
@@ -75,10 +76,26 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     func scratchDirectory(_ id: String) -> String { "\(scratchRoot)/\(FileNames.escape(id))" }
     func scratchPath(_ id: String, _ relative: String) -> String { "\(scratchDirectory(id))/\(relative)" }
 
-    /// The live current revision, with removals under way applied.
+    /// What the cache knows of a document, loading it if needed.
+    func cached(_ id: String) throws -> DocumentCache.Entry {
+        try cache.entry(id) {
+            guard !DocumentID.isLocal(id), (try? DocumentID.validate(id)) != nil,
+                  let revision = try database.document(withID: id) else {
+                return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false)
+            }
+            return DocumentCache.Entry(revision: revision, rendered: render(revision.properties),
+                                       hasConflicts: !(try database.revisionTree(of: id).conflicts.isEmpty))
+        }
+    }
+
+    /// The live current revision (from the cache).
     func liveRevision(_ id: String) throws -> Revision? {
-        guard !DocumentID.isLocal(id), (try? DocumentID.validate(id)) != nil else { return nil }
-        return try database.document(withID: id)
+        try cached(id).revision
+    }
+
+    /// Forgets what is cached about a document that changed (saved here, or seen by the watcher).
+    public func documentChanged(_ id: String) {
+        cache.forget(id)
     }
 
     func removal(_ id: String) -> Removal? { withState { removals[id] } }
@@ -143,8 +160,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             guard isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
             return directory(mountTime)
         case .properties(let id):
-            guard let revision = try liveRevision(id), removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
-            return file(Int64(render(revision.properties).count), revision.savedAt.timeIntervalSince1970)
+            let entry = try cached(id)
+            guard let revision = entry.revision, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            return file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id) else {
                 guard name.isEmpty, isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
@@ -194,29 +212,37 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     // MARK: - Directories
 
     /// An open directory: a fixed list of entries, or the paged listing of /docs.
+    /// Built on the first readdir: when the kernel lists from its cache, never.
     final class Listing {
         let node: Node
-        let entries: [DirectoryEntry]
+        let path: String
+        var entries: [DirectoryEntry]?
         /// For /docs: where the last page stopped (position of the next entry, id of the last one).
         var cursorOffset = 0
         var cursorAfter: String?
 
-        init(node: Node, entries: [DirectoryEntry]) {
+        init(node: Node, path: String) {
             self.node = node
-            self.entries = entries
+            self.path = path
         }
     }
 
-    public func openDirectory(_ path: String) throws -> UInt64 {
+    public func openDirectory(_ path: String) throws -> OpenFile {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
         let attributes = try attributes(of: path)
         guard attributes.kind == .directory else { throw FileSystemError(ENOTDIR) }
-        let entries = try listEntries(node, path: path)
-        return withState {
+        let number = withState {
             let number = nextListing
             nextListing += 1
-            listings[number] = Listing(node: node, entries: entries)
+            listings[number] = Listing(node: node, path: path)
             return number
+        }
+        // The kernel may keep listings: it drops them itself when something changes through the
+        // mount, and the change watcher invalidates them when another process changes a document.
+        // Scratch folders and status change behind its back, so those are listed afresh.
+        switch node {
+        case .scratch, .statusDirectory: return OpenFile(handle: number)
+        default: return OpenFile(handle: number, keepCache: true)
         }
     }
 
@@ -226,17 +252,20 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public func readDirectory(_ handle: UInt64, from offset: Int, add: (DirectoryEntry) -> Bool) throws {
         guard let listing = withState({ listings[handle] }) else { throw FileSystemError(EBADF) }
-        if offset < listing.entries.count {
-            for entry in listing.entries[offset...] where !add(entry) { return }
+        // One readdir at a time per open directory (the kernel serialises them).
+        let entries = try listing.entries ?? listEntries(listing.node, path: listing.path)
+        listing.entries = entries
+        if offset < entries.count {
+            for entry in entries[offset...] where !add(entry) { return }
         }
         guard listing.node == .docs else { return }
         // The documents, a page at a time, so that huge databases list in constant memory.
-        var position = max(offset, listing.entries.count)
+        var position = max(offset, entries.count)
         var after: String?
         if position == listing.cursorOffset {
             after = listing.cursorAfter
-        } else if position > listing.entries.count {
-            after = try database.documents(offset: position - listing.entries.count - 1, limit: 1).first?.docID
+        } else if position > entries.count {
+            after = try database.documents(offset: position - entries.count - 1, limit: 1).first?.docID
         }
         while true {
             let page = try database.documents(after: after, limit: 256)
@@ -269,14 +298,15 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return dots + ["status.json"].map { DirectoryEntry(name: $0) }
         case .document(let id):
             var entries = dots
-            if let revision = try liveRevision(id) {
+            let entry = try cached(id)
+            if let revision = entry.revision {
                 let modified = revision.savedAt.timeIntervalSince1970
                 // properties.json first, so that `rm -r` starts the removal before it empties attachments/.
                 if removal(id)?.properties != true {
-                    entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: file(Int64(render(revision.properties).count), modified)))
+                    entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: file(Int64(entry.rendered.count), modified)))
                 }
                 entries.append(DirectoryEntry(name: Node.attachmentsDirectoryName, attributes: directory(modified)))
-                if try !database.revisionTree(of: id).conflicts.isEmpty {
+                if entry.hasConflicts {
                     entries.append(DirectoryEntry(name: Node.conflictsDirectoryName, attributes: directory(modified, writable: false)))
                 }
             } else {

@@ -30,14 +30,15 @@ extension DocumentFileSystem {
         if writing { try checkWritable(node, path: path) }
         switch node {
         case .properties(let id):
-            guard let revision = try liveRevision(id), removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
-            let rendered = render(revision.properties)
+            let entry = try cached(id)
+            guard let revision = entry.revision, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            let rendered = entry.rendered
             if writing {
                 let handle = PropertiesWriteHandle(path: path, docID: id, base: revision.revID, initial: truncating ? [] : rendered)
                 handle.emptiedAtOpen = truncating
                 return OpenFile(handle: handles.add(handle), directIO: true)
             }
-            return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: rendered)), directIO: true)
+            return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: rendered)), directIO: true, noFlush: true)
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id),
                   let attachment = visibleAttachments(revision).first(where: { $0.name == name }) else {
@@ -78,7 +79,8 @@ extension DocumentFileSystem {
     private func openForReading(_ attachment: Attachment, docID: String, path: String) throws -> OpenFile {
         guard attachment.contentAvailable, let key = attachment.blobKey else {
             log.warning("\(path): the body of attachment \"\(attachment.name)\" is not on this machine (not downloaded)")
-            return OpenFile(handle: handles.add(AbsentBodyHandle(path: path, docID: docID, attachment: attachment)), directIO: true)
+            return OpenFile(handle: handles.add(AbsentBodyHandle(path: path, docID: docID, attachment: attachment)), directIO: true,
+                            noFlush: true)
         }
         let reader = try database.blobs.openReader(key, expectedLength: attachment.length)
         // A body never changes under its digest: keep the kernel's cache unless the path now shows another body.
@@ -87,7 +89,7 @@ extension DocumentFileSystem {
             openedDigests[path] = attachment.digest
             return same
         }
-        return OpenFile(handle: handles.add(BlobReadHandle(path: path, reader: reader)), keepCache: keep)
+        return OpenFile(handle: handles.add(BlobReadHandle(path: path, reader: reader)), keepCache: keep, noFlush: true)
     }
 
     public func create(_ path: String, permissions: UInt32, flags: Int32) throws -> OpenFile {
@@ -285,6 +287,7 @@ extension DocumentFileSystem {
                 return live  // nothing changed (rsync rewriting a file with the same bytes): no new revision
             }
             do {
+                defer { documentChanged(id) }
                 let revision = try database.save(draft, allowConflict: allowConflict)
                 if allowConflict {
                     log.warning("docs/\(FileNames.escape(id)): changed since it was opened; saved as conflicting revision \(revision.revID)")
@@ -385,6 +388,7 @@ extension DocumentFileSystem {
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
             var draft = try database.newRevision(of: id, from: conflict.revID)
             draft.deleted = true
+            defer { documentChanged(id) }
             try database.save(draft, allowConflict: true)
         case .conflicts(let id):
             guard try liveRevision(id) != nil else { throw FileSystemError(ENOENT) }
@@ -424,8 +428,9 @@ extension DocumentFileSystem {
 
     /// Tombstones every live leaf, so that no conflict resurrects the document.
     private func deleteDocument(_ id: String) throws {
+        defer { documentChanged(id) }
         for _ in 0..<8 {
-            guard let current = try liveRevision(id) else { return }
+            guard let current = try database.document(withID: id) else { return }
             do { try database.deleteDocument(id, revID: current.revID) } catch SofaError.conflict { continue }
         }
     }

@@ -60,11 +60,14 @@ public struct OpenFile: Sendable {
     public var keepCache: Bool
     /// Bypass the page cache (for files whose size is not known up front).
     public var directIO: Bool
+    /// `close` need not call `flush` (nothing to save): one round trip less.
+    public var noFlush: Bool
 
-    public init(handle: UInt64, keepCache: Bool = false, directIO: Bool = false) {
+    public init(handle: UInt64, keepCache: Bool = false, directIO: Bool = false, noFlush: Bool = false) {
         self.handle = handle
         self.keepCache = keepCache
         self.directIO = directIO
+        self.noFlush = noFlush
     }
 }
 
@@ -87,7 +90,9 @@ public protocol FileSystem: AnyObject, Sendable {
     /// Attributes of an open file (it may have been unlinked or renamed since).
     func attributes(ofHandle handle: UInt64) throws -> FileAttributes
 
-    func openDirectory(_ path: String) throws -> UInt64
+    /// Opens a directory; `keepCache` lets the kernel keep its cached listing
+    /// (drop it with `FuseMount.invalidate` when the directory changes behind its back).
+    func openDirectory(_ path: String) throws -> OpenFile
     /// Lists entries from position `offset` on; `add` returns false when the kernel's
     /// buffer is full. An entry's position is its index in the listing plus one.
     func readDirectory(_ handle: UInt64, from offset: Int, add: (DirectoryEntry) -> Bool) throws

@@ -43,16 +43,21 @@ func measure(_ body: () throws -> Void) rethrows -> Double {
     return now() - start
 }
 
-/// Runs a shell command and returns its wall time.
+/// Runs a shell command and returns its wall time. (posix_spawn and a blocking waitpid:
+/// Foundation's Process polls its run loop and rounds short runs up to ~50 ms.)
 func timeShell(_ command: String) throws -> Double {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/bin/sh")
-    process.arguments = ["-c", command]
+    let arguments: [String] = ["/bin/sh", "-c", command]
+    let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var pid: pid_t = 0
     let start = now()
-    try process.run()
-    process.waitUntilExit()
+    guard posix_spawn(&pid, "/bin/sh", nil, nil, argv, environ) == 0 else {
+        throw SofaError.invalidArgument("cannot run: \(command)")
+    }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
     let elapsed = now() - start
-    guard process.terminationStatus == 0 else { throw SofaError.invalidArgument("benchmark command failed: \(command)") }
+    guard status == 0 else { throw SofaError.invalidArgument("benchmark command failed: \(command)") }
     return elapsed
 }
 

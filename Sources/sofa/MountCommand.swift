@@ -43,7 +43,8 @@ struct Mount: SofaCommand {
         } catch let error as FileSystemError {
             throw SofaError.invalidArgument("cannot mount on \(mountPoint): \(error)")
         }
-        let watcher = try ChangeWatcher(database: database) { [mount] path in mount.invalidate(path) }
+        let watcher = try ChangeWatcher(database: database, documentChanged: { [fileSystem] id in fileSystem.documentChanged(id) },
+                                        invalidate: { [mount] path in mount.invalidate(path) })
         watcher.start()
 
         // Ctrl-C, SIGTERM, SIGHUP: unmount lazily; open files finish their saves, then run() returns.
