@@ -418,19 +418,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 _ = try attributes(of: path)
                 return [:]
             }
-            return [DocumentFileSystem.revisionAttribute: revision.revID.description,
-                    DocumentFileSystem.digestAttribute: attachment.digest,
-                    DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
-                    DocumentFileSystem.contentTypeAttribute: attachment.contentType]
+            return attachmentAttributes(attachment, revision: revision.revID)
         case .conflictAttachment(let id, let rev, let name):
             guard let conflict = try conflictRevision(id, rev), let attachment = conflict.attachment(named: name) else {
                 _ = try attributes(of: path)
                 return [:]
             }
-            return [DocumentFileSystem.revisionAttribute: conflict.revID.description,
-                    DocumentFileSystem.digestAttribute: attachment.digest,
-                    DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
-                    DocumentFileSystem.contentTypeAttribute: attachment.contentType]
+            return attachmentAttributes(attachment, revision: conflict.revID)
         case .conflict(let id, let rev), .conflictProperties(let id, let rev):
             guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
             return [DocumentFileSystem.revisionAttribute: rev]
@@ -438,6 +432,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             _ = try attributes(of: path)
             return [:]
         }
+    }
+
+    private func attachmentAttributes(_ attachment: Attachment, revision: RevisionID) -> [String: String] {
+        [DocumentFileSystem.revisionAttribute: revision.description,
+         DocumentFileSystem.digestAttribute: attachment.digest,
+         DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
+         DocumentFileSystem.contentTypeAttribute: attachment.contentType]
     }
 
     public func extendedAttribute(_ name: String, of path: String) throws -> [UInt8] {

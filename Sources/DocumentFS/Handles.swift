@@ -20,6 +20,14 @@ class Handle: @unchecked Sendable {
     func close() {}
 }
 
+/// Copies what `bytes` holds from `offset` into `buffer`; returns the count (0 past the end).
+private func copy(_ bytes: [UInt8], into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) -> Int {
+    guard offset < bytes.count else { return 0 }
+    let count = min(buffer.count, bytes.count - Int(offset))
+    bytes.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[Int(offset)..<Int(offset) + count])) }
+    return count
+}
+
 /// A read-only snapshot of bytes: properties.json as rendered at open, status files.
 final class BytesHandle: Handle, @unchecked Sendable {
     let bytes: [UInt8]
@@ -30,10 +38,7 @@ final class BytesHandle: Handle, @unchecked Sendable {
     }
 
     override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        guard offset < bytes.count else { return 0 }
-        let count = min(buffer.count, bytes.count - Int(offset))
-        bytes.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[Int(offset)..<Int(offset) + count])) }
-        return count
+        copy(bytes, into: buffer, at: offset)
     }
 
     override var size: Int64 { Int64(bytes.count) }
@@ -116,10 +121,7 @@ final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
     override var change: Change { .properties }
 
     override func read(into destination: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        guard offset < buffer.count else { return 0 }
-        let count = min(destination.count, buffer.count - Int(offset))
-        buffer.withUnsafeBytes { destination.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[Int(offset)..<Int(offset) + count])) }
-        return count
+        copy(buffer, into: destination, at: offset)
     }
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
