@@ -148,12 +148,16 @@ final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
 
 /// An attachment open for writing: the body goes to a temporary file in the
 /// blob store, hashed as it arrives while writes are sequential, and becomes a
-/// blob (renamed, never copied) when the file is saved.
+/// blob (renamed, never copied) when the file is saved. Written again after a
+/// save, it starts a new temporary copy of that blob then, not before.
 final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     let name: String
     var contentType: String
     let blobs: BlobStore
-    private var file: TemporaryBlobFile
+    /// The body being written; nil after a save until the next write.
+    private var file: TemporaryBlobFile?
+    /// The body as last saved.
+    private var saved: StoredBlob?
 
     init(path: String, docID: String, base: RevisionID?, name: String, contentType: String, blobs: BlobStore,
          initialContent: BlobKey?) throws {
@@ -166,33 +170,44 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
 
     override var change: Change { .attachment(name) }
 
+    private func writableFile() throws -> TemporaryBlobFile {
+        if let file { return file }
+        let copy = try blobs.makeTemporaryFile(copying: saved?.key)
+        file = copy
+        return copy
+    }
+
     override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        try file.read(into: buffer, at: offset)
+        if let file { return try file.read(into: buffer, at: offset) }
+        guard let saved else { return 0 }
+        return try blobs.openReader(saved.key).read(into: buffer, at: offset)
     }
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
-        try file.write(bytes, at: offset)
+        try writableFile().write(bytes, at: offset)
         dirty = true
         failed = false
         return bytes.count
     }
 
     override func truncate(to size: Int64) throws {
-        try file.truncate(to: size)
+        try writableFile().truncate(to: size)
         dirty = true
         failed = false
     }
 
-    override var size: Int64 { file.size }
+    override var size: Int64 { file?.size ?? saved?.length ?? 0 }
 
-    /// Moves the written bytes into the blob store; the handle keeps a copy-on-write view for later writes.
+    /// Moves the written bytes into the blob store.
     func commitBody() throws -> StoredBlob {
+        guard let file else { return saved! }
         let blob = try file.commit()
-        file = try blobs.makeTemporaryFile(copying: blob.key)
+        self.file = nil
+        saved = blob
         return blob
     }
 
-    override func close() { file.discard() }
+    override func close() { file?.discard() }
 }
 
 /// A scratch file: a real file beside the database.

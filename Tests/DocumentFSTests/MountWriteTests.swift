@@ -160,6 +160,22 @@ import TestSupport
         #expect(try generation(db, "doc") == 5)
     }
 
+    @Test func writingAgainAfterAnFsyncBuildsOnTheSavedBody() throws {
+        let mount = try MountedDatabase(db.path)
+        let fd = open(mount.path("docs/doc/attachments/two-steps.txt"), O_RDWR | O_CREAT | O_TRUNC, 0o644)
+        #expect(fd >= 0)
+        #expect(write(fd, "first ", 6) == 6)
+        #expect(fsync(fd) == 0)
+        #expect(try contents("two-steps.txt") == Array("first ".utf8))
+        #expect(pwrite(fd, "second", 6, 6) == 6)
+        var buffer = [UInt8](repeating: 0, count: 12)
+        #expect(pread(fd, &buffer, 12, 0) == 12)
+        #expect(buffer == Array("first second".utf8))
+        #expect(close(fd) == 0)
+        #expect(try contents("two-steps.txt") == Array("first second".utf8))
+        #expect(try generation(db, "doc") == 3)
+    }
+
     @Test func overwritingInTheMiddleAndTruncating() throws {
         let mount = try MountedDatabase(db.path)
         let file = mount.path("docs/doc/attachments/a.txt")
