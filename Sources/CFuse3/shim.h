@@ -15,5 +15,4 @@ static inline void cfuse_set_keep_cache(struct fuse_file_info *fi, int keep) { f
 static inline void cfuse_set_direct_io(struct fuse_file_info *fi, int direct) { fi->direct_io = direct ? 1 : 0; }
 static inline void cfuse_set_cache_readdir(struct fuse_file_info *fi, int value) { fi->cache_readdir = value ? 1 : 0; }
 static inline void cfuse_set_noflush(struct fuse_file_info *fi, int value) { fi->noflush = value ? 1 : 0; }
-static inline void cfuse_set_nonseekable(struct fuse_file_info *fi, int value) { fi->nonseekable = value ? 1 : 0; }
 #endif

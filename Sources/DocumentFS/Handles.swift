@@ -105,6 +105,7 @@ class WriteHandle: Handle, @unchecked Sendable {
         super.init(path: path)
     }
 
+    /// What saving this file changes in its document.
     var change: Change { fatalError("abstract") }
 }
 
@@ -152,7 +153,7 @@ final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
 /// save, it starts a new temporary copy of that blob then, not before.
 final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     let name: String
-    var contentType: String
+    let contentType: String
     let blobs: BlobStore
     /// The body being written; nil after a save until the next write.
     private var file: TemporaryBlobFile?

@@ -232,10 +232,10 @@ extension DocumentFileSystem {
                     log.error("\(handle.path): not saved, the document is unchanged: \(error)")
                     throw error
                 }
-                revision = try commit(handle.docID, base: handle.base, change: .properties) { $0.properties = object }
+                revision = try commit(handle.docID, base: handle.base, change: handle.change) { $0.properties = object }
             case let attachment as AttachmentWriteHandle:
                 let blob = try attachment.commitBody()
-                revision = try commit(handle.docID, base: handle.base, change: .attachment(attachment.name)) { draft in
+                revision = try commit(handle.docID, base: handle.base, change: handle.change) { draft in
                     try draft.setAttachment(attachment.name, blob: blob, contentType: attachment.contentType)
                 }
                 withState { openedDigests[handle.path] = nil }
