@@ -11,6 +11,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", exact: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", exact: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-nio", exact: "2.101.3"),
     ],
     targets: [
         // System libraries: one modulemap + shim each, imported by exactly one Swift module.
@@ -18,6 +19,8 @@ let package = Package(
                        providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto",
                        providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CZlib", path: "Sources/CZlib", pkgConfig: "zlib",
+                       providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CFuse3", path: "Sources/CFuse3", pkgConfig: "fuse3",
                        providers: [.apt(["libfuse3-dev"])]),
 
@@ -28,8 +31,15 @@ let package = Package(
             "DocumentModel", "DocumentStore", "FuseKit",
             .product(name: "Logging", package: "swift-log"),
         ]),
+        .target(name: "CouchServer", dependencies: [
+            "DocumentModel", "DocumentStore", "CZlib", "CCrypto",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .executableTarget(name: "sofa", dependencies: [
-            "DocumentModel", "DocumentStore", "DocumentFS", "FuseKit",
+            "DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "CouchServer",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -41,5 +51,6 @@ let package = Package(
         .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "TestSupport"]),
+        .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "TestSupport"]),
     ]
 )

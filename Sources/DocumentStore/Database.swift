@@ -198,7 +198,8 @@ public final class Database: @unchecked Sendable {
 
     /// Live documents in id order, `limit` at a time after `afterID`, so that huge
     /// databases can be listed page by page.
-    public func documents(after afterID: String? = nil, offset: Int = 0, limit: Int = Int.max,
+    /// With `including`, the listing starts at `afterID` itself when it exists.
+    public func documents(after afterID: String? = nil, including: Bool = false, offset: Int = 0, limit: Int = Int.max,
                           includeDeleted: Bool = false) throws -> [DocumentSummary] {
         try read { connection in
             try connection.query("""
@@ -206,9 +207,9 @@ public final class Database: @unchecked Sendable {
                        (SELECT COUNT(*) FROM rev_attachments a WHERE a.doc_key = d.doc_key AND a.rev_id = d.current_rev),
                        r.saved_at
                 FROM docs d JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
-                WHERE d.doc_id > ? AND (? OR d.deleted = 0)
+                WHERE (d.doc_id > ? OR (? AND d.doc_id = ?)) AND (? OR d.deleted = 0)
                 ORDER BY d.doc_id LIMIT ? OFFSET ?
-                """, .text(afterID ?? ""), SQLValue(includeDeleted), SQLValue(min(limit, Int(Int64.max))), SQLValue(offset)
+                """, .text(afterID ?? ""), SQLValue(including), .text(afterID ?? ""), SQLValue(includeDeleted), SQLValue(min(limit, Int(Int64.max))), SQLValue(offset)
             ) { row in
                 DocumentSummary(docID: row.text(0), revID: try Database.revisionID(row.text(1)), deleted: row.bool(2),
                                 sequence: row.int64(3), attachmentCount: row.int(4),
@@ -226,6 +227,15 @@ public final class Database: @unchecked Sendable {
             ) { row in
                 Change(docID: row.text(0), revID: try Database.revisionID(row.text(1)), deleted: row.bool(2), sequence: row.int64(3))
             }
+        }
+    }
+
+    /// Live and deleted document counts and the last sequence, from one snapshot
+    /// (cheaper than `info()`, which also sizes the blob store).
+    public func counts() throws -> (documents: Int, deleted: Int, lastSequence: Int64) {
+        try read { connection in
+            let counts = try connection.query("SELECT COALESCE(SUM(deleted = 0), 0), COALESCE(SUM(deleted), 0) FROM docs") { ($0.int(0), $0.int(1)) }[0]
+            return (counts.0, counts.1, try Database.lastSequence(in: connection))
         }
     }
 
@@ -484,6 +494,20 @@ public final class Database: @unchecked Sendable {
                                .text(id), .text(newRev), .text(JSONValue.object(body).jsonString()))
             return newRev
         }
+    }
+
+    /// Stores a `_local` document the way CouchDB's HTTP API does: no conflict check,
+    /// the new revision is `0-(N+1)` for a given `0-N`, and `0-1` without one.
+    @discardableResult
+    public func replaceLocalDocument(_ id: String, body: JSONObject, after rev: String?) throws -> String {
+        try DocumentID.validate(id)
+        let count = rev.flatMap { Int($0.split(separator: "-").last ?? "") } ?? 0
+        let newRev = "0-\(count + 1)"
+        try write { connection in
+            try connection.run("INSERT OR REPLACE INTO local_docs (doc_id, rev, body) VALUES (?, ?, ?)",
+                               .text(id), .text(newRev), .text(JSONValue.object(body).jsonString()))
+        }
+        return newRev
     }
 
     public func deleteLocalDocument(_ id: String, rev: String? = nil) throws {

@@ -1,0 +1,151 @@
+import CCrypto
+import DocumentModel
+import Foundation
+import NIOHTTP1
+
+/// Signs and checks `AuthSession` cookies: `base64url(user:expiry-hex:hmac)`,
+/// HMAC-SHA256 under a secret made when the server starts.
+final class SessionKeys: Sendable {
+    /// Sessions last ten minutes, as CouchDB's do; each authenticated request renews them.
+    static let lifetime: TimeInterval = 600
+    private let secret: [UInt8]
+
+    init() {
+        var bytes = [UInt8](repeating: 0, count: 32)
+        precondition(RAND_bytes(&bytes, Int32(bytes.count)) == 1, "no randomness")
+        secret = bytes
+    }
+
+    func cookie(for user: String, now: Date = Date()) -> String {
+        let expiry = String(Int(now.timeIntervalSince1970 + SessionKeys.lifetime), radix: 16)
+        let payload = "\(user):\(expiry)"
+        let token = Array(payload.utf8) + [UInt8(ascii: ":")] + mac(payload)
+        return Data(token).base64EncodedString()
+            .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    /// The user a cookie value was issued to, if it is genuine and not expired.
+    func user(fromCookie value: String, now: Date = Date()) -> String? {
+        var base64 = value.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64 += "=" }
+        guard let data = Data(base64Encoded: base64), data.count > 32 else { return nil }
+        let bytes = [UInt8](data)
+        let payload = Array(bytes[..<(bytes.count - 33)])
+        guard bytes[bytes.count - 33] == UInt8(ascii: ":"),
+              constantTimeEqual(Array(bytes[(bytes.count - 32)...]), mac(String(decoding: payload, as: UTF8.self))) else { return nil }
+        let text = String(decoding: payload, as: UTF8.self)
+        guard let colon = text.lastIndex(of: ":"), let expiry = Int(text[text.index(after: colon)...], radix: 16),
+              TimeInterval(expiry) > now.timeIntervalSince1970 else { return nil }
+        return String(text[..<colon])
+    }
+
+    private func mac(_ payload: String) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: 32)
+        var length: UInt32 = 0
+        let message = Array(payload.utf8)
+        _ = secret.withUnsafeBufferPointer { key in
+            HMAC(EVP_sha256(), key.baseAddress, Int32(key.count), message, message.count, &out, &length)
+        }
+        return out
+    }
+}
+
+/// Compares without leaking, through timing, how long the common prefix is.
+func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+    guard a.count == b.count else { return false }
+    return a.withUnsafeBytes { x in b.withUnsafeBytes { y in CRYPTO_memcmp(x.baseAddress, y.baseAddress, a.count) == 0 } }
+}
+
+extension CouchServer {
+    var requiresAuthentication: Bool { configuration.user != nil }
+
+    func checkPassword(user: String, password: String) -> Bool {
+        guard let expectedUser = configuration.user, let expected = configuration.password else { return false }
+        // Evaluate both so a wrong user name costs as much as a wrong password.
+        let userMatches = constantTimeEqual(Array(user.utf8), Array(expectedUser.utf8))
+        let passwordMatches = constantTimeEqual(Array(password.utf8), Array(expected.utf8))
+        return userMatches && passwordMatches
+    }
+
+    /// The authenticated user of a request (nil when none is configured or none was given).
+    /// Throws 401 for wrong credentials.
+    func authenticatedUser(_ request: Request) throws -> String? {
+        guard requiresAuthentication else { return nil }
+        if let authorization = request.headers["Authorization"].first {
+            let parts = authorization.split(separator: " ", maxSplits: 1)
+            guard parts.count == 2, parts[0].lowercased() == "basic", let data = Data(base64Encoded: String(parts[1])),
+                  let text = String(data: data, encoding: .utf8), let colon = text.firstIndex(of: ":") else {
+                throw HTTPError(.unauthorized, "unauthorized", "Name or password is incorrect.")
+            }
+            let user = String(text[..<colon])
+            guard checkPassword(user: user, password: String(text[text.index(after: colon)...])) else {
+                throw HTTPError(.unauthorized, "unauthorized", "Name or password is incorrect.")
+            }
+            return user
+        }
+        if let value = sessionCookie(request) {
+            return sessions.user(fromCookie: value)
+        }
+        return nil
+    }
+
+    func sessionCookie(_ request: Request) -> String? {
+        for header in request.headers["Cookie"] {
+            for pair in header.split(separator: ";") {
+                let kv = pair.split(separator: "=", maxSplits: 1)
+                if kv.count == 2, kv[0].trimmingCharacters(in: .whitespaces) == "AuthSession" {
+                    return String(kv[1]).trimmingCharacters(in: .whitespaces)
+                }
+            }
+        }
+        return nil
+    }
+
+    /// Throws 401 unless the request may proceed.
+    func requireUser(_ request: Request) throws {
+        guard requiresAuthentication else { return }
+        guard try authenticatedUser(request) != nil else { throw HTTPError.unauthorized }
+    }
+
+    /// `POST|GET|DELETE /_session`.
+    func session(_ request: Request) async throws {
+        switch request.method {
+        case .POST:
+            let bytes = try await request.body.collect(limit: 64 * 1024)
+            var name = "", password = ""
+            if request.headers.mediaType == "application/json" {
+                let body = try? JSONParser.parse(bytes)
+                name = body?["name"]?.stringValue ?? ""
+                password = body?["password"]?.stringValue ?? ""
+            } else {
+                for pair in String(decoding: bytes, as: UTF8.self).split(separator: "&") {
+                    let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                    let value = kv.count > 1 ? String(kv[1]).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? "" : ""
+                    if kv[0] == "name" { name = value }
+                    if kv[0] == "password" { password = value }
+                }
+            }
+            guard requiresAuthentication, checkPassword(user: name, password: password) else {
+                throw HTTPError(.unauthorized, "unauthorized", "Name or password is incorrect.")
+            }
+            let cookie = "AuthSession=\(sessions.cookie(for: name)); Version=1; Path=/; HttpOnly"
+            try await request.response.sendJSON(.ok, ["ok": true, "name": .string(name), "roles": ["_admin"]],
+                                                 headers: ["Set-Cookie": cookie])
+        case .GET, .HEAD:
+            let user = try? authenticatedUser(request)
+            let name: JSONValue = user.map { .string($0) } ?? .null
+            let roles: JSONValue = user == nil ? [] : ["_admin"]
+            try await request.response.sendJSON(.ok, [
+                "ok": true,
+                "userCtx": ["name": name, "roles": roles],
+                "info": ["authentication_handlers": ["cookie", "default"], "authenticated": user == nil ? nil : "cookie"],
+            ])
+        case .DELETE:
+            try await request.response.sendJSON(.ok, ["ok": true],
+                                                 headers: ["Set-Cookie": "AuthSession=; Version=1; Path=/; HttpOnly; Max-Age=0"])
+        default:
+            throw HTTPError.methodNotAllowed
+        }
+    }
+}

@@ -1,0 +1,442 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// An attachment body that has arrived (inline or as a MIME part) and is in the blob store.
+struct ReceivedBody {
+    let blob: StoredBlob
+    /// Describes the bytes as stored (see `AttachmentSink.finish`).
+    let digest: String
+}
+
+extension CouchServer {
+    func documentOrAttachment(_ request: Request, _ db: Database, id: String, attachment: [String]) async throws {
+        if !attachment.isEmpty {
+            return try await self.attachment(request, db, id: id, name: attachment.joined(separator: "/"))
+        }
+        switch request.method {
+        case .GET, .HEAD: try await getDocument(request, db, id: id)
+        case .PUT: try await putDocument(request, db, id: id)
+        case .DELETE: try await deleteDocument(request, db, id: id)
+        default: throw HTTPError.methodNotAllowed
+        }
+    }
+
+    // MARK: - Reading
+
+    func renderOptions(_ request: Request) throws -> RenderOptions {
+        var options = RenderOptions()
+        options.revisions = request.flag("revs")
+        options.conflicts = request.flag("conflicts") || request.flag("meta")
+        options.deletedConflicts = request.flag("deleted_conflicts") || request.flag("meta")
+        options.revsInfo = request.flag("revs_info") || request.flag("meta")
+        options.encodingInfo = request.flag("att_encoding_info")
+        options.bodies = request.flag("attachments") ? .inline : .stubs
+        options.attsSince = try request.jsonQuery("atts_since")?.arrayValue?.compactMap { $0.stringValue.flatMap(RevisionID.init) } ?? []
+        return options
+    }
+
+    private func getDocument(_ request: Request, _ db: Database, id: String) async throws {
+        var options = try renderOptions(request)
+        if let raw = request.query("open_revs") {
+            let openRevs: JSONValue = raw == "all" ? "all" : try request.jsonQuery("open_revs") ?? .null
+            return try await self.openRevs(request, db, id: id, selector: openRevs, options: options)
+        }
+        let requested = try request.query("rev").map { try RevisionID.parse($0) }
+        let multipart = options.bodies == .inline && request.accepts("multipart/related")
+        if multipart { options.bodies = .follows }
+        let rendered = try await blocking { [options] () -> RenderedRevision in
+            let tree = try db.revisionTree(of: id)
+            let revision: Revision
+            if let requested {
+                revision = try db.revision(requested, of: id)
+            } else {
+                guard let current = try db.currentRevision(of: id) else { throw HTTPError.notFound }
+                guard !current.deleted else { throw HTTPError(.notFound, "not_found", "deleted") }
+                revision = current
+            }
+            return try CouchJSON.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) }
+        }
+        let etag = "\"\(rendered.json["_rev"]?.stringValue ?? "")\""
+        if request.headers["If-None-Match"].contains(etag) {
+            return try await request.response.send(.notModified, headers: ["ETag": etag])
+        }
+        guard multipart, !rendered.following.isEmpty else {
+            return try await request.response.sendJSON(.ok, .object(rendered.json), headers: ["ETag": etag])
+        }
+        let boundary = makeBoundary()
+        try await request.response.start(.ok, headers: ["Content-Type": "multipart/related; boundary=\"\(boundary)\"", "ETag": etag])
+        try await writeRelatedParts(rendered, db: db, id: id, boundary: boundary, response: request.response)
+        try await request.response.write("--\(boundary)--")
+        try await request.response.finish()
+    }
+
+    /// A body for inline base64 (JSON with `attachments=true`); bounded, as JSON bodies are.
+    func readWholeBody(_ attachment: Attachment, _ db: Database, id: String) throws -> [UInt8] {
+        guard attachment.length <= Int64(Limits.jsonBody) else {
+            throw HTTPError(.payloadTooLarge, "too_large", "attachment \(attachment.name) is too large to inline; use multipart")
+        }
+        let reader = try db.openContent(of: attachment, docID: id)
+        var bytes = [UInt8](repeating: 0, count: Int(attachment.length))
+        var filled = 0
+        try bytes.withUnsafeMutableBytes { buffer in
+            while filled < buffer.count {
+                let count = try reader.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[filled...]))
+                guard count > 0 else { throw SofaError.blobCorrupted(key: reader.key.hex, path: reader.path) }
+                filled += count
+            }
+        }
+        var probe: UInt8 = 0
+        guard try withUnsafeMutableBytes(of: &probe, { try reader.read(into: $0) }) == 0 else {
+            throw SofaError.blobCorrupted(key: reader.key.hex, path: reader.path)
+        }
+        return bytes
+    }
+
+    /// The JSON part and the attachment parts of one revision, each opened by `--boundary`;
+    /// the caller writes the close delimiter.
+    func writeRelatedParts(_ rendered: RenderedRevision, db: Database, id: String, boundary: String,
+                           response: ResponseWriter) async throws {
+        var json = JSONValue.object(rendered.json).serialized()
+        json.insert(contentsOf: Array("--\(boundary)\r\nContent-Type: application/json\r\n\r\n".utf8), at: 0)
+        json.append(contentsOf: Array("\r\n".utf8))
+        try await response.write(json)
+        for attachment in rendered.following {
+            let name = attachment.name.replacingOccurrences(of: "\"", with: "\\\"")
+            try await response.write("--\(boundary)\r\nContent-Disposition: attachment; filename=\"\(name)\"\r\n"
+                + "Content-Type: \(attachment.contentType)\r\nContent-Length: \(attachment.length)\r\n\r\n")
+            let reader = try await blocking { ReaderBox(try db.openContent(of: attachment, docID: id)) }
+            try await response.streamBody(reader.reader, server: self, length: attachment.length)
+            try await response.write("\r\n")
+        }
+    }
+
+    /// `GET /db/doc?open_revs=all|[…]`: the leaves or the given revisions, as
+    /// `multipart/mixed` (bodies included, as CouchDB does for that type) or a JSON array.
+    private func openRevs(_ request: Request, _ db: Database, id: String, selector: JSONValue, options: RenderOptions) async throws {
+        var options = options
+        let multipart = request.accepts("multipart/mixed")
+        if multipart { options.bodies = .follows }
+        let latest = request.flag("latest")
+        let wanted: [RevisionID]?
+        if selector.stringValue == "all" {
+            wanted = nil
+        } else if let list = selector.arrayValue {
+            wanted = try list.map { value in
+                guard let text = value.stringValue, let rev = RevisionID(text) else { throw HTTPError.badRequest("Invalid rev format") }
+                return rev
+            }
+        } else {
+            throw HTTPError.badRequest("open_revs must be \"all\" or a JSON array of revisions")
+        }
+        let results = try await blocking { [options] () -> [Result<RenderedRevision, OpenRevMissing>] in
+            let tree: RevisionTree
+            do { tree = try db.revisionTree(of: id) } catch SofaError.documentNotFound {
+                guard let wanted else { throw HTTPError.notFound }
+                return wanted.map { .failure(OpenRevMissing(rev: $0)) }
+            }
+            let revs = wanted.map { list in list.flatMap { latest ? tree.latestLeaves(from: $0) : [$0] } } ?? tree.leaves.map(\.id)
+            return try revs.map { rev in
+                guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
+                return .success(try CouchJSON.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
+            }
+        }
+        let response = request.response
+        if !multipart {
+            try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
+            let rows: [JSONValue] = results.map { result in
+                switch result {
+                case .success(let rendered): ["ok": .object(rendered.json)]
+                case .failure(let missing): ["missing": .string(missing.rev.description)]
+                }
+            }
+            try await response.write(JSONValue.array(rows).serialized() + [0x0A])
+            return try await response.finish()
+        }
+        let boundary = makeBoundary()
+        try await response.start(.ok, headers: ["Content-Type": "multipart/mixed; boundary=\"\(boundary)\""])
+        for result in results {
+            switch result {
+            case .success(let rendered):
+                try await writeMixedPart(rendered, db: db, id: id, boundary: boundary, response: response)
+            case .failure(let missing):
+                let json = JSONValue.object(["missing": .string(missing.rev.description)]).jsonString()
+                try await response.write("--\(boundary)\r\nContent-Type: application/json; error=\"true\"\r\n\r\n\(json)\r\n")
+            }
+        }
+        try await response.write("--\(boundary)--")
+        try await response.finish()
+    }
+
+    /// One revision as a part of a `multipart/mixed` response: JSON alone, or a nested
+    /// `multipart/related` with its attachment bodies.
+    func writeMixedPart(_ rendered: RenderedRevision, db: Database, id: String, boundary: String,
+                        response: ResponseWriter) async throws {
+        if rendered.following.isEmpty {
+            let json = JSONValue.object(rendered.json).serialized()
+            try await response.write(Array("--\(boundary)\r\nContent-Type: application/json\r\n\r\n".utf8) + json + [0x0D, 0x0A])
+        } else {
+            let inner = makeBoundary()
+            try await response.write("--\(boundary)\r\nContent-Type: multipart/related; boundary=\"\(inner)\"\r\n\r\n")
+            try await writeRelatedParts(rendered, db: db, id: id, boundary: inner, response: response)
+            try await response.write("--\(inner)--\r\n")
+        }
+    }
+
+    // MARK: - Writing
+
+    /// The revision a write applies to: `?rev=`, `If-Match`, or the body's `_rev`.
+    func requestedRev(_ request: Request) throws -> RevisionID? {
+        if let text = request.query("rev") ?? request.headers["If-Match"].first.map({ $0.trimmingCharacters(in: CharacterSet(charactersIn: "\"")) }) {
+            guard let rev = RevisionID(text) else { throw HTTPError.badRequest("Invalid rev format") }
+            return rev
+        }
+        return nil
+    }
+
+    private func putDocument(_ request: Request, _ db: Database, id: String) async throws {
+        try requireWritable(request)
+        let newEdits = request.flag("new_edits", default: true)
+        var document: IncomingDocument
+        var received: [String: ReceivedBody] = [:]
+        if request.headers.mediaType == "multipart/related" {
+            guard let boundary = request.headers.contentTypeParameter("boundary"), !boundary.isEmpty else {
+                throw HTTPError.badRequest("multipart/related needs a boundary")
+            }
+            (document, received) = try await readMultipartDocument(request, db: db, boundary: boundary)
+        } else {
+            document = try IncomingDocument(try await request.body.json(limit: Limits.jsonBody))
+        }
+        if let id = document.id, id != id { throw HTTPError.badRequest("Document id must match the URL") }
+        if document.rev == nil { document.rev = try requestedRev(request) }
+        let stored = try await storeDocuments([(id, document)], received: [id: received], db: db, newEdits: newEdits)
+        let rev = try stored[0].get()
+        try await request.response.sendJSON(.created, ["ok": true, "id": .string(id), "rev": .string(rev.description)],
+                                             headers: ["ETag": "\"\(rev)\"", "Location": location(request, [request.segments[0], id])])
+    }
+
+    func postDocument(_ request: Request, database db: Database) async throws {
+        try requireWritable(request)
+        var document = try IncomingDocument(try await request.body.json(limit: Limits.jsonBody))
+        let id = document.id ?? UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
+        document.id = id
+        let rev = try await storeDocuments([(id, document)], received: [:], db: db, newEdits: true)[0].get()
+        try await request.response.sendJSON(.created, ["ok": true, "id": .string(id), "rev": .string(rev.description)],
+                                             headers: ["ETag": "\"\(rev)\"", "Location": location(request, [request.segments[0], id])])
+    }
+
+    /// Reads a `multipart/related` document: the JSON part, then each `follows` body
+    /// streamed into the blob store.
+    private func readMultipartDocument(_ request: Request, db: Database, boundary: String) async throws
+        -> (IncomingDocument, [String: ReceivedBody]) {
+        let body = request.body
+        let reader = MultipartReader(boundary: boundary, source: { try await body.next() })
+        guard try await reader.nextPart() != nil else { throw MultipartReader.malformed("no document part") }
+        let document: IncomingDocument
+        do {
+            document = try IncomingDocument(try JSONParser.parse(try await reader.readPart(limit: Limits.jsonBody)))
+        } catch let error as JSONParseError {
+            _ = error
+            throw HTTPError.invalidJSON
+        }
+        var pending = (document.attachments ?? []).filter { if case .follows = $0.body { return true } else { return false } }
+        var received: [String: ReceivedBody] = [:]
+        while let headers = try await reader.nextPart() {
+            let named = headers["content-disposition"].flatMap { headerParameter($0, "filename") }
+            guard let index = named.flatMap({ name in pending.firstIndex { $0.name == name } }) ?? (pending.isEmpty ? nil : 0) else {
+                throw MultipartReader.malformed("a part matches no attachment marked follows")
+            }
+            let attachment = pending.remove(at: index)
+            let gzip = (headers["content-encoding"] ?? attachment.encoding)?.lowercased() == "gzip"
+            let sink = try await blocking { try AttachmentSink(blobs: db.blobs, gzip: gzip) }
+            do {
+                while let chunk = try await reader.readChunk() {
+                    try await blocking { try sink.write(chunk) }
+                }
+                let claimed = attachment.digest
+                let result = try await blocking { try sink.finish(claimedDigest: claimed) }
+                received[attachment.name] = ReceivedBody(blob: result.blob, digest: result.digest)
+            } catch {
+                sink.cancel()
+                throw error
+            }
+        }
+        guard pending.isEmpty else {
+            throw HTTPError.badRequest("no body part for attachment \(pending[0].name) marked follows")
+        }
+        return (document, received)
+    }
+
+    /// Saves documents: with `newEdits`, each as a new revision (conflicts reported per
+    /// document); without, each inserted with its history, all or none (a missing stub
+    /// fails the whole request, as in CouchDB).
+    func storeDocuments(_ documents: [(id: String, document: IncomingDocument)], received: [String: [String: ReceivedBody]],
+                        db: Database, newEdits: Bool) async throws -> [Result<RevisionID, HTTPError>] {
+        // Inline bodies go to the blob store first, outside the write transaction.
+        var received = received
+        for (id, document) in documents {
+            for attachment in document.attachments ?? [] {
+                guard case .data(let bytes) = attachment.body else { continue }
+                let claimed = attachment.digest
+                let body = try await blocking { () -> ReceivedBody in
+                    let sink = try AttachmentSink(blobs: db.blobs, gzip: false)
+                    try sink.write(bytes)
+                    let result = try sink.finish(claimedDigest: claimed?.hasPrefix("md5-") == true ? nil : claimed)
+                    // Inline data is always decoded; CouchDB's md5 may describe its gzip form.
+                    let digest = claimed?.hasPrefix("md5-") == true ? result.digest : result.blob.key.digestString
+                    return ReceivedBody(blob: result.blob, digest: digest)
+                }
+                received[id, default: [:]][attachment.name] = body
+            }
+        }
+        let bodies = received
+        return try await blocking {
+            if newEdits {
+                return try db.inBatch { batch in
+                    documents.map { id, document in
+                        Result {
+                            do {
+                                let draft = try self.draft(for: document, id: id, db: db, received: bodies[id] ?? [:])
+                                return try batch.save(draft).revID
+                            } catch let error as SofaError {
+                                switch error {
+                                case .conflict, .revisionNotFound: throw HTTPError.conflict
+                                case .documentNotFound where document.rev != nil: throw HTTPError.conflict
+                                case .sqlite, .io, .diskFull, .readOnlyFileSystem, .blobCorrupted: throw error
+                                default: throw HTTPError(error)
+                                }
+                            }
+                        }.mapError(HTTPError.from)
+                    }
+                }
+            }
+            // Replicated revisions: resolve everything first, then insert in one transaction.
+            let revisions = try documents.map { id, document in
+                try self.replicatedRevision(document, id: id, db: db, received: bodies[id] ?? [:])
+            }
+            return try db.inBatch { batch in
+                try revisions.map { revision in
+                    _ = try batch.insert(revision)
+                    return .success(revision.revID)
+                }
+            }
+        }
+    }
+
+    /// A draft for a normal save (`new_edits=true`).
+    private func draft(for document: IncomingDocument, id: String, db: Database, received: [String: ReceivedBody]) throws -> RevisionDraft {
+        var draft = try document.rev.map { try db.newRevision(of: id, from: $0) } ?? db.newDocument(id)
+        draft.properties = document.properties
+        draft.deleted = document.deleted
+        let incoming = document.attachments ?? []
+        let keep = Set(incoming.map(\.name))
+        for name in draft.attachments.keys where !keep.contains(name) { try draft.removeAttachment(name) }
+        for attachment in incoming {
+            switch attachment.body {
+            case .stub:
+                guard draft.attachments[attachment.name] != nil else { throw missingStub(id, attachment.name) }
+                if let type = attachment.contentType, type != draft.attachments[attachment.name]?.contentType {
+                    try draft.setContentType(type, ofAttachment: attachment.name)
+                }
+            case .data, .follows:
+                guard let body = received[attachment.name] else { throw missingStub(id, attachment.name) }
+                try draft.setAttachment(attachment.name, blob: body.blob,
+                                        contentType: attachment.contentType ?? MIMEType.forFileName(attachment.name))
+            }
+        }
+        return draft
+    }
+
+    func missingStub(_ id: String, _ name: String) -> HTTPError {
+        HTTPError(.preconditionFailed, "missing_stub", "Invalid attachment stub in \(id) for \(name)")
+    }
+
+    /// A revision with its history for `new_edits=false`. Stubs refer to bodies this
+    /// database has under the same name in an ancestor (or another leaf).
+    private func replicatedRevision(_ document: IncomingDocument, id: String, db: Database,
+                                    received: [String: ReceivedBody]) throws -> ReplicatedRevision {
+        guard let rev = document.rev else { throw HTTPError.badRequest("new_edits=false needs _rev") }
+        var attachments: [Attachment] = []
+        var known: [String: Attachment]?
+        for attachment in document.attachments ?? [] {
+            let type = attachment.contentType ?? MIMEType.forFileName(attachment.name)
+            switch attachment.body {
+            case .stub:
+                if known == nil { known = try knownAttachments(id: id, ancestors: document.ancestors, db: db) }
+                guard let existing = known?[attachment.name] else { throw missingStub(id, attachment.name) }
+                attachments.append(existing.with(contentType: type, revpos: attachment.revpos ?? existing.revpos))
+            case .data, .follows:
+                guard let body = received[attachment.name] else { throw missingStub(id, attachment.name) }
+                attachments.append(Attachment(name: attachment.name, contentType: type, length: body.blob.length,
+                                              digest: body.digest, blobKey: body.blob.key,
+                                              revpos: attachment.revpos ?? rev.generation, contentAvailable: true))
+            }
+        }
+        return ReplicatedRevision(docID: id, revID: rev, ancestors: document.ancestors, deleted: document.deleted,
+                                  properties: document.properties, attachments: attachments.sorted { $0.name < $1.name })
+    }
+
+    /// Attachments by name from the nearest stored ancestor, then from the leaves.
+    private func knownAttachments(id: String, ancestors: [RevisionID], db: Database) throws -> [String: Attachment] {
+        guard let tree = try? db.revisionTree(of: id) else { return [:] }
+        var result: [String: Attachment] = [:]
+        let candidates = ancestors.filter(tree.contains) + tree.leaves.map(\.id)
+        for rev in candidates.reversed() {
+            guard let revision = try? db.revision(rev, of: id) else { continue }
+            for attachment in revision.attachments { result[attachment.name] = attachment }
+        }
+        return result
+    }
+
+    private func deleteDocument(_ request: Request, _ db: Database, id: String) async throws {
+        try requireWritable(request)
+        guard let rev = try requestedRev(request) else { throw HTTPError.conflict }
+        let deleted = try await blocking { () -> Revision in
+            do { return try db.deleteDocument(id, revID: rev) } catch SofaError.conflict { throw HTTPError.conflict }
+        }
+        try await request.response.sendJSON(.ok, ["ok": true, "id": .string(id), "rev": .string(deleted.revID.description)],
+                                             headers: ["ETag": "\"\(deleted.revID)\""])
+    }
+
+    // MARK: - _local documents
+
+    func localDocument(_ request: Request, _ db: Database, id: String) async throws {
+        switch request.method {
+        case .GET, .HEAD:
+            guard let local = try await blocking({ try db.localDocument(withID: id) }) else { throw HTTPError.notFound }
+            var json: JSONObject = ["_id": .string(id), "_rev": .string(local.rev)]
+            for (key, value) in local.body { json[key] = value }
+            try await request.response.sendJSON(.ok, .object(json))
+        case .PUT:
+            try requireWritable(request)
+            let body = try await request.body.json(limit: Limits.jsonBody)
+            guard case .object(let object) = body else { throw HTTPError.badRequest("Document must be a JSON object") }
+            let rev = object["_rev"]?.stringValue ?? request.query("rev")
+            let stored = object.filter { $0 != "_id" && $0 != "_rev" }
+            let newRev = try await blocking { try db.replaceLocalDocument(id, body: stored, after: rev) }
+            try await request.response.sendJSON(.created, ["ok": true, "id": .string(id), "rev": .string(newRev)],
+                                                 headers: ["Location": location(request, [request.segments[0], id])])
+        case .DELETE:
+            try requireWritable(request)
+            try await blocking { try db.deleteLocalDocument(id) }
+            try await request.response.sendJSON(.ok, ["ok": true, "id": .string(id), "rev": "0-0"])
+        default:
+            throw HTTPError.methodNotAllowed
+        }
+    }
+}
+
+struct OpenRevMissing: Error {
+    let rev: RevisionID
+}
+
+extension RevisionTree {
+    /// The leaves descending from `rev` (itself if it is a leaf); `[rev]` if unknown.
+    func latestLeaves(from rev: RevisionID) -> [RevisionID] {
+        guard contains(rev) else { return [rev] }
+        let leaves = self.leaves.filter { history(of: $0.id).contains(rev) }.map(\.id)
+        return leaves.isEmpty ? [rev] : leaves
+    }
+}

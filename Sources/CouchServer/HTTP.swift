@@ -1,0 +1,310 @@
+import DocumentModel
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// A CouchDB-style failure: the status, and the `{"error":…,"reason":…}` body.
+struct HTTPError: Error, CustomStringConvertible {
+    let status: HTTPResponseStatus
+    let error: String
+    let reason: String
+    /// Extra headers (e.g. `Connection: close` after a body that could not be read).
+    var closeConnection = false
+
+    init(_ status: HTTPResponseStatus, _ error: String, _ reason: String, closeConnection: Bool = false) {
+        self.status = status
+        self.error = error
+        self.reason = reason
+        self.closeConnection = closeConnection
+    }
+
+    var description: String { "\(status.code) \(error): \(reason)" }
+
+    static func badRequest(_ reason: String) -> HTTPError { HTTPError(.badRequest, "bad_request", reason) }
+    static let notFound = HTTPError(.notFound, "not_found", "missing")
+    static let databaseNotFound = HTTPError(.notFound, "not_found", "Database does not exist.")
+    static let methodNotAllowed = HTTPError(.methodNotAllowed, "method_not_allowed", "Only the methods listed in Allow are supported.")
+    static let invalidJSON = HTTPError(.badRequest, "bad_request", "invalid UTF-8 JSON")
+    static let conflict = HTTPError(.conflict, "conflict", "Document update conflict.")
+    static let unauthorized = HTTPError(.unauthorized, "unauthorized", "You are not authorized to access this db.")
+    static let readOnly = HTTPError(.forbidden, "forbidden", "This server is read-only.")
+
+    /// The HTTP view of a storage error.
+    init(_ error: SofaError) {
+        switch error {
+        case .invalidJSON: self = .invalidJSON
+        case .invalidDocument(let reason): self.init(.badRequest, "doc_validation", reason)
+        case .invalidDocumentID(_, let reason): self.init(.badRequest, "illegal_docid", reason)
+        case .invalidAttachmentName(_, let reason): self.init(.badRequest, "bad_request", "invalid attachment name: \(reason)")
+        case .invalidRevisionID: self.init(.badRequest, "bad_request", "Invalid rev format")
+        case .documentNotFound, .revisionNotFound: self = .notFound
+        case .attachmentNotFound: self.init(.notFound, "not_found", "Document is missing attachment")
+        case .conflict: self = .conflict
+        case .databaseExists: self.init(.preconditionFailed, "file_exists", "The database could not be created, the file already exists.")
+        case .notADatabase: self = .databaseNotFound
+        case .diskFull: self.init(.insufficientStorage, "insufficient_storage", "no space left on the server's disk")
+        case .readOnlyFileSystem: self.init(.forbidden, "forbidden", "the database is on a read-only file system")
+        case .bodyNotAvailable(let id, let name):
+            self.init(.notFound, "not_found", "the body of attachment \(name) of \(id) was not downloaded to this server")
+        case .invalidArgument(let message): self.init(.badRequest, "bad_request", message)
+        case .blobCorrupted, .sqlite, .io: self.init(.internalServerError, "internal_server_error", "\(error)")
+        }
+    }
+
+    static func from(_ error: any Error) -> HTTPError {
+        if let error = error as? HTTPError { return error }
+        if let error = error as? SofaError { return HTTPError(error) }
+        if let error = error as? JSONParseError { return HTTPError(SofaError.invalidJSON(error)) }
+        return HTTPError(.internalServerError, "internal_server_error", "\(error)")
+    }
+}
+
+extension HTTPResponseStatus {
+    /// CouchDB's (Erlang's) reason phrase, which some clients print.
+    static let couchNotFound = HTTPResponseStatus.custom(code: 404, reasonPhrase: "Object Not Found")
+}
+
+/// A request's target split the CouchDB way: path segments percent-decoded one
+/// by one (so `%2F` stays inside a segment), and the query as name → value.
+struct RequestTarget {
+    let segments: [String]
+    let query: [String: String]
+
+    init(_ uri: String) throws {
+        let parts = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        let path = parts.first.map(String.init) ?? "/"
+        var segments = try path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map { raw -> String in
+            guard let decoded = String(raw).removingPercentEncoding else {
+                throw HTTPError.badRequest("invalid percent-encoding in the path")
+            }
+            return decoded
+        }
+        // "/db/" is "/db".
+        while segments.last == "" { segments.removeLast() }
+        self.segments = segments
+        var query: [String: String] = [:]
+        if parts.count > 1 {
+            for pair in parts[1].split(separator: "&") {
+                let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                let name = String(kv[0]).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String(kv[0])
+                let value = kv.count > 1 ? (String(kv[1]).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String(kv[1])) : ""
+                query[name] = value
+            }
+        }
+        self.query = query
+    }
+}
+
+/// The incoming parts of one HTTP connection, read by one request at a time.
+final class InboundParts {
+    private var iterator: NIOAsyncChannelInboundStream<HTTPServerRequestPart>.AsyncIterator
+    /// A head read while draining a previous body (pipelining).
+    private var pendingHead: HTTPRequestHead?
+
+    init(_ inbound: NIOAsyncChannelInboundStream<HTTPServerRequestPart>) {
+        iterator = inbound.makeAsyncIterator()
+    }
+
+    func nextHead() async throws -> HTTPRequestHead? {
+        if let head = pendingHead {
+            pendingHead = nil
+            return head
+        }
+        while let part = try await iterator.next() {
+            if case .head(let head) = part { return head }
+        }
+        return nil
+    }
+
+    /// The next body chunk of the current request; nil at its end.
+    func nextBodyChunk() async throws -> ByteBuffer? {
+        guard let part = try await iterator.next() else {
+            throw HTTPError(.badRequest, "bad_request", "the client closed the connection mid-body", closeConnection: true)
+        }
+        switch part {
+        case .body(let buffer): return buffer
+        case .end: return nil
+        case .head(let head):
+            pendingHead = head
+            return nil
+        }
+    }
+}
+
+/// The body of the request being handled, read once, chunk by chunk.
+final class RequestBody {
+    private let parts: InboundParts
+    private(set) var finished = false
+
+    init(_ parts: InboundParts) { self.parts = parts }
+
+    func next() async throws -> ByteBuffer? {
+        guard !finished else { return nil }
+        let chunk = try await parts.nextBodyChunk()
+        if chunk == nil { finished = true }
+        return chunk
+    }
+
+    /// The whole body, refused with 413 beyond `limit` bytes.
+    func collect(limit: Int) async throws -> [UInt8] {
+        var bytes: [UInt8] = []
+        while var chunk = try await next() {
+            guard bytes.count + chunk.readableBytes <= limit else {
+                throw HTTPError(.payloadTooLarge, "too_large", "the request body is larger than \(limit) bytes", closeConnection: true)
+            }
+            bytes.append(contentsOf: chunk.readBytes(length: chunk.readableBytes) ?? [])
+        }
+        return bytes
+    }
+
+    /// The body parsed as JSON; 400 for anything else.
+    func json(limit: Int) async throws -> JSONValue {
+        let bytes = try await collect(limit: limit)
+        do {
+            return try JSONParser.parse(bytes)
+        } catch {
+            throw HTTPError.invalidJSON
+        }
+    }
+
+    /// Reads and drops what the handler left unread, so the connection can serve the next request.
+    func drain() async throws {
+        while try await next() != nil {}
+    }
+}
+
+/// Writes one response: a whole body with Content-Length, or chunks.
+final class ResponseWriter {
+    private let outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>
+    private let allocator = ByteBufferAllocator()
+    let isHead: Bool
+    let keepAlive: Bool
+    private(set) var headSent = false
+    private(set) var status: HTTPResponseStatus = .ok
+    private(set) var bytesSent = 0
+    private var chunked = false
+
+    init(outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>, isHead: Bool, keepAlive: Bool) {
+        self.outbound = outbound
+        self.isHead = isHead
+        self.keepAlive = keepAlive
+    }
+
+    static let serverName = "Sofa/0.1 (CouchDB-compatible)"
+
+    private func head(_ status: HTTPResponseStatus, _ headers: HTTPHeaders) -> HTTPResponseHead {
+        var headers = headers
+        headers.replaceOrAdd(name: "Server", value: ResponseWriter.serverName)
+        headers.replaceOrAdd(name: "Date", value: httpDate(Date()))
+        if !keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
+        return HTTPResponseHead(version: .http1_1, status: status, headers: headers)
+    }
+
+    /// A complete response.
+    func send(_ status: HTTPResponseStatus, headers: HTTPHeaders = [:], body: [UInt8] = []) async throws {
+        precondition(!headSent, "response already started")
+        var headers = headers
+        headers.replaceOrAdd(name: "Content-Length", value: String(body.count))
+        headSent = true
+        self.status = status
+        try await outbound.write(.head(head(status, headers)))
+        if !isHead && !body.isEmpty {
+            var buffer = allocator.buffer(capacity: body.count)
+            buffer.writeBytes(body)
+            try await outbound.write(.body(.byteBuffer(buffer)))
+            bytesSent += body.count
+        }
+        try await outbound.write(.end(nil))
+    }
+
+    /// A JSON response as CouchDB writes it: compact, ending with a newline.
+    func sendJSON(_ status: HTTPResponseStatus = .ok, _ value: JSONValue, headers: HTTPHeaders = [:]) async throws {
+        var headers = headers
+        headers.replaceOrAdd(name: "Content-Type", value: "application/json")
+        if headers["Cache-Control"].isEmpty { headers.add(name: "Cache-Control", value: "must-revalidate") }
+        var body = value.serialized()
+        body.append(0x0A)
+        try await send(status, headers: headers, body: body)
+    }
+
+    func sendError(_ error: HTTPError) async throws {
+        try await sendJSON(error.status == .notFound ? .couchNotFound : error.status,
+                           ["error": .string(error.error), "reason": .string(error.reason)])
+    }
+
+    /// Starts a response whose body follows in chunks (or with a known length, if given).
+    func start(_ status: HTTPResponseStatus, headers: HTTPHeaders, contentLength: Int64? = nil) async throws {
+        precondition(!headSent, "response already started")
+        var headers = headers
+        if let contentLength {
+            headers.replaceOrAdd(name: "Content-Length", value: String(contentLength))
+        } else {
+            headers.replaceOrAdd(name: "Transfer-Encoding", value: "chunked")
+            chunked = true
+        }
+        headSent = true
+        self.status = status
+        try await outbound.write(.head(head(status, headers)))
+    }
+
+    /// One piece of the body. Each chunk goes out whole, in one write (CouchDB's
+    /// replicator stalls when a chunk's size line and data arrive separately).
+    func write(_ buffer: ByteBuffer) async throws {
+        guard !isHead, buffer.readableBytes > 0 else { return }
+        bytesSent += buffer.readableBytes
+        try await outbound.write(.body(.byteBuffer(buffer)))
+    }
+
+    func write(_ bytes: [UInt8]) async throws {
+        guard !isHead, !bytes.isEmpty else { return }
+        var buffer = allocator.buffer(capacity: bytes.count)
+        buffer.writeBytes(bytes)
+        try await write(buffer)
+    }
+
+    func write(_ text: String) async throws { try await write(Array(text.utf8)) }
+
+    func finish() async throws {
+        try await outbound.write(.end(nil))
+    }
+
+    func buffer(capacity: Int) -> ByteBuffer { allocator.buffer(capacity: capacity) }
+}
+
+/// `Sun, 22 Nov 2026 06:48:00 GMT`
+func httpDate(_ date: Date) -> String {
+    var time = time_t(date.timeIntervalSince1970)
+    var parts = tm()
+    gmtime_r(&time, &parts)
+    var buffer = [Int8](repeating: 0, count: 64)
+    let count = strftime(&buffer, buffer.count, "%a, %d %b %Y %H:%M:%S GMT", &parts)
+    return String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+extension HTTPHeaders {
+    /// The media type of Content-Type, lowercased, without parameters.
+    var mediaType: String? {
+        self["Content-Type"].first.map { $0.split(separator: ";").first.map(String.init) ?? "" }
+            .map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+    }
+
+    /// A parameter of Content-Type (e.g. the multipart `boundary`), unquoted.
+    func contentTypeParameter(_ name: String) -> String? {
+        guard let value = self["Content-Type"].first else { return nil }
+        return headerParameter(value, name)
+    }
+}
+
+/// A `name=value` parameter of a header value like `multipart/related; boundary="x"`.
+func headerParameter(_ value: String, _ name: String) -> String? {
+    for piece in value.split(separator: ";").dropFirst() {
+        let kv = piece.split(separator: "=", maxSplits: 1)
+        guard kv.count == 2, kv[0].trimmingCharacters(in: .whitespaces).lowercased() == name else { continue }
+        var result = kv[1].trimmingCharacters(in: .whitespaces)
+        if result.count >= 2 && result.hasPrefix("\"") && result.hasSuffix("\"") {
+            result = String(result.dropFirst().dropLast())
+        }
+        return result
+    }
+    return nil
+}

@@ -1,0 +1,351 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+extension CouchServer {
+    /// How often an open longpoll or continuous feed looks for new changes. Writes
+    /// by other processes (the CLI, a mount) are found the same way.
+    static let feedPollInterval: Duration = .milliseconds(100)
+
+    // MARK: - _changes
+
+    private struct ChangesQuery {
+        var feed = "normal"
+        var since: Int64 = 0
+        var limit = Int.max
+        var descending = false
+        var allLeaves = false
+        var includeDocs = false
+        var conflicts = false
+        var docIDs: Set<String>?
+        var designOnly = false
+        var heartbeat: Double?
+        var timeout: Double?
+    }
+
+    func changes(_ request: Request, _ db: Database) async throws {
+        var query = ChangesQuery()
+        var body: JSONValue?
+        switch request.method {
+        case .GET, .HEAD: break
+        case .POST:
+            let bytes = try await request.body.collect(limit: Limits.jsonBody)
+            if !bytes.isEmpty {
+                do { body = try JSONParser.parse(bytes) } catch { throw HTTPError.invalidJSON }
+            }
+        default: throw HTTPError.methodNotAllowed
+        }
+        query.feed = request.query("feed") ?? "normal"
+        guard ["normal", "longpoll", "continuous"].contains(query.feed) else {
+            throw HTTPError.badRequest("Supported `feed` types: normal, continuous, longpoll")
+        }
+        if let since = request.query("since") ?? body?["since"]?.stringValue {
+            query.since = since == "now" ? try await blocking { try db.lastSequence } : try CouchJSON.parseSequence(since)
+        } else if let since = body?["since"]?.int64Value {
+            query.since = since
+        }
+        query.limit = try request.intQuery("limit") ?? Int.max
+        query.descending = request.flag("descending")
+        query.allLeaves = request.query("style") == "all_docs"
+        query.includeDocs = request.flag("include_docs")
+        query.conflicts = request.flag("conflicts")
+        if let heartbeat = request.query("heartbeat") {
+            query.heartbeat = heartbeat == "true" ? 60 : (Double(heartbeat).map { max($0, 50) / 1000 })
+        }
+        query.timeout = request.query("timeout").flatMap(Double.init).map { min($0 / 1000, Limits.maximumFeedTimeout) }
+        switch request.query("filter") {
+        case nil: break
+        case "_doc_ids":
+            let list = try request.jsonQuery("doc_ids")?.arrayValue ?? body?["doc_ids"]?.arrayValue
+            guard let list else { throw HTTPError.badRequest("filter=_doc_ids needs doc_ids") }
+            query.docIDs = Set(list.compactMap(\.stringValue))
+        case "_design":
+            query.designOnly = true
+        default:
+            throw HTTPError.badRequest("filter functions are not supported; use _doc_ids or _design")
+        }
+        switch query.feed {
+        case "continuous": try await continuousFeed(request, db, query)
+        default: try await normalFeed(request, db, query)
+        }
+    }
+
+    private func passes(_ change: Change, _ query: ChangesQuery) -> Bool {
+        if let ids = query.docIDs, !ids.contains(change.docID) { return false }
+        if query.designOnly && !change.docID.hasPrefix(DocumentID.designPrefix) { return false }
+        return true
+    }
+
+    /// Up to `limit` changes after `since` that pass the filter, and the sequence read up to.
+    private func collectChanges(_ db: Database, since: Int64, limit: Int, _ query: ChangesQuery) throws -> (rows: [Change], readTo: Int64) {
+        var rows: [Change] = []
+        var cursor = since
+        while rows.count < limit {
+            let page = try db.changes(since: cursor, limit: 1000)
+            guard let last = page.last else { break }
+            for change in page where passes(change, query) {
+                rows.append(change)
+                if rows.count == limit { return (rows, change.sequence) }
+            }
+            cursor = last.sequence
+        }
+        return (rows, cursor)
+    }
+
+    private func changeRow(_ change: Change, _ db: Database, _ query: ChangesQuery) throws -> JSONValue {
+        var row: JSONObject = ["seq": CouchJSON.sequence(change.sequence), "id": .string(change.docID)]
+        var revs: [RevisionID] = [change.revID]
+        var tree: RevisionTree?
+        if query.allLeaves || query.includeDocs {
+            tree = try? db.revisionTree(of: change.docID)
+            if query.allLeaves, let leaves = tree?.leaves, !leaves.isEmpty { revs = leaves.map(\.id) }
+        }
+        row["changes"] = .array(revs.map { ["rev": .string($0.description)] })
+        if change.deleted { row["deleted"] = true }
+        if query.includeDocs {
+            if let tree, let revision = try? db.revision(change.revID, of: change.docID) {
+                var options = RenderOptions()
+                options.conflicts = query.conflicts
+                row["doc"] = .object(try CouchJSON.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
+            } else {
+                row["doc"] = .null
+            }
+        }
+        return .object(row)
+    }
+
+    /// `feed=normal` and `feed=longpoll`, laid out byte for byte as CouchDB does.
+    private func normalFeed(_ request: Request, _ db: Database, _ query: ChangesQuery) async throws {
+        var result: (rows: [JSONValue], lastSeq: Int64, pending: Int)
+        let collect: @Sendable () throws -> (rows: [JSONValue], lastSeq: Int64, pending: Int) = {
+            if query.descending {
+                var all = try self.collectChanges(db, since: 0, limit: Int.max, query).rows.filter { $0.sequence > query.since }
+                all.reverse()
+                let rows = Array(all.prefix(query.limit))
+                return (try rows.map { try self.changeRow($0, db, query) }, rows.last?.sequence ?? query.since, 0)
+            }
+            let (rows, readTo) = try self.collectChanges(db, since: query.since, limit: query.limit, query)
+            let last = try db.lastSequence
+            let pending = readTo < last ? try self.collectChanges(db, since: readTo, limit: Int.max, query).rows.count : 0
+            return (try rows.map { try self.changeRow($0, db, query) }, rows.isEmpty ? max(readTo, query.since) : readTo, pending)
+        }
+        result = try await blocking(collect)
+        if query.feed == "longpoll" && result.rows.isEmpty {
+            let deadline = ContinuousClock.now + .seconds(query.timeout ?? Limits.defaultFeedTimeout)
+            var since = query.since
+            while result.rows.isEmpty && ContinuousClock.now < deadline {
+                try await Task.sleep(for: CouchServer.feedPollInterval)
+                let last = try await blocking { try db.lastSequence }
+                guard last > since else { continue }
+                var next = query
+                next.since = since
+                result = try await blocking { [next] in
+                    let (rows, readTo) = try self.collectChanges(db, since: next.since, limit: next.limit, next)
+                    return (try rows.map { try self.changeRow($0, db, next) }, readTo, 0)
+                }
+                since = result.lastSeq
+            }
+            if result.rows.isEmpty { result.lastSeq = since }
+        }
+        let response = request.response
+        try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
+        try await response.write("{\"results\":[\n")
+        // Rows in groups, each group one chunk.
+        var group: [UInt8] = []
+        for (index, row) in result.rows.enumerated() {
+            if index > 0 { group += Array(",\r\n".utf8) }
+            group += row.serialized()
+            if group.count > 64 * 1024 {
+                try await response.write(group)
+                group = []
+            }
+        }
+        group += Array("\n],\n\"last_seq\":\"\(result.lastSeq)\",\"pending\":\(result.pending)}\n".utf8)
+        try await response.write(group)
+        try await response.finish()
+    }
+
+    /// `feed=continuous`: one change per line as it happens, blank lines as heartbeats,
+    /// and a `last_seq` line when `timeout` passes with nothing new.
+    private func continuousFeed(_ request: Request, _ db: Database, _ query: ChangesQuery) async throws {
+        let response = request.response
+        try await response.start(.ok, headers: ["Content-Type": "application/json"])
+        var since = query.since
+        var sent = 0
+        let timeout = query.timeout ?? (query.heartbeat == nil ? Limits.defaultFeedTimeout : nil)
+        var lastActivity = ContinuousClock.now
+        var lastHeartbeat = ContinuousClock.now
+        while true {
+            let current = try await blocking { try db.lastSequence }
+            if current > since {
+                let (from, remaining) = (since, query.limit - sent)
+                let (lines, readTo, count) = try await blocking { () -> ([UInt8], Int64, Int) in
+                    let (rows, readTo) = try self.collectChanges(db, since: from, limit: min(remaining, 500), query)
+                    var lines: [UInt8] = []
+                    for change in rows { lines += try self.changeRow(change, db, query).serialized() + [0x0A] }
+                    return (lines, readTo, rows.count)
+                }
+                since = readTo
+                if count > 0 {
+                    try await response.write(lines)
+                    sent += count
+                    lastActivity = ContinuousClock.now
+                    lastHeartbeat = lastActivity
+                    if sent >= query.limit { break }
+                    continue
+                }
+            }
+            let now = ContinuousClock.now
+            if let timeout, now - lastActivity >= .seconds(timeout) { break }
+            if let heartbeat = query.heartbeat, now - lastHeartbeat >= .seconds(heartbeat) {
+                try await response.write("\n")
+                lastHeartbeat = now
+            }
+            try await Task.sleep(for: CouchServer.feedPollInterval)
+        }
+        try await response.write("{\"last_seq\":\"\(since)\",\"pending\":0}\n")
+        try await response.finish()
+    }
+
+    // MARK: - _revs_diff
+
+    func revsDiff(_ request: Request, _ db: Database) async throws {
+        guard request.method == .POST else { throw HTTPError.methodNotAllowed }
+        guard case .object(let asked) = try await request.body.json(limit: Limits.jsonBody) else {
+            throw HTTPError.badRequest("Request body must be a JSON object")
+        }
+        let result = try await blocking { () -> JSONObject in
+            var result = JSONObject()
+            for (id, value) in asked {
+                guard let list = value.arrayValue else { throw HTTPError.badRequest("revs for \(id) must be a list") }
+                let revs = try list.map { item -> RevisionID in
+                    guard let text = item.stringValue, let rev = RevisionID(text) else { throw HTTPError.badRequest("Invalid rev format") }
+                    return rev
+                }
+                let tree = try? db.revisionTree(of: id)
+                let missing = revs.filter { !(tree?.contains($0) ?? false) }
+                guard !missing.isEmpty else { continue }
+                var entry: JSONObject = ["missing": .array(missing.map { .string($0.description) })]
+                if let tree, let highest = missing.map(\.generation).max() {
+                    let ancestors = tree.leaves.filter { $0.id.generation < highest }.map(\.id).sorted()
+                    if !ancestors.isEmpty { entry["possible_ancestors"] = .array(ancestors.map { .string($0.description) }) }
+                }
+                result[id] = .object(entry)
+            }
+            return result
+        }
+        try await request.response.sendJSON(.ok, .object(result))
+    }
+
+    // MARK: - _bulk_docs
+
+    func bulkDocs(_ request: Request, _ db: Database) async throws {
+        guard request.method == .POST else { throw HTTPError.methodNotAllowed }
+        try requireWritable(request)
+        guard request.headers.mediaType == "application/json" || request.headers.mediaType == nil else {
+            throw HTTPError(.unsupportedMediaType, "bad_content_type", "Content-Type must be application/json", closeConnection: true)
+        }
+        let body = try await request.body.json(limit: Limits.jsonBody)
+        guard let list = body["docs"]?.arrayValue else { throw HTTPError.badRequest("POST body must include `docs` parameter.") }
+        let newEdits = body["new_edits"]?.boolValue ?? true
+        var documents: [(id: String, document: IncomingDocument)] = []
+        for value in list {
+            var document = try IncomingDocument(value)
+            let id = document.id ?? UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
+            document.id = id
+            documents.append((id, document))
+        }
+        let results = try await storeDocuments(documents, received: [:], db: db, newEdits: newEdits)
+        if !newEdits { return try await request.response.sendJSON(.created, []) }
+        let rows: [JSONValue] = zip(documents, results).map { entry, result in
+            switch result {
+            case .success(let rev): ["ok": true, "id": .string(entry.id), "rev": .string(rev.description)]
+            case .failure(let error): ["id": .string(entry.id), "error": .string(error.error), "reason": .string(error.reason)]
+            }
+        }
+        try await request.response.sendJSON(.created, .array(rows))
+    }
+
+    // MARK: - _bulk_get
+
+    private struct BulkGetResult {
+        let id: String
+        var docs: [Result<RenderedRevision, OpenRevMissing>]
+        /// The doc does not exist and no rev was asked for.
+        var missingUndefined = false
+    }
+
+    func bulkGet(_ request: Request, _ db: Database) async throws {
+        guard request.method == .POST else { throw HTTPError.methodNotAllowed }
+        let body = try await request.body.json(limit: Limits.jsonBody)
+        guard let list = body["docs"]?.arrayValue else { throw HTTPError.badRequest("Missing JSON list of 'docs'.") }
+        var base = try renderOptions(request)
+        base.revisions = request.flag("revs") || body["revs"]?.boolValue == true
+        let attachments = request.flag("attachments") || body["attachments"]?.boolValue == true
+        let latest = request.flag("latest") || body["latest"]?.boolValue == true
+        let multipart = request.accepts("multipart/mixed")
+        let results = try await blocking { [base] () -> [BulkGetResult] in
+            try list.map { item in
+                guard let id = item["id"]?.stringValue else { throw HTTPError.badRequest("Document id must be a string") }
+                var options = base
+                options.attsSince = item["atts_since"]?.arrayValue?.compactMap { $0.stringValue.flatMap(RevisionID.init) } ?? []
+                options.bodies = attachments || !options.attsSince.isEmpty ? (multipart ? .follows : .inline) : .stubs
+                let rev = item["rev"]?.stringValue
+                guard let tree = try? db.revisionTree(of: id) else {
+                    if let rev, let parsed = RevisionID(rev) {
+                        return BulkGetResult(id: id, docs: [.failure(OpenRevMissing(rev: parsed))])
+                    }
+                    return BulkGetResult(id: id, docs: [], missingUndefined: true)
+                }
+                var revs: [RevisionID]
+                if let rev {
+                    guard let parsed = RevisionID(rev) else { throw HTTPError.badRequest("Invalid rev format") }
+                    revs = latest ? tree.latestLeaves(from: parsed) : [parsed]
+                } else {
+                    revs = tree.winner.map { [$0.id] } ?? []
+                }
+                return BulkGetResult(id: id, docs: try revs.map { rev in
+                    guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
+                    return .success(try CouchJSON.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
+                })
+            }
+        }
+        let response = request.response
+        if !multipart {
+            let rows: [JSONValue] = results.map { result in
+                let docs: [JSONValue] = result.missingUndefined
+                    ? [["error": ["id": .string(result.id), "rev": "undefined", "error": "not_found", "reason": "missing"]]]
+                    : result.docs.map { doc in
+                        switch doc {
+                        case .success(let rendered): ["ok": .object(rendered.json)]
+                        case .failure(let missing):
+                            ["error": ["id": .string(result.id), "rev": .string(missing.rev.description), "error": "not_found", "reason": "missing"]]
+                        }
+                    }
+                return ["id": .string(result.id), "docs": .array(docs)]
+            }
+            return try await response.sendJSON(.ok, ["results": .array(rows)])
+        }
+        let boundary = makeBoundary()
+        try await response.start(.ok, headers: ["Content-Type": "multipart/mixed; boundary=\"\(boundary)\""])
+        for result in results {
+            if result.missingUndefined {
+                let json = JSONValue.object(["rev": "undefined", "reason": "missing", "id": .string(result.id), "error": "not_found"]).jsonString()
+                try await response.write("--\(boundary)\r\nContent-Type: application/json; error=\"true\"\r\n\r\n\(json)\r\n")
+            }
+            for doc in result.docs {
+                switch doc {
+                case .success(let rendered):
+                    try await writeMixedPart(rendered, db: db, id: result.id, boundary: boundary, response: response)
+                case .failure(let missing):
+                    let json = JSONValue.object(["rev": .string(missing.rev.description), "error": "not_found", "reason": "missing"]).jsonString()
+                    try await response.write("--\(boundary)\r\nContent-Type: application/json; error=\"true\"\r\n\r\n\(json)\r\n")
+                }
+            }
+        }
+        try await response.write("--\(boundary)--\r\n")
+        try await response.finish()
+    }
+}

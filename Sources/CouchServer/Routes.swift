@@ -1,0 +1,270 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import NIOHTTP1
+
+/// Limits on what a request may carry.
+enum Limits {
+    /// A JSON body (a document, `_bulk_docs`, `_revs_diff`…). CouchDB's default
+    /// `max_document_size` is 8 MB; bulk requests carry many documents.
+    static let jsonBody = 64 * 1024 * 1024
+    /// How long a longpoll or continuous feed waits by default, and at most.
+    static let defaultFeedTimeout: Double = 60
+    static let maximumFeedTimeout: Double = 3600
+}
+
+extension CouchServer {
+    /// Dispatches a request by its path, the way CouchDB lays out its API.
+    func route(_ request: Request) async throws {
+        let segments = request.segments
+        guard let first = segments.first else {
+            return try await root(request)
+        }
+        switch first {
+        case "_up":
+            return try await request.response.sendJSON(.ok, ["status": "ok", "seeds": [:]])
+        case "_session":
+            return try await session(request)
+        default:
+            break
+        }
+        try requireUser(request)
+        switch first {
+        case "_all_dbs":
+            try await request.response.sendJSON(.ok, .array(registry.names.map { .string($0) }))
+        case "_uuids":
+            let count = min(try request.intQuery("count") ?? 1, 1000)
+            let uuids = (0..<count).map { _ in JSONValue.string(makeBoundary()) }
+            try await request.response.sendJSON(.ok, ["uuids": .array(uuids)])
+        default:
+            if first.hasPrefix("_") { throw HTTPError(.badRequest, "illegal_database_name", "Name: '\(first)'. Only lowercase characters (a-z), digits (0-9), and any of the characters _, $, (, ), +, and - are allowed. Must begin with a letter.") }
+            try await routeDatabase(request, name: first, rest: Array(segments.dropFirst()))
+        }
+    }
+
+    private func root(_ request: Request) async throws {
+        try await request.response.sendJSON(.ok, [
+            "couchdb": "Welcome",
+            "version": "3.4.3",
+            "vendor": ["name": "Sofa"],
+            "uuid": .string(uuid),
+            "features": [],
+        ])
+    }
+
+    /// Refuses writes on a read-only server.
+    func requireWritable(_ request: Request) throws {
+        if configuration.readOnly { throw HTTPError.readOnly }
+    }
+
+    private func routeDatabase(_ request: Request, name: String, rest: [String]) async throws {
+        if rest.isEmpty {
+            switch request.method {
+            case .GET, .HEAD: return try await databaseInfo(request, name: name)
+            case .PUT:
+                try requireWritable(request)
+                _ = try await blocking { try self.registry.create(name) }
+                return try await request.response.sendJSON(.created, ["ok": true],
+                                                           headers: ["Location": location(request, [name])])
+            case .DELETE:
+                try requireWritable(request)
+                try await blocking { try self.registry.delete(name) }
+                return try await request.response.sendJSON(.ok, ["ok": true])
+            case .POST:
+                return try await postDocument(request, database: database(name))
+            default: throw HTTPError.methodNotAllowed
+            }
+        }
+        let db = try await database(name)
+        switch rest[0] {
+        case "_all_docs": try await allDocs(request, db)
+        case "_changes": try await changes(request, db)
+        case "_revs_diff": try await revsDiff(request, db)
+        case "_bulk_docs": try await bulkDocs(request, db)
+        case "_bulk_get": try await bulkGet(request, db)
+        case "_ensure_full_commit":
+            guard request.method == .POST else { throw HTTPError.methodNotAllowed }
+            try await request.response.sendJSON(.created, ["ok": true, "instance_start_time": .string(instanceStartTime(db))])
+        case "_local":
+            guard rest.count >= 2 else { throw HTTPError.notFound }
+            try await localDocument(request, db, id: "_local/" + rest.dropFirst().joined(separator: "/"))
+        case "_design":
+            guard rest.count >= 2 else { throw HTTPError.notFound }
+            try await documentOrAttachment(request, db, id: "_design/" + rest[1], attachment: Array(rest.dropFirst(2)))
+        case "_compact", "_view_cleanup":
+            try requireWritable(request)
+            _ = try await blocking { try db.compact() }
+            try await request.response.sendJSON(.accepted, ["ok": true])
+        case "_revs_limit", "_security":
+            // Accepted for compatibility with tools that set them; Sofa keeps its own limit.
+            if request.method == .PUT {
+                _ = try await request.body.collect(limit: 4096)
+                try await request.response.sendJSON(.ok, ["ok": true])
+            } else {
+                try await request.response.sendJSON(.ok, rest[0] == "_security" ? [:] : .integer(Int64(Tuning.defaultRevsLimit)))
+            }
+        default:
+            let id = rest[0]
+            if DocumentID.isLocal(id) {
+                // `_local%2Fid`, as CouchDB writes it in Location headers.
+                return try await localDocument(request, db, id: id)
+            }
+            if id.hasPrefix("_") && !id.hasPrefix(DocumentID.designPrefix) {
+                throw HTTPError(.badRequest, "bad_request", "Only reserved document ids may start with underscore.")
+            }
+            try await documentOrAttachment(request, db, id: id, attachment: Array(rest.dropFirst()))
+        }
+    }
+
+    func database(_ name: String) async throws -> Database {
+        try await blocking { try self.registry.database(name) }
+    }
+
+    /// CouchDB's `instance_start_time`: when the database was created, in seconds.
+    func instanceStartTime(_ db: Database) -> String {
+        var info = stat()
+        guard stat(db.databaseFilePath, &info) == 0 else { return "0" }
+        return String(info.st_ctim.tv_sec)
+    }
+
+    private func databaseInfo(_ request: Request, name: String) async throws {
+        let db = try await database(name)
+        let counts = try await blocking { try db.counts() }
+        let start = instanceStartTime(db)
+        try await request.response.sendJSON(.ok, [
+            "db_name": .string(name),
+            "update_seq": CouchJSON.sequence(counts.lastSequence),
+            "purge_seq": "0",
+            "doc_count": .integer(Int64(counts.documents)),
+            "doc_del_count": .integer(Int64(counts.deleted)),
+            "compact_running": false,
+            "disk_format_version": 8,
+            "props": [:],
+            "instance_start_time": .string(start),
+            "cluster": ["q": 1, "n": 1, "w": 1, "r": 1],
+            "sofa": ["public_uuid": .string(db.publicUUID), "read_only": .bool(db.isReadOnly || configuration.readOnly)],
+        ])
+    }
+
+    /// An absolute URL for `Location`, from the request's Host header, every segment percent-encoded.
+    func location(_ request: Request, _ segments: [String]) -> String {
+        let host = request.headers["Host"].first ?? "\(configuration.host):\(configuration.port)"
+        return "http://\(host)/" + segments.map(percentEncodeSegment).joined(separator: "/")
+    }
+
+    /// `GET /{db}/_all_docs`: live documents in id order.
+    private func allDocs(_ request: Request, _ db: Database) async throws {
+        var keys: [String]?
+        switch request.method {
+        case .GET, .HEAD:
+            keys = try request.jsonQuery("keys")?.arrayValue?.compactMap(\.stringValue)
+        case .POST:
+            let body = try await request.body.json(limit: Limits.jsonBody)
+            keys = body["keys"]?.arrayValue?.compactMap(\.stringValue)
+        default: throw HTTPError.methodNotAllowed
+        }
+        let includeDocs = request.flag("include_docs")
+        let conflicts = request.flag("conflicts")
+        let descending = request.flag("descending")
+        let limit = try request.intQuery("limit") ?? Int.max
+        let skip = try request.intQuery("skip") ?? 0
+        let startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
+        let endKey = try (request.jsonQuery("endkey") ?? request.jsonQuery("end_key"))?.stringValue
+        let inclusiveEnd = request.flag("inclusive_end", default: true)
+
+        let response = request.response
+        try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
+        let total = try await blocking { try db.counts().documents }
+        try await response.write("{\"total_rows\":\(total),\"offset\":\(skip),\"rows\":[\r\n")
+        var first = true
+        func emit(_ row: JSONValue) async throws {
+            try await response.write((first ? "" : ",\r\n") + row.jsonString())
+            first = false
+        }
+        @Sendable func row(_ id: String, _ rev: RevisionID) throws -> JSONValue {
+            var row: JSONObject = ["id": .string(id), "key": .string(id), "value": ["rev": .string(rev.description)]]
+            if includeDocs, let revision = try db.document(withID: id) {
+                let tree = try db.revisionTree(of: id)
+                var options = RenderOptions()
+                options.conflicts = conflicts
+                row["doc"] = .object(try CouchJSON.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
+            }
+            return .object(row)
+        }
+        if let keys {
+            for key in keys {
+                let value = try await blocking { () -> JSONValue in
+                    guard let current = try db.currentRevision(of: key) else { return ["key": .string(key), "error": "not_found"] }
+                    if current.deleted {
+                        return ["id": .string(key), "key": .string(key),
+                                "value": ["rev": .string(current.revID.description), "deleted": true], "doc": nil]
+                    }
+                    return try row(key, current.revID)
+                }
+                try await emit(value)
+            }
+        } else {
+            // Pages of ids, so a huge database is never listed into memory at once.
+            // (Descending order is rare: it collects the ids first, then streams rows.)
+            var descendingRows: [DocumentSummary] = []
+            if descending {
+                var cursor: String?
+                while true {
+                    let page = try await blocking { [cursor] in try db.documents(after: cursor, limit: 1000) }
+                    guard let last = page.last else { break }
+                    descendingRows += page
+                    cursor = last.docID
+                }
+                descendingRows.reverse()
+            }
+            var skipped = 0, sent = 0
+            var cursor: String? = descending ? nil : startKey
+            var inclusive = true
+            pages: while sent < limit {
+                let page: [DocumentSummary]
+                if descending {
+                    page = descendingRows
+                    descendingRows = []
+                } else {
+                    let (from, including) = (cursor, inclusive)
+                    page = try await blocking { try db.documents(after: from, including: including, limit: 500) }
+                    inclusive = false
+                }
+                if page.isEmpty { break }
+                cursor = page.last?.docID
+                for summary in page {
+                    if descending, let startKey, summary.docID > startKey { continue }
+                    if let endKey {
+                        let beyond = descending
+                            ? (inclusiveEnd ? summary.docID < endKey : summary.docID <= endKey)
+                            : (inclusiveEnd ? summary.docID > endKey : summary.docID >= endKey)
+                        if beyond { break pages }
+                    }
+                    if skipped < skip { skipped += 1; continue }
+                    guard sent < limit else { break pages }
+                    let value = try await blocking { try row(summary.docID, summary.revID) }
+                    try await emit(value)
+                    sent += 1
+                }
+            }
+        }
+        try await response.write("\r\n]}\n")
+        try await response.finish()
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (CouchDB's Location style).
+func percentEncodeSegment(_ segment: String) -> String {
+    var allowed = CharacterSet.alphanumerics
+    allowed.insert(charactersIn: "-._~")
+    var result = ""
+    for byte in segment.utf8 {
+        let scalar = Unicode.Scalar(byte)
+        if byte < 0x80 && allowed.contains(scalar) {
+            result.unicodeScalars.append(scalar)
+        } else {
+            result += String(format: "%%%02X", byte)
+        }
+    }
+    return result
+}

@@ -1,0 +1,272 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+/// `sofa serve`: the CouchDB 3.x HTTP API over Sofa databases, on SwiftNIO.
+///
+/// Every connection is a task that reads one request at a time; storage calls,
+/// which block, run on a thread pool; attachment bodies stream in both directions
+/// with the channel's back-pressure.
+///
+/// ```swift
+/// let server = try CouchServer(configuration: .init(databases: ["notes": "/data/notes.sofa"]))
+/// let port = try await server.start()
+/// try await server.run()   // until stop()
+/// ```
+public final class CouchServer: @unchecked Sendable {
+    public struct Configuration: Sendable {
+        public var host = "127.0.0.1"
+        /// 0 picks a free port.
+        public var port = 5984
+        /// Served databases: name → path of the `.sofa` directory.
+        public var databases: [String: String]
+        /// Where `PUT /{db}` creates new databases (`NAME.sofa`); nil refuses creation.
+        public var directory: String?
+        /// With a user, every request but `/`, `/_up` and `/_session` needs credentials.
+        public var user: String?
+        public var password: String?
+        public var readOnly = false
+
+        public init(databases: [String: String], directory: String? = nil) {
+            self.databases = databases
+            self.directory = directory
+        }
+    }
+
+    let configuration: Configuration
+    let log: Logger
+    let registry: DatabaseRegistry
+    let sessions: SessionKeys
+    let uuid = UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
+    let pool: NIOThreadPool
+    private let group: MultiThreadedEventLoopGroup
+    private var serverChannel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>?
+    /// Closed by `stop()`.
+    private let stopLock = NSLock()
+    private var stopped = false
+
+    public init(configuration: Configuration, logger: Logger = Logger(label: "sofa.serve")) throws {
+        self.configuration = configuration
+        self.log = logger
+        self.registry = try DatabaseRegistry(databases: configuration.databases, directory: configuration.directory)
+        self.sessions = SessionKeys()
+        self.pool = NIOThreadPool(numberOfThreads: max(4, System.coreCount * 2))
+        self.group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, System.coreCount))
+    }
+
+    /// Binds the socket; returns the port (useful with port 0).
+    public func start() async throws -> Int {
+        pool.start()
+        let channel = try await ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.maxMessagesPerRead, value: 4)
+            .bind(host: configuration.host, port: configuration.port) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel)
+                }
+            }
+        serverChannel = channel
+        return channel.channel.localAddress?.port ?? configuration.port
+    }
+
+    /// Serves connections until `stop()`.
+    public func run() async throws {
+        guard let serverChannel else { preconditionFailure("start() first") }
+        try await withThrowingDiscardingTaskGroup { group in
+            try await serverChannel.executeThenClose { connections in
+                for try await connection in connections {
+                    group.addTask { await self.serve(connection) }
+                }
+            }
+        }
+    }
+
+    /// Stops accepting connections; open ones end with their requests.
+    public func stop() {
+        let first = stopLock.withLock { () -> Bool in
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return }
+        serverChannel?.channel.close(promise: nil)
+    }
+
+    /// Releases threads; call after `run()` returned.
+    public func shutdown() async {
+        try? await group.shutdownGracefully()
+        try? await pool.shutdownGracefully()
+    }
+
+    // MARK: - Connections
+
+    private func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
+        do {
+            try await connection.executeThenClose { inbound, outbound in
+                let parts = InboundParts(inbound)
+                while let head = try await parts.nextHead() {
+                    let keepAlive = try await handle(head, parts: parts, outbound: outbound)
+                    if !keepAlive { break }
+                }
+            }
+        } catch {
+            log.debug("connection ended: \(error)")
+        }
+    }
+
+    /// Handles one request; returns whether the connection can carry another.
+    private func handle(_ head: HTTPRequestHead, parts: InboundParts,
+                        outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>) async throws -> Bool {
+        let started = DispatchTime.now()
+        let body = RequestBody(parts)
+        let response = ResponseWriter(outbound: outbound, isHead: head.method == .HEAD, keepAlive: head.isKeepAlive)
+        var keepAlive = head.isKeepAlive
+        if head.headers["Expect"].contains(where: { $0.lowercased() == "100-continue" }) {
+            try await outbound.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
+        }
+        do {
+            let request = try Request(head: head, body: body, response: response)
+            try await route(request)
+        } catch {
+            let failure = HTTPError.from(error)
+            if failure.status.code >= 500 { log.error("\(head.method) \(head.uri): \(failure)") }
+            if response.headSent {
+                // Too late for an error response: end the connection so the client sees a truncated body.
+                log.warning("\(head.method) \(head.uri) failed mid-response: \(failure)")
+                return false
+            }
+            if failure.closeConnection { keepAlive = false }
+            try await response.sendError(failure)
+        }
+        let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
+        log.debug("\(head.method) \(head.uri) \(response.status.code) \(response.bytesSent)B \(String(format: "%.1f", elapsed))ms")
+        guard keepAlive else { return false }
+        // Whatever the handler left unread is skipped so the next request starts cleanly.
+        try await body.drain()
+        return true
+    }
+
+    /// Runs blocking storage work off the event loops.
+    func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await pool.runIfActive(work)
+    }
+}
+
+/// One request being handled.
+struct Request {
+    let head: HTTPRequestHead
+    let target: RequestTarget
+    let body: RequestBody
+    let response: ResponseWriter
+
+    init(head: HTTPRequestHead, body: RequestBody, response: ResponseWriter) throws {
+        self.head = head
+        self.target = try RequestTarget(head.uri)
+        self.body = body
+        self.response = response
+    }
+
+    var method: HTTPMethod { head.method }
+    var headers: HTTPHeaders { head.headers }
+    var segments: [String] { target.segments }
+
+    func query(_ name: String) -> String? { target.query[name] }
+
+    /// A boolean query parameter (`true`/`false`).
+    func flag(_ name: String, default value: Bool = false) -> Bool {
+        guard let text = target.query[name] else { return value }
+        return text == "true"
+    }
+
+    /// A JSON-valued query parameter (`open_revs=["1-a"]`, `startkey="x"`).
+    func jsonQuery(_ name: String) throws -> JSONValue? {
+        guard let text = target.query[name] else { return nil }
+        do {
+            return try JSONParser.parse(Array(text.utf8))
+        } catch {
+            throw HTTPError.badRequest("\(name) is not valid JSON")
+        }
+    }
+
+    func intQuery(_ name: String) throws -> Int? {
+        guard let text = target.query[name] else { return nil }
+        guard let value = Int(text), value >= 0 else { throw HTTPError(.badRequest, "query_parse_error", "Invalid value for \(name): \"\(text)\"") }
+        return value
+    }
+
+    /// Whether the client prefers `type` (e.g. `multipart/mixed`) per its Accept header.
+    func accepts(_ type: String) -> Bool {
+        headers["Accept"].contains { $0.lowercased().contains(type) }
+    }
+}
+
+/// The databases a server serves, by name. Thread-safe.
+final class DatabaseRegistry: @unchecked Sendable {
+    private let lock = NSLock()
+    private var paths: [String: String]
+    private var open: [String: Database] = [:]
+    let directory: String?
+
+    init(databases: [String: String], directory: String?) throws {
+        for name in databases.keys { try DatabaseRegistry.validate(name) }
+        self.paths = databases
+        self.directory = directory
+        if let directory, let entries = try? FileManager.default.contentsOfDirectory(atPath: directory) {
+            for entry in entries where entry.hasSuffix(".sofa") {
+                let name = String(entry.dropLast(5))
+                if paths[name] == nil, (try? DatabaseRegistry.validate(name)) != nil { paths[name] = "\(directory)/\(entry)" }
+            }
+        }
+    }
+
+    /// CouchDB's rule for database names, without `/` (names become folder names here).
+    static func validate(_ name: String) throws {
+        let allowed = Set("abcdefghijklmnopqrstuvwxyz0123456789_$()+-")
+        guard let first = name.first, first.isLetter, first.isLowercase, first.isASCII, name.allSatisfy(allowed.contains) else {
+            throw HTTPError(.badRequest, "illegal_database_name",
+                            "Name: '\(name)'. Only lowercase characters (a-z), digits (0-9), and any of the characters _, $, (, ), +, and - are allowed. Must begin with a letter.")
+        }
+    }
+
+    var names: [String] { lock.withLock { paths.keys.sorted() } }
+
+    func database(_ name: String) throws -> Database {
+        try lock.withLock {
+            if let database = open[name] { return database }
+            guard let path = paths[name] else { throw HTTPError.databaseNotFound }
+            let database = try Database.open(at: path)
+            open[name] = database
+            return database
+        }
+    }
+
+    func create(_ name: String) throws -> Database {
+        try DatabaseRegistry.validate(name)
+        return try lock.withLock {
+            if paths[name] != nil { throw SofaError.databaseExists(path: name) }
+            guard let directory else {
+                throw HTTPError(.forbidden, "forbidden", "this server was started without a directory for new databases")
+            }
+            let path = "\(directory)/\(name).sofa"
+            let database = try Database.create(at: path)
+            paths[name] = path
+            open[name] = database
+            return database
+        }
+    }
+
+    func delete(_ name: String) throws {
+        let path = try lock.withLock { () -> String in
+            guard let path = paths.removeValue(forKey: name) else { throw HTTPError.databaseNotFound }
+            open.removeValue(forKey: name)
+            return path
+        }
+        try FileManager.default.removeItem(atPath: path)
+    }
+}

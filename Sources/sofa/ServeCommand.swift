@@ -1,0 +1,113 @@
+import ArgumentParser
+import CouchServer
+import DocumentModel
+import DocumentStore
+import Foundation
+import Logging
+
+/// `sofa serve DB…`: share databases over the CouchDB HTTP API.
+struct Serve: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Serve databases over the CouchDB HTTP API (for replication, PouchDB, curl).",
+        discussion: """
+            Each database is served under its folder name without .sofa: `sofa serve notes.sofa`
+            answers at http://127.0.0.1:5984/notes. New databases (PUT /name) are created in
+            --directory, which defaults to the folder of the first database.
+            Stop with Ctrl-C or SIGTERM; requests in progress finish first.
+            """
+    )
+
+    @Argument(help: "Databases to serve.")
+    var databases: [String] = []
+
+    @Option(help: "The address to listen on. Anything but 127.0.0.1 exposes the databases to the network.")
+    var host = "127.0.0.1"
+
+    @Option(help: "The TCP port; 0 picks a free one (printed at start).")
+    var port = 5984
+
+    @Option(help: "Serve every NAME.sofa in this folder, and create new databases there.")
+    var directory: String?
+
+    @Option(help: "Require this user name (with --password-file) on every request.")
+    var user: String?
+
+    @Option(help: "A file whose first line is the password for --user.")
+    var passwordFile: String?
+
+    @Flag(help: "Refuse every write with 403.")
+    var readOnly = false
+
+    func validate() throws {
+        if (user == nil) != (passwordFile == nil) {
+            throw ValidationError("--user and --password-file go together")
+        }
+        if databases.isEmpty && directory == nil {
+            throw ValidationError("give at least one database, or --directory")
+        }
+    }
+
+    func execute() throws {
+        var served: [String: String] = [:]
+        for path in databases {
+            let database = try Database.open(at: path)  // a clear error now rather than a 404 later
+            var name = URL(fileURLWithPath: database.path).lastPathComponent
+            if name.hasSuffix(".sofa") { name.removeLast(5) }
+            guard served[name] == nil else { throw SofaError.invalidArgument("two databases are named \(name)") }
+            served[name] = database.path
+        }
+        var configuration = CouchServer.Configuration(
+            databases: served,
+            directory: directory ?? databases.first.map { URL(fileURLWithPath: $0).deletingLastPathComponent().path })
+        configuration.host = host
+        configuration.port = port
+        configuration.readOnly = readOnly
+        if let user, let passwordFile {
+            guard let text = try? String(contentsOfFile: passwordFile, encoding: .utf8),
+                  let password = text.split(separator: "\n", omittingEmptySubsequences: false).first, !password.isEmpty else {
+                throw SofaError.invalidArgument("cannot read a password from \(passwordFile)")
+            }
+            configuration.user = user
+            configuration.password = String(password)
+        }
+        let server: CouchServer
+        do {
+            server = try CouchServer(configuration: configuration, logger: Logger(label: "sofa.serve"))
+        } catch {
+            throw SofaError.invalidArgument("\(error)")
+        }
+
+        let done = DispatchSemaphore(value: 0)
+        let outcome = ServeOutcome()
+        Task {
+            do {
+                let port = try await server.start()
+                let names = served.keys.sorted().joined(separator: ", ")
+                Output.line("sofa: serving \(names.isEmpty ? "no databases yet" : names) at http://\(host):\(port)/")
+                try await server.run()
+            } catch {
+                outcome.error = error
+            }
+            await server.shutdown()
+            done.signal()
+        }
+        var sources: [DispatchSourceSignal] = []
+        for signalNumber in [SIGINT, SIGTERM] {
+            signal(signalNumber, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+            source.setEventHandler { server.stop() }
+            source.resume()
+            sources.append(source)
+        }
+        done.wait()
+        sources.forEach { $0.cancel() }
+        if let error = outcome.error {
+            throw SofaError.invalidArgument("cannot serve on \(host):\(port): \(error)")
+        }
+    }
+}
+
+/// What the server task ended with, read after it signalled.
+private final class ServeOutcome: @unchecked Sendable {
+    var error: (any Error)?
+}
