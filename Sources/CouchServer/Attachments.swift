@@ -127,6 +127,8 @@ extension CouchServer {
         guard let rev = try requestedRev(request) else { throw HTTPError.conflict }
         let saved = try await blocking { () -> Revision in
             do {
+                guard let current = try db.document(withID: id) else { throw HTTPError.notFound }
+                guard current.revID == rev else { throw HTTPError.conflict }
                 var draft = try db.newRevision(of: id, from: rev)
                 try draft.removeAttachment(name)
                 return try db.save(draft)

@@ -88,14 +88,33 @@ public final class CouchServer: @unchecked Sendable {
         }
     }
 
-    /// Stops accepting connections; open ones end with their requests.
+    /// Open connections, and whether each is handling a request. Guarded by `stopLock`.
+    private var connections: [ObjectIdentifier: (channel: Channel, busy: Bool)] = [:]
+    /// How long requests in progress (a continuous feed, a big upload) may run on after `stop()`.
+    static let stopGracePeriod: TimeAmount = .seconds(5)
+
+    /// Stops accepting connections, closes idle ones, and lets requests in progress
+    /// finish (for at most `stopGracePeriod`).
     public func stop() {
-        let first = stopLock.withLock { () -> Bool in
-            defer { stopped = true }
+        let idle = stopLock.withLock { () -> [Channel]? in
+            guard !stopped else { return nil }
+            stopped = true
+            return connections.values.filter { !$0.busy }.map(\.channel)
+        }
+        guard let idle else { return }
+        serverChannel?.channel.close(promise: nil)
+        idle.forEach { $0.close(promise: nil) }
+        group.any().scheduleTask(in: CouchServer.stopGracePeriod) {
+            self.stopLock.withLock { self.connections.values.map(\.channel) }.forEach { $0.close(promise: nil) }
+        }
+    }
+
+    /// Marks a connection busy or idle; false when the server is stopping and the connection should end.
+    private func setBusy(_ channel: Channel, _ busy: Bool) -> Bool {
+        stopLock.withLock {
+            connections[ObjectIdentifier(channel)] = (channel, busy)
             return !stopped
         }
-        guard first else { return }
-        serverChannel?.channel.close(promise: nil)
     }
 
     /// Releases threads; call after `run()` returned.
@@ -108,11 +127,15 @@ public final class CouchServer: @unchecked Sendable {
 
     private func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
         do {
+            let channel = connection.channel
+            defer { stopLock.withLock { _ = connections.removeValue(forKey: ObjectIdentifier(channel)) } }
+            guard setBusy(channel, false) else { return }
             try await connection.executeThenClose { inbound, outbound in
                 let parts = InboundParts(inbound)
                 while let head = try await parts.nextHead() {
+                    _ = setBusy(channel, true)
                     let keepAlive = try await handle(head, parts: parts, outbound: outbound)
-                    if !keepAlive { break }
+                    guard setBusy(channel, false), keepAlive else { break }
                 }
             }
         } catch {

@@ -94,6 +94,12 @@ extension JSONValue {
         return nil
     }
 
+    /// The element at `index` when this is an array and the index is in range.
+    public subscript(index: Int) -> JSONValue? {
+        if case .array(let elements) = self, elements.indices.contains(index) { return elements[index] }
+        return nil
+    }
+
     public var objectValue: JSONObject? {
         if case .object(let object) = self { return object }
         return nil

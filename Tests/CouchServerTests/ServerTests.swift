@@ -1,0 +1,420 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// `sofa serve` as a client sees it: a real child process, real HTTP on 127.0.0.1.
+@Suite struct ServerTests {
+    let directory = TemporaryDirectory()
+
+    /// A served database `name` (with a document `seed`), and a connection to it.
+    func serve(_ name: String = "db", extra: [String] = []) throws -> (ServedDatabases, HTTPConnection) {
+        let db = try directory.makeDatabase("\(name).sofa")
+        var draft = try db.newRevision(of: "seed")
+        draft.properties["n"] = 1
+        try db.save(draft)
+        let server = try ServedDatabases([directory.appending("\(name).sofa")] + extra)
+        return (server, try server.connect())
+    }
+
+    @Test func serverAndDatabaseEndpoints() throws {
+        let (server, http) = try serve()
+        let root = try http.request("GET", "/")
+        #expect(root.status == 200)
+        #expect(root.json?["couchdb"]?.stringValue == "Welcome")
+        #expect(root.json?["uuid"]?.stringValue?.count == 32)
+        #expect(root.body.last == 0x0A, "JSON bodies end with a newline, as CouchDB's do")
+        #expect(try http.request("GET", "/_up").json?["status"]?.stringValue == "ok")
+        #expect(try http.request("GET", "/_all_dbs").json == ["db"])
+
+        let info = try http.request("GET", "/db/")
+        #expect(info.status == 200)
+        #expect(info.json?["doc_count"] == 1)
+        #expect(info.json?["update_seq"]?.stringValue == "1")
+        #expect(info.json?["instance_start_time"]?.stringValue?.isEmpty == false)
+
+        #expect(try http.request("PUT", "/fresh").status == 201)
+        #expect(try http.request("PUT", "/fresh").status == 412)
+        #expect(try http.request("PUT", "/Bad%20Name").status == 400)
+        #expect(FileManager.default.fileExists(atPath: directory.appending("fresh.sofa/db.sqlite3")))
+        #expect(try http.request("GET", "/_all_dbs").json == ["db", "fresh"])
+        #expect(try http.request("DELETE", "/fresh").status == 200)
+        #expect(!FileManager.default.fileExists(atPath: directory.appending("fresh.sofa")))
+        let missing = try http.request("GET", "/nope")
+        #expect(missing.status == 404)
+        #expect(missing.reason == "Object Not Found")
+        #expect(missing.json == ["error": "not_found", "reason": "Database does not exist."])
+        #expect(server.stop().succeeded, "SIGTERM ends the server cleanly")
+    }
+
+    @Test func documentLifecycleAndErrors() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        let created = try http.json("PUT", "/db/note", ["title": "hello", "big": .bigInteger("18446744073709551615")])
+        #expect(created.status == 201)
+        let rev1 = try #require(created.json?["rev"]?.stringValue)
+        #expect(created.header("ETag") == "\"\(rev1)\"")
+        #expect(created.header("Location")?.hasSuffix("/db/note") == true)
+
+        let got = try http.request("GET", "/db/note")
+        #expect(got.text == #"{"_id":"note","_rev":"\#(rev1)","title":"hello","big":18446744073709551615}"# + "\n")
+
+        // Stale and missing revisions conflict; bad revs and bad JSON are 400.
+        #expect(try http.json("PUT", "/db/note", ["title": "again"]).status == 409)
+        let updated = try http.json("PUT", "/db/note", ["_rev": .string(rev1), "title": "updated"])
+        #expect(updated.status == 201)
+        let rev2 = try #require(updated.json?["rev"]?.stringValue)
+        #expect(try http.json("PUT", "/db/note", ["_rev": .string(rev1), "title": "stale"]).json?["error"] == "conflict")
+        #expect(try http.json("PUT", "/db/note", ["_rev": "bogus"]).status == 400)
+        let badJSON = try http.request("PUT", "/db/note", headers: [("Content-Type", "application/json")], body: Array("{\"a\":".utf8))
+        #expect(badJSON.status == 400)
+        #expect(badJSON.json == ["error": "bad_request", "reason": "invalid UTF-8 JSON"])
+        #expect(try http.json("PUT", "/db/note", ["_bogus": 1]).json?["error"] == "doc_validation")
+        #expect(try http.json("PUT", "/db/_weird", ["a": 1]).status == 400)
+
+        // Old revisions stay readable; revs and revs_info show the history.
+        #expect(try http.request("GET", "/db/note?rev=\(rev1)").json?["title"] == "hello")
+        let history = try http.request("GET", "/db/note?revs=true&revs_info=true").json
+        #expect(history?["_revisions"]?["ids"]?.arrayValue?.count == 2)
+        #expect(history?["_revs_info"]?.arrayValue?.count == 2)
+
+        // POST makes an id; DELETE needs the current rev and leaves a tombstone.
+        let posted = try http.json("POST", "/db", ["kind": "posted"])
+        #expect(posted.status == 201)
+        #expect(posted.json?["id"]?.stringValue?.count == 32)
+        #expect(try http.request("DELETE", "/db/note").status == 409)
+        #expect(try http.request("DELETE", "/db/note?rev=\(rev1)").status == 409)
+        let deleted = try http.request("DELETE", "/db/note?rev=\(rev2)")
+        #expect(deleted.status == 200)
+        #expect(deleted.json?["rev"]?.stringValue?.hasPrefix("3-") == true)
+        #expect(try http.request("GET", "/db/note").json == ["error": "not_found", "reason": "deleted"])
+        #expect(try http.request("GET", "/db/never").json == ["error": "not_found", "reason": "missing"])
+
+        // Ids with '/' travel as %2F; design documents keep their literal slash.
+        #expect(try http.json("PUT", "/db/folder%2Fsub", ["a": 1]).status == 201)
+        #expect(try http.request("GET", "/db/folder%2Fsub").json?["_id"] == "folder/sub")
+        #expect(try http.json("PUT", "/db/_design/app", ["views": [:]]).status == 201)
+        #expect(try http.request("GET", "/db/_design/app").json?["_id"] == "_design/app")
+    }
+
+    @Test func allDocsWithKeysRangesAndLimits() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        for id in ["a", "b", "c", "d"] { #expect(try http.json("PUT", "/db/\(id)", ["id": .string(id)]).status == 201) }
+        let all = try http.request("GET", "/db/_all_docs")
+        #expect(all.json?["total_rows"] == 5)
+        #expect(all.json?["rows"]?.arrayValue?.compactMap { $0["id"]?.stringValue } == ["a", "b", "c", "d", "seed"])
+        let range = try http.request("GET", "/db/_all_docs?startkey=%22b%22&endkey=%22c%22&include_docs=true")
+        #expect(range.json?["rows"]?.arrayValue?.compactMap { $0["doc"]?["id"]?.stringValue } == ["b", "c"])
+        let limited = try http.request("GET", "/db/_all_docs?limit=2&skip=1&descending=true")
+        #expect(limited.json?["rows"]?.arrayValue?.compactMap { $0["id"]?.stringValue } == ["d", "c"])
+        let keys = try http.json("POST", "/db/_all_docs", ["keys": ["c", "zz"]])
+        #expect(keys.json?["rows"]?[0]?["id"] == "c")
+        #expect(keys.json?["rows"]?[1]?["error"] == "not_found")
+    }
+
+    @Test func attachmentsStreamWithRangesAndETags() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        let rev = try #require(try http.request("GET", "/db/seed").json?["_rev"]?.stringValue)
+        let bytes = (0..<100_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let put = try http.request("PUT", "/db/seed/sub/dir/data.bin?rev=\(rev)", headers: [("Content-Type", "application/x-test")], body: bytes)
+        #expect(put.status == 201)
+        let full = try http.request("GET", "/db/seed/sub/dir/data.bin")
+        #expect(full.status == 200)
+        #expect(full.body == bytes)
+        #expect(full.header("Content-Type") == "application/x-test")
+        #expect(full.header("Accept-Ranges") == "bytes")
+        let etag = try #require(full.header("ETag"))
+        #expect(try http.request("GET", "/db/seed/sub%2Fdir%2Fdata.bin").body == bytes)
+        #expect(try http.request("GET", "/db/seed/sub/dir/data.bin", headers: [("If-None-Match", etag)]).status == 304)
+        let head = try http.request("HEAD", "/db/seed/sub/dir/data.bin")
+        #expect(head.header("Content-Length") == "100000")
+        #expect(head.body.isEmpty)
+
+        let part = try http.request("GET", "/db/seed/sub/dir/data.bin", headers: [("Range", "bytes=100-199")])
+        #expect(part.status == 206)
+        #expect(part.header("Content-Range") == "bytes 100-199/100000")
+        #expect(part.body == Array(bytes[100...199]))
+        #expect(try http.request("GET", "/db/seed/sub/dir/data.bin", headers: [("Range", "bytes=-10")]).body == Array(bytes.suffix(10)))
+        #expect(try http.request("GET", "/db/seed/sub/dir/data.bin", headers: [("Range", "bytes=99990-")]).body == Array(bytes.suffix(10)))
+        let beyond = try http.request("GET", "/db/seed/sub/dir/data.bin", headers: [("Range", "bytes=200000-")])
+        #expect(beyond.status == 416)
+        #expect(beyond.json?["error"] == "requested_range_not_satisfiable")
+
+        // The document shows a stub; attachments=true inlines base64.
+        let doc = try #require(try http.request("GET", "/db/seed").json)
+        #expect(doc["_attachments"]?["sub/dir/data.bin"]?["stub"] == true)
+        #expect(doc["_attachments"]?["sub/dir/data.bin"]?["length"] == 100_000)
+        let inline = try http.request("GET", "/db/seed?attachments=true").json
+        #expect(inline?["_attachments"]?["sub/dir/data.bin"]?["data"]?.stringValue == Data(bytes).base64EncodedString())
+
+        // A gzip-encoded upload is stored decoded.
+        let rev2 = try #require(doc["_rev"]?.stringValue)
+        let gzipped = try shell("printf 'hello gzip world' | gzip -c > \(directory.appending("g.gz"))")
+        #expect(gzipped.succeeded)
+        let gz = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.appending("g.gz"))))
+        let putGzip = try http.request("PUT", "/db/seed/hello.txt?rev=\(rev2)",
+                                       headers: [("Content-Type", "text/plain"), ("Content-Encoding", "gzip")], body: gz)
+        #expect(putGzip.status == 201)
+        #expect(try http.request("GET", "/db/seed/hello.txt").text == "hello gzip world")
+
+        // Deleting needs the current rev; a missing attachment is 404 with CouchDB's reason.
+        let rev3 = try #require(putGzip.json?["rev"]?.stringValue)
+        #expect(try http.request("DELETE", "/db/seed/hello.txt?rev=\(rev2)").status == 409)
+        #expect(try http.request("DELETE", "/db/seed/hello.txt?rev=\(rev3)").status == 200)
+        #expect(try http.request("GET", "/db/seed/hello.txt").json?["reason"] == "Document is missing attachment")
+    }
+
+    @Test func changesFeeds() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        for id in ["a", "b"] { _ = try http.json("PUT", "/db/\(id)", ["v": 1]) }
+        let normal = try http.request("GET", "/db/_changes?style=all_docs")
+        #expect(normal.text.hasPrefix("{\"results\":[\n"))
+        #expect(normal.text.hasSuffix("\n],\n\"last_seq\":\"3\",\"pending\":0}\n"))
+        #expect(normal.json?["results"]?.arrayValue?.map { $0["id"]?.stringValue } == ["seed", "a", "b"])
+        let limited = try http.request("GET", "/db/_changes?since=1&limit=1").json
+        #expect(limited?["results"]?.arrayValue?.count == 1)
+        #expect(limited?["pending"] == 1)
+        #expect(limited?["last_seq"] == "2")
+        let ids = try http.json("POST", "/db/_changes?filter=_doc_ids", ["doc_ids": ["b", "unknown"]]).json
+        #expect(ids?["results"]?.arrayValue?.map { $0["id"]?.stringValue } == ["b"])
+        let viaGet = try http.request("GET", "/db/_changes?filter=_doc_ids&doc_ids=%5B%22a%22%5D&include_docs=true").json
+        #expect(viaGet?["results"]?[0]?["doc"]?["v"] == 1)
+        #expect(try http.request("GET", "/db/_changes?filter=app/by_type").status == 400)
+
+        // Longpoll with nothing new waits for its timeout, then returns no rows.
+        let idle = try http.request("GET", "/db/_changes?feed=longpoll&since=3&timeout=300")
+        #expect(idle.json?["results"]?.arrayValue?.isEmpty == true)
+
+        // A longpoll returns as soon as a change arrives; a continuous feed sees live writes.
+        let port = try http.request("GET", "/_all_dbs").status == 200 ? servedPort(http) : 0
+        let feed = try HTTPConnection(port: port)
+        try feed.send("GET /db/_changes?feed=continuous&since=now&heartbeat=200&timeout=4000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        Thread.sleep(forTimeInterval: 0.5)
+        let writer = try HTTPConnection(port: port)
+        #expect(try writer.json("PUT", "/db/live", ["v": 2]).status == 201)
+        let response = try feed.readResponse()
+        let lines = response.text.split(separator: "\n", omittingEmptySubsequences: false)
+        let rows = lines.filter { !$0.isEmpty }.compactMap { try? JSONParser.parse(Array($0.utf8)) }
+        #expect(rows.first?["id"] == "live", "\(response.text)")
+        #expect(rows.last?["last_seq"] == "4")
+        #expect(lines.contains(""), "blank heartbeat lines")
+        #expect(response.chunkSizes.count >= 3)
+    }
+
+    /// The port of a connection's peer.
+    private func servedPort(_ http: HTTPConnection) -> Int {
+        var address = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(http.fd, $0, &length) }
+        }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    @Test func replicationEndpoints() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        // _bulk_docs new_edits=false stores given histories, conflicts included.
+        let docs: JSONValue = ["new_edits": false, "docs": [
+            ["_id": "c", "_rev": "2-aaa", "_revisions": ["start": 2, "ids": ["aaa", "root"]], "side": "A"],
+            ["_id": "c", "_rev": "3-bbb", "_revisions": ["start": 3, "ids": ["bbb", "mid", "root"]], "side": "B",
+             "_attachments": ["x.txt": ["content_type": "text/plain", "data": .string(Data("xx".utf8).base64EncodedString())]]],
+        ]]
+        let bulk = try http.json("POST", "/db/_bulk_docs", docs)
+        #expect(bulk.status == 201)
+        #expect(bulk.json == [])
+        let current = try http.request("GET", "/db/c?conflicts=true").json
+        #expect(current?["_rev"] == "3-bbb")
+        #expect(current?["_conflicts"] == ["2-aaa"])
+
+        // _revs_diff: known revs (leaves and history) are not missing; possible ancestors are leaves below.
+        let diff = try http.json("POST", "/db/_revs_diff", ["c": ["2-aaa", "1-root", "4-ccc"], "new": ["1-x"]]).json
+        #expect(diff == ["c": ["missing": ["4-ccc"], "possible_ancestors": ["2-aaa", "3-bbb"]], "new": ["missing": ["1-x"]]])
+        #expect(try http.json("POST", "/db/_revs_diff", ["c": ["3-bbb"]]).json == [:])
+
+        // A stub the server lacks fails the whole request with 412, and nothing is written.
+        let stub: JSONValue = ["new_edits": false, "docs": [
+            ["_id": "ok1", "_rev": "1-a", "v": 1],
+            ["_id": "s", "_rev": "1-s", "_attachments": ["gone.bin": ["stub": true, "revpos": 1, "digest": "md5-AAAA"]]],
+        ]]
+        let refused = try http.json("POST", "/db/_bulk_docs", stub)
+        #expect(refused.status == 412)
+        #expect(refused.json == ["error": "missing_stub", "reason": "Invalid attachment stub in s for gone.bin"])
+        #expect(try http.request("GET", "/db/ok1").status == 404)
+        // A stub of an attachment an ancestor has is resolved.
+        let child: JSONValue = ["new_edits": false, "docs": [
+            ["_id": "c", "_rev": "4-ddd", "_revisions": ["start": 4, "ids": ["ddd", "bbb"]],
+             "_attachments": ["x.txt": ["stub": true, "revpos": 3, "content_type": "text/plain"]]],
+        ]]
+        #expect(try http.json("POST", "/db/_bulk_docs", child).status == 201)
+        #expect(try http.request("GET", "/db/c/x.txt").text == "xx")
+
+        // new_edits=true: per-document results, conflicts reported per document.
+        let edits = try http.json("POST", "/db/_bulk_docs", ["docs": [["_id": "n1", "v": 1], ["_id": "c", "v": 2]]]).json
+        #expect(edits?[0]?["ok"] == true)
+        #expect(edits?[1]?["error"] == "conflict")
+
+        // _bulk_get: latest, revs, atts_since, missing docs and revs.
+        let got = try http.json("POST", "/db/_bulk_get?revs=true&latest=true", ["docs": [
+            ["id": "c", "rev": "3-bbb"], ["id": "c", "rev": "2-aaa", "atts_since": ["2-aaa"]],
+            ["id": "nope"], ["id": "c", "rev": "9-zzz"],
+        ]]).json
+        let results = try #require(got?["results"]?.arrayValue)
+        #expect(results[0]["docs"]?[0]?["ok"]?["_rev"] == "4-ddd", "latest=true follows 3-bbb to its leaf")
+        #expect(results[0]["docs"]?[0]?["ok"]?["_revisions"]?["ids"] == ["ddd", "bbb", "mid", "root"])
+        #expect(results[0]["docs"]?[0]?["ok"]?["_attachments"]?["x.txt"]?["stub"] == true)
+        #expect(results[1]["docs"]?[0]?["ok"]?["_rev"] == "2-aaa")
+        #expect(results[2]["docs"]?[0]?["error"]?["rev"] == "undefined")
+        #expect(results[3]["docs"]?[0]?["error"]?["error"] == "not_found")
+
+        // open_revs as JSON and as multipart/mixed (bodies included).
+        let open = try http.request("GET", "/db/c?open_revs=all&revs=true").json
+        #expect(open?.arrayValue?.count == 2)
+        let someRevs = try http.request("GET", "/db/c?open_revs=%5B%222-aaa%22,%225-nope%22%5D").json
+        #expect(someRevs?[1]?["missing"] == "5-nope")
+        let mixed = try http.request("GET", "/db/c?open_revs=%5B%224-ddd%22%5D&revs=true&latest=true",
+                                     headers: [("Accept", "multipart/mixed")])
+        #expect(mixed.header("Content-Type")?.hasPrefix("multipart/mixed; boundary=") == true)
+        #expect(mixed.text.contains("Content-Type: multipart/related"))
+        #expect(mixed.text.contains("\"follows\":true"))
+        #expect(mixed.text.contains("Content-Disposition: attachment; filename=\"x.txt\"\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nxx\r\n"))
+
+        // _local documents: no conflict check, 0-N revisions, never in _changes.
+        #expect(try http.json("PUT", "/db/_local/ck", ["seq": 1]).json?["rev"] == "0-1")
+        #expect(try http.json("PUT", "/db/_local/ck", ["_rev": "0-1", "seq": 2]).json?["rev"] == "0-2")
+        #expect(try http.json("PUT", "/db/_local/ck", ["_rev": "0-1", "seq": 3]).json?["rev"] == "0-2")
+        #expect(try http.request("GET", "/db/_local%2Fck").json?["seq"] == 3)
+        #expect(try http.request("GET", "/db/_local/missing").status == 404)
+        let changes = try http.request("GET", "/db/_changes").json?["results"]?.arrayValue ?? []
+        #expect(!changes.contains { $0["id"]?.stringValue?.hasPrefix("_local") == true })
+        #expect(try http.request("POST", "/db/_ensure_full_commit").status == 201)
+    }
+
+    @Test func multipartPutWithNewEditsFalse() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        let boundary = "abc123"
+        let json = #"{"_id":"m","_rev":"2-two","_revisions":{"start":2,"ids":["two","one"]},"v":1,"_attachments":{"#
+            + #""a.bin":{"content_type":"application/octet-stream","revpos":2,"digest":"md5-\#(md5("AAAA"))","length":4,"follows":true},"#
+            + #""b.txt":{"content_type":"text/plain","revpos":1,"length":2,"follows":true}}}"#
+        // The second part has no headers at all, as CouchDB accepts.
+        let body = "--\(boundary)\r\nContent-Type: application/json\r\n\r\n\(json)\r\n--\(boundary)\r\n"
+            + "Content-Disposition: attachment; filename=\"a.bin\"\r\nContent-Type: application/octet-stream\r\nContent-Length: 4\r\n\r\nAAAA\r\n"
+            + "--\(boundary)\r\n\r\nhi\r\n--\(boundary)--"
+        let put = try http.request("PUT", "/db/m?new_edits=false", headers: [("Content-Type", "multipart/related; boundary=\"\(boundary)\"")],
+                                   body: Array(body.utf8))
+        #expect(put.status == 201, "\(put.text)")
+        #expect(put.json?["rev"] == "2-two")
+        #expect(try http.request("GET", "/db/m/a.bin").text == "AAAA")
+        #expect(try http.request("GET", "/db/m/b.txt").text == "hi")
+
+        // A body that does not match its md5 digest is refused, and the revision is not stored.
+        let lying = body.replacingOccurrences(of: "\r\nAAAA\r\n", with: "\r\nBBBB\r\n").replacingOccurrences(of: "\"_id\":\"m\"", with: "\"_id\":\"m2\"")
+        let refused = try http.request("PUT", "/db/m2?new_edits=false",
+                                       headers: [("Content-Type", "multipart/related; boundary=\"\(boundary)\"")], body: Array(lying.utf8))
+        #expect(refused.status == 400)
+        #expect(try http.request("GET", "/db/m2").status == 404)
+        // Truncated multipart: 400, nothing stored.
+        let truncated = String(body.prefix(body.count - 20)).replacingOccurrences(of: "\"_id\":\"m\"", with: "\"_id\":\"m3\"")
+        let cut = try http.request("PUT", "/db/m3?new_edits=false",
+                                   headers: [("Content-Type", "multipart/related; boundary=\"\(boundary)\"")], body: Array(truncated.utf8))
+        #expect(cut.status == 400)
+        #expect(try HTTPConnection(port: servedPort(http)).request("GET", "/db/m3").status == 404)
+    }
+
+    private func md5(_ text: String) -> String {
+        Data(MessageDigest.hash(.md5, Array(text.utf8))).base64EncodedString()
+    }
+
+    @Test func authenticationAndReadOnly() throws {
+        let passwordFile = directory.appending("pw")
+        try "s3cret\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let (server, http) = try serve(extra: ["--user", "admin", "--password-file", passwordFile, "--read-only"])
+        let anonymous = try http.request("GET", "/db/seed")
+        #expect(anonymous.status == 401)
+        #expect(anonymous.json == ["error": "unauthorized", "reason": "You are not authorized to access this db."])
+        #expect(anonymous.header("WWW-Authenticate") == nil)
+        #expect(try http.request("GET", "/").status == 200)
+        let basic = "Basic " + Data("admin:s3cret".utf8).base64EncodedString()
+        let wrong = "Basic " + Data("admin:nope".utf8).base64EncodedString()
+        #expect(try http.request("GET", "/db/seed", headers: [("Authorization", basic)]).status == 200)
+        #expect(try http.request("GET", "/db/seed", headers: [("Authorization", wrong)]).json?["reason"] == "Name or password is incorrect.")
+
+        let badLogin = try http.request("POST", "/_session", headers: [("Content-Type", "application/x-www-form-urlencoded")],
+                                        body: Array("name=admin&password=x".utf8))
+        #expect(badLogin.status == 401)
+        let login = try http.request("POST", "/_session", headers: [("Content-Type", "application/x-www-form-urlencoded")],
+                                     body: Array("name=admin&password=s3cret".utf8))
+        #expect(login.status == 200)
+        let cookie = try #require(login.header("Set-Cookie")?.split(separator: ";").first.map(String.init))
+        #expect(try http.request("GET", "/db/seed", headers: [("Cookie", cookie)]).status == 200)
+        #expect(try http.request("GET", "/_session", headers: [("Cookie", cookie)]).json?["userCtx"]?["name"] == "admin")
+        #expect(try http.request("GET", "/db/seed", headers: [("Cookie", cookie + "x")]).status == 401)
+
+        // Read-only: writes are 403 even when authenticated.
+        let write = try http.json("PUT", "/db/new", ["a": 1], headers: [("Cookie", cookie)])
+        #expect(write.status == 403)
+        #expect(try http.request("PUT", "/other", headers: [("Cookie", cookie)]).status == 403)
+        let result = server.stop()
+        #expect(!result.stderr.contains("s3cret"), "passwords are never logged")
+    }
+
+    @Test func fiftyConcurrentClients() async throws {
+        let (server, _) = try serve()
+        let port = server.port
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            for client in 0..<50 {
+                group.addTask {
+                    let http = try HTTPConnection(port: port)
+                    var ok = 0
+                    for round in 0..<10 {
+                        let id = "c\(client)-\(round)"
+                        if try http.json("PUT", "/db/\(id)", ["client": .integer(Int64(client))]).status == 201 { ok += 1 }
+                        if try http.request("GET", "/db/\(id)").json?["client"] == .integer(Int64(client)) { ok += 1 }
+                    }
+                    return ok
+                }
+            }
+            var total = 0
+            for try await ok in group { total += ok }
+            #expect(total == 50 * 10 * 2)
+        }
+        let http = try server.connect()
+        #expect(try http.request("GET", "/db").json?["doc_count"] == 501)
+        #expect(try http.request("GET", "/db/_changes").json?["results"]?.arrayValue?.count == 501)
+    }
+
+    @Test func badInputIsRefusedAndTheConnectionSurvives() throws {
+        let (server, http) = try serve()
+        // Oversized headers: the HTTP stack refuses them.
+        let huge = String(repeating: "x", count: 200_000)
+        let oversized = try server.connect()
+        try? oversized.send("GET /db HTTP/1.1\r\nHost: x\r\nX-Big: \(huge)\r\n\r\n")
+        let refused = try? oversized.readResponse()
+        #expect(refused == nil || refused!.status >= 400)
+        // A non-JSON bulk request is 415 and closes, as CouchDB does.
+        let wrongType = try http.request("POST", "/db/_bulk_docs", headers: [("Content-Type", "text/plain")], body: Array("{}".utf8))
+        #expect(wrongType.status == 415)
+        let fresh = try server.connect()
+        #expect(try fresh.request("POST", "/db/_bulk_docs", headers: [("Content-Type", "application/json")], body: Array("[1,".utf8)).status == 400)
+        #expect(try fresh.request("GET", "/db/seed").status == 200, "keep-alive continues after a 400")
+        #expect(try fresh.request("GET", "/db/seed?open_revs=%5Bbad").status == 400)
+        #expect(try fresh.request("GET", "/db/_changes?feed=bogus").status == 400)
+        #expect(try fresh.request("GET", "/db/../../etc/passwd").status == 404)
+        #expect(try fresh.request("PATCH", "/db/seed").status == 405)
+
+        // A client that disconnects mid-upload leaves no revision and no temporary file behind.
+        let rev = try #require(try fresh.request("GET", "/db/seed").json?["_rev"]?.stringValue)
+        let quitter = try server.connect()
+        try quitter.send("PUT /db/seed/big.bin?rev=\(rev) HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n" + String(repeating: "z", count: 100_000))
+        quitter.close()
+        Thread.sleep(forTimeInterval: 0.5)
+        #expect(try fresh.request("GET", "/db/seed").json?["_rev"]?.stringValue == rev)
+        let temporaries = (try? FileManager.default.contentsOfDirectory(atPath: directory.appending("db.sofa/attachments/tmp"))) ?? []
+        #expect(temporaries.isEmpty, "\(temporaries)")
+    }
+}
