@@ -51,7 +51,9 @@ enum CouchJSON {
     }
 
     /// Renders `revision`. `readBody` is called for inline bodies.
+    /// `hasBody` tells `_revs_info` which ancestors still have their bodies here.
     static func render(_ revision: Revision, tree: RevisionTree, options: RenderOptions,
+                       hasBody: (RevisionID) -> Bool = { _ in true },
                        readBody: (Attachment) throws -> [UInt8]) throws -> RenderedRevision {
         var json = JSONObject()
         json["_id"] = .string(revision.docID)
@@ -97,7 +99,8 @@ enum CouchJSON {
         }
         if options.revsInfo {
             json["_revs_info"] = .array(history.map { id in
-                ["rev": .string(id.description), "status": .string(tree.nodes[id]?.deleted == true ? "deleted" : "available")]
+                let status = tree.nodes[id]?.deleted == true ? "deleted" : id == revision.revID || hasBody(id) ? "available" : "missing"
+                return ["rev": .string(id.description), "status": .string(status)]
             })
         }
         return RenderedRevision(json: json, following: following)

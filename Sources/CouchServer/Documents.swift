@@ -57,7 +57,9 @@ extension CouchServer {
                 guard !current.deleted else { throw HTTPError(.notFound, "not_found", "deleted") }
                 revision = current
             }
-            return try CouchJSON.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) }
+            return try CouchJSON.render(revision, tree: tree, options: options,
+                                        hasBody: { (try? db.revision($0, of: id)) != nil },
+                                        readBody: { try self.readWholeBody($0, db, id: id) })
         }
         let etag = "\"\(rendered.json["_rev"]?.stringValue ?? "")\""
         if request.headers["If-None-Match"].contains(etag) {
@@ -137,7 +139,8 @@ extension CouchServer {
                 guard let wanted else { throw HTTPError.notFound }
                 return wanted.map { .failure(OpenRevMissing(rev: $0)) }
             }
-            let revs = wanted.map { list in list.flatMap { latest ? tree.latestLeaves(from: $0) : [$0] } } ?? tree.leaves.map(\.id)
+            // All leaves come in revision order, as CouchDB lists them.
+            let revs = wanted.map { list in list.flatMap { latest ? tree.latestLeaves(from: $0) : [$0] } } ?? tree.leaves.map(\.id).sorted()
             return try revs.map { rev in
                 guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
                 return .success(try CouchJSON.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })

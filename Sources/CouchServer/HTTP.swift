@@ -178,7 +178,8 @@ final class ResponseWriter {
     private let outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>
     private let allocator = ByteBufferAllocator()
     let isHead: Bool
-    let keepAlive: Bool
+    /// False when the connection ends after this response (the client asked, or the request could not be read whole).
+    var keepAlive: Bool
     private(set) var headSent = false
     private(set) var status: HTTPResponseStatus = .ok
     private(set) var bytesSent = 0

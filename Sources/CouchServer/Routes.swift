@@ -48,6 +48,7 @@ extension CouchServer {
             "version": "3.4.3",
             "vendor": ["name": "Sofa"],
             "uuid": .string(uuid),
+            "git_sha": "sofa",
             "features": [],
         ])
     }
@@ -130,6 +131,8 @@ extension CouchServer {
     private func databaseInfo(_ request: Request, name: String) async throws {
         let db = try await database(name)
         let counts = try await blocking { try db.counts() }
+        var file = stat()
+        let fileSize = stat(db.databaseFilePath, &file) == 0 ? Int64(file.st_size) : 0
         let start = instanceStartTime(db)
         try await request.response.sendJSON(.ok, [
             "db_name": .string(name),
@@ -139,6 +142,7 @@ extension CouchServer {
             "doc_del_count": .integer(Int64(counts.deleted)),
             "compact_running": false,
             "disk_format_version": 8,
+            "sizes": ["file": .integer(fileSize), "external": .integer(fileSize), "active": .integer(fileSize)],
             "props": [:],
             "instance_start_time": .string(start),
             "cluster": ["q": 1, "n": 1, "w": 1, "r": 1],

@@ -164,7 +164,10 @@ public final class CouchServer: @unchecked Sendable {
                 log.warning("\(head.method) \(head.uri) failed mid-response: \(failure)")
                 return false
             }
-            if failure.closeConnection { keepAlive = false }
+            if failure.closeConnection {
+                keepAlive = false
+                response.keepAlive = false
+            }
             try await response.sendError(failure)
         }
         let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
