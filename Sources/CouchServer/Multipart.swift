@@ -267,35 +267,54 @@ extension ResponseWriter {
     /// Streams a blob's bytes, in pieces of `pieceSize`: the whole body, read in order so
     /// the reader verifies its hash at the end, or `length` bytes from `offset` (a range).
     func streamBody(_ reader: BlobReader, server: CouchServer, offset: Int64? = nil, length: Int64, pieceSize: Int = 256 * 1024) async throws {
-        var sent: Int64 = 0
         let box = ReaderBox(reader)
-        while sent < length {
-            let count = Int(min(Int64(pieceSize), length - sent))
-            let position = offset.map { $0 + sent }
-            let piece = try await server.blocking { [sent] () -> ByteBuffer in
-                var buffer = ByteBufferAllocator().buffer(capacity: count)
-                let read = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { raw in
-                    let target = UnsafeMutableRawBufferPointer(rebasing: raw.prefix(count))
-                    return try position.map { try box.reader.read(into: target, at: $0) } ?? box.reader.read(into: target)
-                }
-                guard read > 0 else { throw SofaError.blobCorrupted(key: box.reader.key.hex, path: box.reader.path) }
-                if position == nil && sent + Int64(read) == length {
-                    // Check the hash before the last piece leaves, so a corrupt body is never sent whole.
-                    var probe: UInt8 = 0
-                    guard try withUnsafeMutableBytes(of: &probe, { try box.reader.read(into: $0) }) == 0 else {
-                        throw SofaError.blobCorrupted(key: box.reader.key.hex, path: box.reader.path)
-                    }
-                }
-                return buffer
-            }
+        // One piece is read (and hashed) on the pool while the previous one is being sent.
+        func read(from start: Int64) -> Task<ByteBuffer, any Error> {
+            let count = Int(min(Int64(pieceSize), length - start))
+            return Task { try await server.blocking { try box.piece(count: count, at: offset.map { $0 + start }, endsAt: start + Int64(count) == length) } }
+        }
+        var sent: Int64 = 0
+        var next: Task<ByteBuffer, any Error>? = length > 0 ? read(from: 0) : nil
+        while let current = next {
+            let piece: ByteBuffer
+            piece = try await current.value
             sent += Int64(piece.readableBytes)
-            try await write(piece)
+            next = sent < length ? read(from: sent) : nil
+            do {
+                try await write(piece)
+            } catch {
+                next?.cancel()
+                _ = try? await next?.value
+                throw error
+            }
         }
     }
 }
 
-/// Carries a BlobReader into pool closures; used by one request at a time.
+/// Carries a BlobReader into pool closures; used by one request at a time, one piece at a time.
 final class ReaderBox: @unchecked Sendable {
     let reader: BlobReader
     init(_ reader: BlobReader) { self.reader = reader }
+
+    /// `count` bytes, from `position` (a range, unverified) or next in order (verified:
+    /// the last piece is only returned once the whole body matched its hash).
+    func piece(count: Int, at position: Int64?, endsAt last: Bool) throws -> ByteBuffer {
+        var buffer = ByteBufferAllocator().buffer(capacity: count)
+        var filled = 0
+        while filled < count {
+            let read = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count - filled) { raw in
+                let target = UnsafeMutableRawBufferPointer(rebasing: raw.prefix(count - filled))
+                return try position.map { try reader.read(into: target, at: $0 + Int64(filled)) } ?? reader.read(into: target)
+            }
+            guard read > 0 else { throw SofaError.blobCorrupted(key: reader.key.hex, path: reader.path) }
+            filled += read
+        }
+        if position == nil && last {
+            var probe: UInt8 = 0
+            guard try withUnsafeMutableBytes(of: &probe, { try reader.read(into: $0) }) == 0 else {
+                throw SofaError.blobCorrupted(key: reader.key.hex, path: reader.path)
+            }
+        }
+        return buffer
+    }
 }

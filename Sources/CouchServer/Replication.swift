@@ -118,52 +118,56 @@ extension CouchServer {
 
     /// `feed=normal` and `feed=longpoll`, laid out byte for byte as CouchDB does.
     private func normalFeed(_ request: Request, _ db: Database, _ query: ChangesQuery) async throws {
-        var result: (rows: [JSONValue], lastSeq: Int64, pending: Int)
-        let collect: @Sendable () throws -> (rows: [JSONValue], lastSeq: Int64, pending: Int) = {
-            if query.descending {
-                var all = try self.collectChanges(db, since: 0, limit: Int.max, query).rows.filter { $0.sequence > query.since }
-                all.reverse()
-                let rows = Array(all.prefix(query.limit))
-                return (try rows.map { try self.changeRow($0, db, query) }, rows.last?.sequence ?? query.since, 0)
-            }
-            let (rows, readTo) = try self.collectChanges(db, since: query.since, limit: query.limit, query)
-            let last = try db.lastSequence
-            let pending = readTo < last ? try self.collectChanges(db, since: readTo, limit: Int.max, query).rows.count : 0
-            return (try rows.map { try self.changeRow($0, db, query) }, rows.isEmpty ? max(readTo, query.since) : readTo, pending)
-        }
-        result = try await blocking(collect)
-        if query.feed == "longpoll" && result.rows.isEmpty {
+        var since = query.since
+        if query.feed == "longpoll" {
+            // Wait for a change that passes the filter, or for the timeout.
             let deadline = ContinuousClock.now + .seconds(query.timeout ?? Limits.defaultFeedTimeout)
-            var since = query.since
-            while result.rows.isEmpty && ContinuousClock.now < deadline {
+            while ContinuousClock.now < deadline {
+                let from = since
+                let (rows, readTo) = try await blocking { try self.collectChanges(db, since: from, limit: 1, query) }
+                if !rows.isEmpty { break }
+                since = readTo
                 try await Task.sleep(for: CouchServer.feedPollInterval)
-                let last = try await blocking { try db.lastSequence }
-                guard last > since else { continue }
-                var next = query
-                next.since = since
-                result = try await blocking { [next] in
-                    let (rows, readTo) = try self.collectChanges(db, since: next.since, limit: next.limit, next)
-                    return (try rows.map { try self.changeRow($0, db, next) }, readTo, 0)
-                }
-                since = result.lastSeq
             }
-            if result.rows.isEmpty { result.lastSeq = since }
         }
         let response = request.response
         try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
         try await response.write("{\"results\":[\n")
-        // Rows in groups, each group one chunk.
-        var group: [UInt8] = []
-        for (index, row) in result.rows.enumerated() {
-            if index > 0 { group += Array(",\r\n".utf8) }
-            group += row.serialized()
-            if group.count > 64 * 1024 {
-                try await response.write(group)
-                group = []
+        var lastSeq = since
+        var sent = 0
+        if query.descending {
+            // Rare: the filtered changes are listed newest first from memory.
+            let rows = try await blocking { [since] () -> [UInt8] in
+                var all = try self.collectChanges(db, since: since, limit: Int.max, query).rows
+                all.reverse()
+                return try all.prefix(query.limit).enumerated().reduce(into: [UInt8]()) { bytes, entry in
+                    if entry.offset > 0 { bytes += Array(",\r\n".utf8) }
+                    bytes += try self.changeRow(entry.element, db, query).serialized()
+                }
+            }
+            try await response.write(rows)
+        } else {
+            // Page by page, each page one chunk, so 100,000 changes never sit in memory at once.
+            while sent < query.limit {
+                let (from, count, first) = (lastSeq, min(500, query.limit - sent), sent == 0)
+                let (bytes, rows, readTo) = try await blocking { () -> ([UInt8], Int, Int64) in
+                    let (changes, readTo) = try self.collectChanges(db, since: from, limit: count, query)
+                    var bytes: [UInt8] = []
+                    for (index, change) in changes.enumerated() {
+                        if index > 0 || !first { bytes += Array(",\r\n".utf8) }
+                        bytes += try self.changeRow(change, db, query).serialized()
+                    }
+                    return (bytes, changes.count, readTo)
+                }
+                lastSeq = max(lastSeq, readTo)
+                if rows == 0 { break }
+                try await response.write(bytes)
+                sent += rows
             }
         }
-        group += Array("\n],\n\"last_seq\":\"\(result.lastSeq)\",\"pending\":\(result.pending)}\n".utf8)
-        try await response.write(group)
+        let from = lastSeq
+        let pending = query.descending ? 0 : try await blocking { try db.changeCount(since: from) }
+        try await response.write("\n],\n\"last_seq\":\"\(lastSeq)\",\"pending\":\(pending)}\n")
         try await response.finish()
     }
 

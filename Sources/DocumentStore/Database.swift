@@ -239,6 +239,13 @@ public final class Database: @unchecked Sendable {
         }
     }
 
+    /// How many documents changed after `sequence`.
+    public func changeCount(since sequence: Int64) throws -> Int {
+        try read { connection in
+            try connection.query("SELECT COUNT(*) FROM docs WHERE sequence > ?", .integer(sequence)) { $0.int(0) }[0]
+        }
+    }
+
     public var lastSequence: Int64 {
         get throws { try read { try Database.lastSequence(in: $0) } }
     }

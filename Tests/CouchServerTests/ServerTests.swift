@@ -418,3 +418,48 @@ import TestSupport
         #expect(temporaries.isEmpty, "\(temporaries)")
     }
 }
+
+/// A 2 GiB attachment up and down through `sofa serve`, with the server's memory flat.
+@Suite struct ServerStreamingTests {
+    @Test func twoGibibyteAttachmentStreamsWithFlatMemory() throws {
+        let directory = TemporaryDirectory()
+        _ = try directory.makeDatabase("big.sofa")
+        let source = directory.appending("big.bin")
+        let size: Int64 = 2 << 30
+        let key = try writePatternFile(source, count: size)
+        let server = try ServedDatabases([directory.appending("big.sofa")])
+        let http = try server.connect()
+
+        // Upload: headers, then the file in 1 MiB pieces, never whole in this process either.
+        try http.send("PUT /big/doc/big.bin HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: \(size)\r\n\r\n")
+        let fd = open(source, O_RDONLY)
+        defer { close(fd) }
+        var piece = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let count = piece.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else { break }
+            try http.send(Array(piece[..<count]))
+        }
+        let put = try http.readResponse()
+        #expect(put.status == 201, "\(put.text)")
+
+        // Download: hash as it arrives.
+        let digest = MessageDigest(.sha1)
+        var received: Int64 = 0
+        let get = try http.request("GET", "/big/doc/big.bin") { bytes in
+            bytes.withUnsafeBytes { digest.update($0) }
+            received += Int64(bytes.count)
+        }
+        #expect(get.status == 200)
+        #expect(received == size)
+        #expect(BlobKey(digest: digest.finalize()) == key)
+        let stub = try http.request("GET", "/big/doc").json?["_attachments"]?["big.bin"]
+        #expect(stub?["length"] == .integer(size))
+        #expect(stub?["digest"] == .string(key.digestString))
+
+        let result = server.stop()
+        #expect(result.succeeded)
+        #expect(result.maxRSS < 150 << 20, "server peak RSS \(result.maxRSS >> 20) MiB for a 2 GiB body")
+        print("sofa serve peak RSS with a 2 GiB attachment up and down: \(result.maxRSS >> 20) MiB")
+    }
+}

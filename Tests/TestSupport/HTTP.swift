@@ -1,5 +1,6 @@
 import DocumentModel
 import Foundation
+import Testing
 
 /// A `sofa serve` child process on a free port of 127.0.0.1.
 public final class ServedDatabases: @unchecked Sendable {
@@ -41,6 +42,10 @@ public final class ServedDatabases: @unchecked Sendable {
         let finished = process.wait()
         unlink(outputPath)
         result = finished
+        // Under --sanitize=thread the server reports races on its stderr.
+        if finished.stderr.contains("ThreadSanitizer") {
+            Issue.record("ThreadSanitizer report from sofa serve:\n\(finished.stderr.prefix(4000))")
+        }
         return finished
     }
 }
