@@ -143,7 +143,7 @@ import TestSupport
     }
 
     @Test func couchDBsReplicatorAndClientsGetCouchDBsAnswers() throws {
-        #expect(FileManager.default.fileExists(atPath: Self.root + "/README.md"), "fixtures not found at \(Self.root)")
+        try #require(FileManager.default.fileExists(atPath: Self.root + "/README.md"), "fixtures not found at \(Self.root)")
         let directory = TemporaryDirectory()
         let replay = try Replay(directory: directory)
         let create = try replay.connection.request("PUT", "/fixture-src", headers: [("Authorization", replay.basic)])
