@@ -164,7 +164,11 @@ public final class CouchServer: @unchecked Sendable {
                 log.warning("\(head.method) \(head.uri) failed mid-response: \(failure)")
                 return false
             }
-            if failure.closeConnection {
+            // A refused request whose body was not read (a 401 on a big upload, say) ends the
+            // connection rather than reading the rest of the body for nothing.
+            let hasBody = head.headers["Content-Length"].contains { $0 != "0" }
+                || head.headers["Transfer-Encoding"].contains { $0.lowercased().contains("chunked") }
+            if failure.closeConnection || (hasBody && !body.finished) {
                 keepAlive = false
                 response.keepAlive = false
             }

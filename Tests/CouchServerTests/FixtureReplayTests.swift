@@ -37,7 +37,7 @@ import TestSupport
 
     final class Replay {
         let server: ServedDatabases
-        var connection: HTTPConnection
+        let connection: HTTPConnection
         var cookie: String?
         var mismatches: [String] = []
         var compared = 0
@@ -86,7 +86,6 @@ import TestSupport
             if let setCookie = response.header("Set-Cookie"), setCookie.hasPrefix("AuthSession=") {
                 cookie = String(setCookie.split(separator: ";")[0])
             }
-            if response.header("Connection")?.lowercased() == "close" { connection = try server.connect() }
             compared += 1
             if let reason = FixtureReplayTests.knownDifferences[name] {
                 _ = reason

@@ -340,6 +340,12 @@ import TestSupport
         #expect(anonymous.json == ["error": "unauthorized", "reason": "You are not authorized to access this db."])
         #expect(anonymous.header("WWW-Authenticate") == nil)
         #expect(try http.request("GET", "/").status == 200)
+        // A refused upload is answered at once, without reading its body, and the connection closes.
+        let uploader = try server.connect()
+        try uploader.send("PUT /db/seed/big.bin HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+        let early = try uploader.readResponse()
+        #expect(early.status == 401)
+        #expect(early.header("Connection") == "close")
         let basic = "Basic " + Data("admin:s3cret".utf8).base64EncodedString()
         let wrong = "Basic " + Data("admin:nope".utf8).base64EncodedString()
         #expect(try http.request("GET", "/db/seed", headers: [("Authorization", basic)]).status == 200)

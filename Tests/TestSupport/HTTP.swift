@@ -70,13 +70,24 @@ public struct HTTPResponse: Sendable {
 
 /// A plain HTTP/1.1 client connection for tests: raw bytes out, parsed responses in.
 /// Reads time out after 60 s so a stuck server fails a test instead of hanging it.
+/// After a response with `Connection: close`, the next request opens a new connection, as
+/// real clients do.
 public final class HTTPConnection {
-    public let fd: Int32
+    public private(set) var fd: Int32
     private var buffer: [UInt8] = []
     private var position = 0
+    private let port: Int
+    private let timeout: Int
+    private var closedByServer = false
 
     public init(port: Int, timeout: Int = 60) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.port = port
+        self.timeout = timeout
+        fd = try HTTPConnection.open(port: port, timeout: timeout)
+    }
+
+    private static func open(port: Int, timeout: Int) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
@@ -91,6 +102,7 @@ public final class HTTPConnection {
         }
         var limit = timeval(tv_sec: timeout, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        return fd
     }
 
     deinit { Glibc.close(fd) }
@@ -98,6 +110,13 @@ public final class HTTPConnection {
     public func close() { shutdown(fd, Int32(SHUT_RDWR)) }
 
     public func send(_ bytes: [UInt8]) throws {
+        if closedByServer {
+            Glibc.close(fd)
+            fd = try HTTPConnection.open(port: port, timeout: timeout)
+            buffer = []
+            position = 0
+            closedByServer = false
+        }
         var offset = 0
         while offset < bytes.count {
             let count = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
@@ -203,6 +222,7 @@ public final class HTTPConnection {
             sink(buffer[position...])
             position = buffer.count
         }
+        if value("connection")?.lowercased() == "close" { closedByServer = true }
         return HTTPResponse(status: status, reason: reason, headers: headers.map { (name: $0.0, value: $0.1) }, body: body,
                             chunkSizes: chunkSizes)
     }
