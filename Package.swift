@@ -21,25 +21,31 @@ let package = Package(
                        providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CZlib", path: "Sources/CZlib", pkgConfig: "zlib",
                        providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl",
+                       providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CFuse3", path: "Sources/CFuse3", pkgConfig: "fuse3",
                        providers: [.apt(["libfuse3-dev"])]),
 
         .target(name: "DocumentModel", dependencies: ["CCrypto"]),
-        .target(name: "DocumentStore", dependencies: ["DocumentModel", "CSQLite3"]),
+        .target(name: "DocumentStore", dependencies: ["DocumentModel", "CSQLite3", "CZlib"]),
         .target(name: "FuseKit", dependencies: ["CFuse3"]),
         .target(name: "DocumentFS", dependencies: [
             "DocumentModel", "DocumentStore", "FuseKit",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "CouchServer", dependencies: [
-            "DocumentModel", "DocumentStore", "CZlib", "CCrypto",
+            "DocumentModel", "DocumentStore", "CCrypto",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOHTTP1", package: "swift-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        .target(name: "Replicator", dependencies: [
+            "DocumentModel", "DocumentStore", "CCurl",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .executableTarget(name: "sofa", dependencies: [
-            "DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "CouchServer",
+            "DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "CouchServer", "Replicator",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -52,5 +58,6 @@ let package = Package(
         .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "TestSupport"]),
         .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "TestSupport"]),
+        .testTarget(name: "ReplicatorTests", dependencies: ["DocumentModel", "DocumentStore", "Replicator", "TestSupport"]),
     ]
 )

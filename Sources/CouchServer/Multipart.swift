@@ -1,4 +1,3 @@
-import CZlib
 import DocumentModel
 import DocumentStore
 import Foundation
@@ -159,68 +158,26 @@ final class MultipartReader {
     }
 }
 
-/// Inflates a gzip (or zlib) stream piece by piece.
-final class Inflater {
-    private var stream = z_stream()
-    private var ended = false
-
-    init() throws {
-        guard cz_inflate_init_gzip(&stream) == Z_OK else { throw HTTPError.badRequest("cannot start gzip decoding") }
-    }
-
-    deinit { inflateEnd(&stream) }
-
-    /// Feeds compressed bytes; `output` receives decompressed pieces.
-    func inflate(_ input: [UInt8], output: ([UInt8]) throws -> Void) throws {
-        guard !input.isEmpty else { return }
-        guard !ended else { throw HTTPError.badRequest("data after the end of a gzip stream") }
-        var out = [UInt8](repeating: 0, count: 64 * 1024)
-        var input = input
-        try input.withUnsafeMutableBufferPointer { inBuffer in
-            stream.next_in = inBuffer.baseAddress
-            stream.avail_in = UInt32(inBuffer.count)
-            repeat {
-                let (status, produced) = out.withUnsafeMutableBufferPointer { outBuffer -> (Int32, Int) in
-                    stream.next_out = outBuffer.baseAddress
-                    stream.avail_out = UInt32(outBuffer.count)
-                    let status = CZlib.inflate(&stream, Z_NO_FLUSH)
-                    return (status, outBuffer.count - Int(stream.avail_out))
-                }
-                if produced > 0 { try output(Array(out[..<produced])) }
-                if status == Z_STREAM_END { ended = true; break }
-                guard status == Z_OK || status == Z_BUF_ERROR else {
-                    throw HTTPError.badRequest("invalid gzip data")
-                }
-                if status == Z_BUF_ERROR && produced == 0 { break }
-            } while stream.avail_in > 0 || stream.avail_out == 0
-        }
-    }
-
-    func finish() throws {
-        guard ended else { throw HTTPError.badRequest("truncated gzip data") }
-    }
-}
-
 /// Where an uploaded attachment body goes: decoded if gzip, hashed (MD5 of what
 /// came in, MD5 of the decoded bytes) and streamed into the blob store.
 final class AttachmentSink: @unchecked Sendable {
     // Sendable invariant: used by one request at a time, serially.
     private let writer: BlobWriter
-    private let inflater: Inflater?
+    private let inflater: GzipDecoder?
     private let encodedMD5 = MessageDigest(.md5)
     private let identityMD5 = MessageDigest(.md5)
     private(set) var encodedLength: Int64 = 0
 
     init(blobs: BlobStore, gzip: Bool) throws {
         writer = try blobs.makeWriter()
-        inflater = gzip ? try Inflater() : nil
+        inflater = gzip ? try GzipDecoder() : nil
     }
 
     func write(_ bytes: [UInt8]) throws {
         encodedLength += Int64(bytes.count)
         encodedMD5.update(bytes)
         if let inflater {
-            try inflater.inflate(bytes) { try writeIdentity($0) }
+            try inflater.decode(bytes) { try writeIdentity($0) }
         } else {
             try writeIdentity(bytes)
         }

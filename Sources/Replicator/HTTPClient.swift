@@ -1,0 +1,274 @@
+import CCurl
+import DocumentModel
+import Foundation
+
+/// A remote database URL, split the way replication needs it: credentials apart
+/// (never logged, never part of the replication id), default ports explicit.
+public struct RemoteDatabase: Sendable, CustomStringConvertible {
+    /// `scheme://host:port/path`, no credentials, no trailing slash.
+    public let url: String
+    public let user: String?
+    public let password: String?
+
+    public init(_ text: String, user: String? = nil, password: String? = nil) throws {
+        guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
+              scheme == "http" || scheme == "https", let host = components.host, !host.isEmpty else {
+            throw SofaError.invalidArgument("not an http(s) database URL: \(RemoteDatabase.redacted(text))")
+        }
+        self.user = user ?? components.user?.removingPercentEncoding
+        self.password = password ?? components.password?.removingPercentEncoding
+        components.user = nil
+        components.password = nil
+        components.scheme = scheme
+        components.host = host.lowercased()
+        components.port = components.port ?? (scheme == "https" ? 443 : 80)
+        var path = components.percentEncodedPath
+        while path.hasSuffix("/") { path.removeLast() }
+        guard !path.isEmpty else { throw SofaError.invalidArgument("the URL names no database: \(RemoteDatabase.redacted(text))") }
+        components.percentEncodedPath = path
+        components.query = nil
+        components.fragment = nil
+        url = components.string!
+    }
+
+    public var description: String { url }
+
+    /// `text` with any `user:password@` removed, for messages.
+    static func redacted(_ text: String) -> String {
+        text.replacingOccurrences(of: #"//[^/@]*@"#, with: "//", options: .regularExpression)
+    }
+
+    /// The URL of a path under the database (`_changes`, a document id…), already percent-encoded.
+    func url(_ path: String) -> String { path.isEmpty ? url : "\(url)/\(path)" }
+}
+
+/// Encodes a document id or attachment name for a URL path segment (`/` too).
+func pathSegment(_ text: String) -> String {
+    var allowed = CharacterSet.alphanumerics
+    allowed.insert(charactersIn: "-._~")
+    return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text
+}
+
+/// Errors talking to a remote database.
+public enum ReplicationError: Error, CustomStringConvertible, Sendable {
+    /// Connection refused, reset, timed out, TLS failure…: worth retrying.
+    case network(String)
+    /// An HTTP error answer.
+    case http(status: Int, error: String, reason: String, url: String)
+    /// The answer was not what the protocol says.
+    case protocolError(String)
+
+    public var description: String {
+        switch self {
+        case .network(let message): "cannot reach the remote database: \(message)"
+        case .http(401, _, let reason, let url): "\(url): not authorized (\(reason)); give --user and --password-file, or user:password@ in the URL"
+        case .http(403, _, let reason, let url): "\(url): forbidden (\(reason))"
+        case .http(let status, let error, let reason, let url): "\(url): HTTP \(status) \(error): \(reason)"
+        case .protocolError(let message): "unexpected answer from the remote database: \(message)"
+        }
+    }
+
+    /// Whether trying again later may succeed.
+    public var isTransient: Bool {
+        switch self {
+        case .network: true
+        case .http(let status, _, _, _): status >= 500 || status == 408 || status == 429
+        case .protocolError: true
+        }
+    }
+}
+
+/// Bytes to upload, pulled as curl asks for them.
+protocol UploadSource: AnyObject {
+    var length: Int64 { get }
+    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int
+}
+
+final class BytesUpload: UploadSource {
+    private let bytes: [UInt8]
+    private var offset = 0
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
+    var length: Int64 { Int64(bytes.count) }
+    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        let count = min(buffer.count, bytes.count - offset)
+        bytes.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + offset, byteCount: count) }
+        offset += count
+        return count
+    }
+}
+
+/// One HTTP answer. The body is kept unless a sink consumed it.
+struct HTTPAnswer {
+    let status: Int
+    /// Lowercased names.
+    let headers: [String: String]
+    let body: [UInt8]
+
+    var json: JSONValue? { try? JSONParser.parse(body) }
+}
+
+/// A blocking HTTP/1.1 client on libcurl: keep-alive on one handle, TLS with the
+/// system CAs (or `caFile`), verification on, bounded connect and stall times.
+final class HTTPClient {
+    private let handle: UnsafeMutableRawPointer
+    let remote: RemoteDatabase
+    var caFile: String?
+    /// A request that makes no progress for this long fails (and is retried by the caller).
+    var stallTimeout = 60
+    var connectTimeout = 10
+    /// `AuthSession` cookie after `_session` login; basic auth otherwise.
+    private var cookie: String?
+
+    private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
+
+    init(remote: RemoteDatabase) throws {
+        _ = HTTPClient.globalInit
+        guard let handle = curl_easy_init() else { throw ReplicationError.network("curl_easy_init failed") }
+        self.handle = handle
+        self.remote = remote
+    }
+
+    deinit { curl_easy_cleanup(handle) }
+
+    /// Context shared with curl's C callbacks.
+    private final class Transfer {
+        var body: [UInt8] = []
+        var headers: [String: String] = [:]
+        var status = 0
+        /// Returns false to keep the bytes as the body (an error answer) instead.
+        var sink: ((UnsafeRawBufferPointer, Int, [String: String]) throws -> Bool)?
+        var upload: UploadSource?
+        var error: (any Error)?
+    }
+
+    /// Sends a request. With `sink`, body bytes go there (with the status and headers) instead
+    /// of being kept, unless the sink returns false for them (an error answer's body).
+    func send(_ method: String, _ url: String, headers: [String: String] = [:], body: UploadSource? = nil,
+              sink: ((UnsafeRawBufferPointer, Int, [String: String]) throws -> Bool)? = nil) throws -> HTTPAnswer {
+        curl_easy_reset(handle)
+        let transfer = Transfer()
+        transfer.sink = sink
+        transfer.upload = body
+        let context = Unmanaged.passUnretained(transfer).toOpaque()
+        ccurl_setopt_string(handle, CURLOPT_URL, url)
+        ccurl_setopt_long(handle, CURLOPT_NOSIGNAL, 1)
+        ccurl_setopt_long(handle, CURLOPT_CONNECTTIMEOUT, connectTimeout)
+        ccurl_setopt_long(handle, CURLOPT_LOW_SPEED_LIMIT, 1)
+        ccurl_setopt_long(handle, CURLOPT_LOW_SPEED_TIME, stallTimeout)
+        ccurl_setopt_long(handle, CURLOPT_TCP_KEEPALIVE, 1)
+        ccurl_setopt_long(handle, CURLOPT_SSL_VERIFYPEER, 1)
+        ccurl_setopt_long(handle, CURLOPT_SSL_VERIFYHOST, 2)
+        if let caFile { ccurl_setopt_string(handle, CURLOPT_CAINFO, caFile) }
+        ccurl_setopt_string(handle, CURLOPT_USERAGENT, "Sofa-Replicator/0.1")
+        if let cookie {
+            ccurl_setopt_string(handle, CURLOPT_COOKIE, cookie)
+        } else if let user = remote.user {
+            ccurl_setopt_long(handle, CURLOPT_HTTPAUTH, 1)  // CURLAUTH_BASIC (a macro Swift cannot see)
+            ccurl_setopt_string(handle, CURLOPT_USERNAME, user)
+            ccurl_setopt_string(handle, CURLOPT_PASSWORD, remote.password ?? "")
+        }
+        ccurl_setopt_callback(handle, CURLOPT_WRITEFUNCTION) { buffer, size, count, context in
+            let transfer = Unmanaged<Transfer>.fromOpaque(context!).takeUnretainedValue()
+            let bytes = UnsafeRawBufferPointer(start: buffer, count: size * count)
+            do {
+                if try transfer.sink?(bytes, transfer.status, transfer.headers) != true { transfer.body.append(contentsOf: bytes) }
+                return size * count
+            } catch {
+                transfer.error = error
+                return 0  // aborts the transfer
+            }
+        }
+        ccurl_setopt_pointer(handle, CURLOPT_WRITEDATA, context)
+        ccurl_setopt_callback(handle, CURLOPT_HEADERFUNCTION) { buffer, size, count, context in
+            let transfer = Unmanaged<Transfer>.fromOpaque(context!).takeUnretainedValue()
+            let line = String(decoding: UnsafeRawBufferPointer(start: buffer, count: size * count), as: UTF8.self)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            if line.hasPrefix("HTTP/") {
+                // A new response (after a redirect or 100 Continue): start over.
+                transfer.status = Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
+                transfer.headers = [:]
+            } else if let colon = line.firstIndex(of: ":") {
+                transfer.headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+            }
+            return size * count
+        }
+        ccurl_setopt_pointer(handle, CURLOPT_HEADERDATA, context)
+
+        var list: UnsafeMutablePointer<curl_slist>?
+        var allHeaders = headers
+        allHeaders["Accept"] = allHeaders["Accept"] ?? "application/json"
+        allHeaders["Expect"] = ""  // no 100-continue round trip
+        for (name, value) in allHeaders { list = curl_slist_append(list, "\(name): \(value)") }
+        defer { curl_slist_free_all(list) }
+        ccurl_setopt_pointer(handle, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(list))
+
+        switch method {
+        case "GET": ccurl_setopt_long(handle, CURLOPT_HTTPGET, 1)
+        case "HEAD": ccurl_setopt_long(handle, CURLOPT_NOBODY, 1)
+        default:
+            ccurl_setopt_string(handle, CURLOPT_CUSTOMREQUEST, method)
+            if body != nil || method == "PUT" || method == "POST" {
+                ccurl_setopt_long(handle, CURLOPT_UPLOAD, 1)
+                ccurl_setopt_off(handle, CURLOPT_INFILESIZE_LARGE, curl_off_t(body?.length ?? 0))
+                ccurl_setopt_callback(handle, CURLOPT_READFUNCTION) { buffer, size, count, context in
+                    let transfer = Unmanaged<Transfer>.fromOpaque(context!).takeUnretainedValue()
+                    guard let upload = transfer.upload else { return 0 }
+                    do {
+                        return try upload.read(into: UnsafeMutableRawBufferPointer(start: buffer, count: size * count))
+                    } catch {
+                        transfer.error = error
+                        return Int(CURL_READFUNC_ABORT)
+                    }
+                }
+                ccurl_setopt_pointer(handle, CURLOPT_READDATA, context)
+            }
+        }
+        let code = curl_easy_perform(handle)
+        if let error = transfer.error { throw error }
+        guard code == CURLE_OK else {
+            throw ReplicationError.network("\(String(cString: curl_easy_strerror(code))) (\(method) \(RemoteDatabase.redacted(url)))")
+        }
+        return HTTPAnswer(status: ccurl_response_code(handle), headers: transfer.headers, body: transfer.body)
+    }
+
+    /// A JSON request; throws `.http` for error statuses.
+    func json(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = []) throws -> (status: Int, json: JSONValue) {
+        let url = remote.url(path)
+        var headers: [String: String] = [:]
+        var upload: UploadSource?
+        if let body {
+            headers["Content-Type"] = "application/json"
+            upload = BytesUpload(body.serialized())
+        }
+        let answer = try send(method, url, headers: headers, body: upload)
+        if answer.status >= 400 && !allow.contains(answer.status) { throw httpError(answer, url: url) }
+        guard let json = answer.json else {
+            throw ReplicationError.protocolError("\(method) \(RemoteDatabase.redacted(url)) answered \(answer.status) without JSON")
+        }
+        return (answer.status, json)
+    }
+
+    func httpError(_ answer: HTTPAnswer, url: String) -> ReplicationError {
+        let json = answer.json
+        return .http(status: answer.status, error: json?["error"]?.stringValue ?? "error",
+                     reason: json?["reason"]?.stringValue ?? String(decoding: answer.body.prefix(200), as: UTF8.self),
+                     url: RemoteDatabase.redacted(url))
+    }
+
+    /// Logs in with `POST /_session` when credentials are known, so later requests carry
+    /// a cookie rather than the password. Servers without sessions keep basic auth.
+    func logIn() throws {
+        guard let user = remote.user, cookie == nil else { return }
+        guard let root = URLComponents(string: remote.url).map({ components -> String in
+            var components = components
+            components.path = "/_session"
+            return components.string!
+        }) else { return }
+        let form = "name=\(user.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? user)&password=\((remote.password ?? "").addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "")"
+        let answer = try send("POST", root, headers: ["Content-Type": "application/x-www-form-urlencoded"], body: BytesUpload(Array(form.utf8)))
+        if answer.status == 401 { throw httpError(answer, url: root) }
+        if answer.status == 200, let setCookie = answer.headers["set-cookie"], setCookie.hasPrefix("AuthSession=") {
+            cookie = String(setCookie.split(separator: ";")[0])
+        }
+    }
+}

@@ -1,0 +1,474 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Logging
+
+/// What a replication did, with PouchDB's result fields.
+public struct ReplicationResult: Sendable {
+    public var docsRead = 0
+    public var docsWritten = 0
+    public var docWriteFailures = 0
+    public var attachmentsDownloaded = 0
+    public var attachmentBytesDownloaded: Int64 = 0
+    public var attachmentsDeferred = 0
+    public var lastSeq: JSONValue = 0
+    public var status = "complete"
+
+    public var json: JSONValue {
+        ["ok": .bool(status == "complete"), "status": .string(status), "docs_read": .integer(Int64(docsRead)),
+         "docs_written": .integer(Int64(docsWritten)), "doc_write_failures": .integer(Int64(docWriteFailures)),
+         "attachments_downloaded": .integer(Int64(attachmentsDownloaded)),
+         "attachment_bytes_downloaded": .integer(attachmentBytesDownloaded),
+         "attachments_deferred": .integer(Int64(attachmentsDeferred)), "last_seq": lastSeq]
+    }
+}
+
+/// Which attachment bodies a pull downloads; the others are stored as metadata
+/// only (`contentAvailable == false`) and fetched when read.
+public struct DownloadPolicy: Sendable {
+    public var enabled = true
+    public var maximumSize: Int64?
+    /// Patterns like `image/*` or `text/plain`; empty means all types.
+    public var types: [String] = []
+
+    public init() {}
+
+    public func allows(_ attachment: Attachment) -> Bool {
+        guard enabled else { return false }
+        if let maximumSize, attachment.length > maximumSize { return false }
+        guard !types.isEmpty else { return true }
+        let type = attachment.contentType.lowercased().split(separator: ";")[0].trimmingCharacters(in: .whitespaces)
+        return types.contains { pattern in
+            pattern.hasSuffix("/*") ? type.hasPrefix(pattern.dropLast()) : type == pattern.lowercased()
+        }
+    }
+}
+
+/// The client side of CouchDB's replication protocol, one-shot, between a local
+/// database and a remote one (a CouchDB, or another `sofa serve`).
+///
+/// Checkpoints live in `_local/<replication id>` on both sides; a run starts from
+/// the checkpoint both agree on, and a checkpoint never moves past what is saved.
+public final class Replicator {
+    public enum Direction: String, Sendable { case pull, push }
+
+    public let database: Database
+    public let remote: RemoteDatabase
+    public let direction: Direction
+    public var downloads = DownloadPolicy()
+    public var docIDs: [String]?
+    /// Changes read per batch.
+    public var batchSize = 200
+    /// Called after each batch with the running totals.
+    public var progress: ((ReplicationResult) -> Void)?
+    let client: HTTPClient
+    let log = Logger(label: "sofa.replicate")
+
+    public init(database: Database, remote: RemoteDatabase, direction: Direction, caFile: String? = nil) throws {
+        self.database = database
+        self.remote = remote
+        self.direction = direction
+        self.client = try HTTPClient(remote: remote)
+        client.caFile = caFile
+    }
+
+    /// The replication id: the local private UUID, the normalised remote URL (no
+    /// credentials, default port explicit), the direction and the filter.
+    public var replicationID: String {
+        let key: JSONValue = [.string(database.privateUUID), .string(remote.url), .string(direction.rawValue),
+                              docIDs.map { .array($0.sorted().map { .string($0) }) } ?? .null]
+        return BlobKey.hexString(MessageDigest.hash(.md5, key.serialized(.canonical)))
+    }
+
+    public func run() throws -> ReplicationResult {
+        try client.logIn()
+        let (_, info) = try client.json("GET", "")
+        guard info["db_name"] != nil || info["update_seq"] != nil else {
+            throw ReplicationError.protocolError("\(remote) is not a CouchDB database")
+        }
+        switch direction {
+        case .pull: return try pull()
+        case .push: return try push()
+        }
+    }
+
+    // MARK: - Checkpoints
+
+    private var checkpointID: String { "_local/\(replicationID)" }
+
+    /// The sequence both sides' checkpoints agree on (the source's), or nil.
+    private func startingSequence() throws -> JSONValue? {
+        let local = try database.localDocument(withID: checkpointID)?.body
+        let (status, remoteDoc) = try client.json("GET", "_local/\(replicationID)", allow: [404])
+        guard let local, status == 200, case .object(let remoteCheckpoint) = remoteDoc else { return nil }
+        if local["session_id"] == remoteCheckpoint["session_id"], let seq = local["source_last_seq"] { return seq }
+        // Different last sessions: the newest session both histories know.
+        let remoteSessions = Dictionary((remoteCheckpoint["history"]?.arrayValue ?? []).compactMap { entry in
+            entry["session_id"]?.stringValue.map { ($0, entry) }
+        }, uniquingKeysWith: { first, _ in first })
+        for entry in local["history"]?.arrayValue ?? [] {
+            if let session = entry["session_id"]?.stringValue, remoteSessions[session] != nil { return entry["recorded_seq"] }
+        }
+        return nil
+    }
+
+    private func saveCheckpoint(session: String, started: Date, startSeq: JSONValue, seq: JSONValue, result: ReplicationResult) throws {
+        let existing = try database.localDocument(withID: checkpointID)?.body
+        let entry: JSONValue = ["session_id": .string(session), "start_time": .string(httpDate(started)),
+                                "end_time": .string(httpDate(Date())), "start_last_seq": startSeq, "end_last_seq": seq,
+                                "recorded_seq": seq, "docs_read": .integer(Int64(result.docsRead)),
+                                "docs_written": .integer(Int64(result.docsWritten)),
+                                "doc_write_failures": .integer(Int64(result.docWriteFailures))]
+        var history = (existing?["history"]?.arrayValue ?? []).filter { $0["session_id"]?.stringValue != session }
+        history.insert(entry, at: 0)
+        let body: JSONObject = ["session_id": .string(session), "source_last_seq": seq, "replication_id_version": 1,
+                                "history": .array(Array(history.prefix(50)))]
+        // Remote first: if it fails, the local checkpoint (which decides nothing alone) is untouched.
+        let (_, current) = try client.json("GET", "_local/\(replicationID)", allow: [404])
+        var remoteBody = body
+        if let rev = current["_rev"]?.stringValue { remoteBody["_rev"] = .string(rev) }
+        _ = try client.json("PUT", "_local/\(replicationID)", .object(remoteBody))
+        _ = try database.replaceLocalDocument(checkpointID, body: body, after: existing == nil ? nil : database.localDocument(withID: checkpointID)?.rev)
+    }
+
+    // MARK: - Pull
+
+    private func pull() throws -> ReplicationResult {
+        var result = ReplicationResult()
+        let session = UUID().uuidString.lowercased()
+        let started = Date()
+        let startSeq = try startingSequence() ?? 0
+        var since = startSeq
+        result.lastSeq = since
+        while true {
+            var path = "_changes?feed=normal&style=all_docs&limit=\(batchSize)&since=\(sequenceParameter(since))"
+            var body: JSONValue?
+            if let docIDs {
+                path += "&filter=_doc_ids"
+                body = ["doc_ids": .array(docIDs.map { .string($0) })]
+            }
+            let (_, changes) = try client.json(body == nil ? "GET" : "POST", path, body)
+            guard let rows = changes["results"]?.arrayValue, let lastSeq = changes["last_seq"] else {
+                throw ReplicationError.protocolError("_changes without results and last_seq")
+            }
+            if rows.isEmpty { break }
+            // Which of the listed revisions are missing here.
+            var wanted: [(id: String, rev: RevisionID)] = []
+            for row in rows {
+                guard let id = row["id"]?.stringValue, !DocumentID.isLocal(id) else { continue }
+                let tree = try? database.revisionTree(of: id)
+                for change in row["changes"]?.arrayValue ?? [] {
+                    guard let text = change["rev"]?.stringValue, let rev = RevisionID(text) else { continue }
+                    if !(tree?.contains(rev) ?? false) { wanted.append((id, rev)) }
+                }
+            }
+            if !wanted.isEmpty { try fetch(wanted, into: &result) }
+            since = lastSeq
+            result.lastSeq = lastSeq
+            try saveCheckpoint(session: session, started: started, startSeq: startSeq, seq: since, result: result)
+            progress?(result)
+            if rows.count < batchSize { break }
+        }
+        return result
+    }
+
+    /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.
+    private func sequenceParameter(_ seq: JSONValue) -> String {
+        switch seq {
+        case .string(let text): text.addingPercentEncoding(withAllowedCharacters: .urlQueryAllowed.subtracting(CharacterSet(charactersIn: "&+="))) ?? text
+        default: seq.jsonString()
+        }
+    }
+
+    /// Fetches revisions with `_bulk_get` (stubs), then each needed body on its own,
+    /// streamed into the blob store and checked against its digest; saves them with history.
+    private func fetch(_ wanted: [(id: String, rev: RevisionID)], into result: inout ReplicationResult) throws {
+        let request: JSONValue = ["docs": .array(wanted.map { ["id": .string($0.id), "rev": .string($0.rev.description)] })]
+        let (_, answer) = try client.json("POST", "_bulk_get?revs=true&latest=true&attachments=false", request)
+        var revisions: [ReplicatedRevision] = []
+        for item in answer["results"]?.arrayValue ?? [] {
+            for doc in item["docs"]?.arrayValue ?? [] {
+                guard let body = doc["ok"] else { continue }
+                result.docsRead += 1
+                do {
+                    revisions.append(try replicatedRevision(body, result: &result))
+                } catch {
+                    log.warning("cannot replicate \(body["_id"]?.stringValue ?? "?"): \(error)")
+                    result.docWriteFailures += 1
+                }
+            }
+        }
+        try database.inBatch { batch in
+            for revision in revisions where try batch.insert(revision) { result.docsWritten += 1 }
+        }
+    }
+
+    private func replicatedRevision(_ body: JSONValue, result: inout ReplicationResult) throws -> ReplicatedRevision {
+        guard case .object(let object) = body, let id = object["_id"]?.stringValue,
+              let revText = object["_rev"]?.stringValue, let rev = RevisionID(revText) else {
+            throw ReplicationError.protocolError("a document without _id or _rev")
+        }
+        var ancestors: [RevisionID] = []
+        if let start = object["_revisions"]?["start"]?.int64Value, let ids = object["_revisions"]?["ids"]?.arrayValue {
+            ancestors = ids.enumerated().dropFirst().compactMap { index, value in
+                value.stringValue.map { RevisionID(generation: Int(start) - index, suffix: $0) }
+            }
+        }
+        let properties = object.filter { !$0.hasPrefix("_") }
+        var attachments: [Attachment] = []
+        if case .object(let entries) = object["_attachments"] ?? .null {
+            let known = knownAttachments(id)
+            for (name, entry) in entries {
+                let stub = Attachment(name: name, contentType: entry["content_type"]?.stringValue ?? MIMEType.fallback,
+                                      length: entry["length"]?.int64Value ?? 0, digest: entry["digest"]?.stringValue ?? "",
+                                      blobKey: nil, revpos: Int(entry["revpos"]?.int64Value ?? Int64(rev.generation)))
+                if let local = known[stub.digest], !stub.digest.isEmpty {
+                    // The same body under this digest is here already (an earlier revision): it never travels again.
+                    attachments.append(stub.with(contentAvailable: local.contentAvailable).withBlob(local))
+                } else if downloads.allows(stub) {
+                    attachments.append(try download(stub, id: id, rev: rev, result: &result))
+                } else {
+                    result.attachmentsDeferred += 1
+                    attachments.append(stub)
+                }
+            }
+        }
+        return ReplicatedRevision(docID: id, revID: rev, ancestors: ancestors, deleted: object["_deleted"]?.boolValue ?? false,
+                                  properties: properties, attachments: attachments.sorted { $0.name < $1.name })
+    }
+
+    /// This document's attachments by digest, from every stored revision.
+    private func knownAttachments(_ id: String) -> [String: Attachment] {
+        guard let tree = try? database.revisionTree(of: id) else { return [:] }
+        var result: [String: Attachment] = [:]
+        for rev in tree.nodes.keys {
+            guard let revision = try? database.revision(rev, of: id) else { continue }
+            for attachment in revision.attachments where attachment.blobKey != nil { result[attachment.digest] = attachment }
+        }
+        return result
+    }
+
+    /// Streams one body into the blob store. CouchDB's MD5 digests cover the bytes as it
+    /// stores them (gzip for `text/*`), so the body is asked for as stored, checked, and
+    /// decoded on the way in.
+    private func download(_ stub: Attachment, id: String, rev: RevisionID, result: inout ReplicationResult) throws -> Attachment {
+        let name = stub.name.split(separator: "/", omittingEmptySubsequences: false).map { pathSegment(String($0)) }.joined(separator: "/")
+        let url = remote.url("\(pathSegment(id))/\(name)?rev=\(rev)")
+        let writer = try database.blobs.makeWriter()
+        let md5 = MessageDigest(.md5)
+        var decoder: GzipDecoder?
+        var started = false
+        do {
+            let answer = try client.send("GET", url, headers: ["Accept": "*/*", "Accept-Encoding": "gzip"]) { bytes, status, headers in
+                guard status < 300 else { return false }
+                if !started {
+                    started = true
+                    if headers["content-encoding"]?.lowercased() == "gzip" { decoder = try GzipDecoder() }
+                }
+                md5.update(bytes)
+                if let decoder {
+                    try decoder.decode(Array(bytes)) { piece in try piece.withUnsafeBytes { try writer.write($0) } }
+                } else {
+                    try writer.write(bytes)
+                }
+                return true
+            }
+            guard answer.status < 300 else { throw client.httpError(answer, url: url) }
+            try decoder?.finish()
+        } catch {
+            writer.cancel()
+            throw error
+        }
+        let blob = try writer.finish()
+        try verify(stub, received: "md5-" + Data(md5.finalize()).base64EncodedString(), blob: blob)
+        result.attachmentsDownloaded += 1
+        result.attachmentBytesDownloaded += blob.length
+        return stub.withBlob(blob)
+    }
+
+    /// Never keep a body that fails its digest or length.
+    private func verify(_ stub: Attachment, received md5: String, blob: StoredBlob) throws {
+        let matches = stub.digest.hasPrefix("md5-") ? stub.digest == md5
+            : stub.digest.hasPrefix("sha1-") ? stub.digest == blob.key.digestString : true
+        guard matches, blob.length == stub.length else {
+            throw ReplicationError.protocolError("attachment \(stub.name): the body received (\(blob.length) bytes) does not match its digest \(stub.digest) and length \(stub.length)")
+        }
+    }
+
+    // MARK: - Push
+
+    private func push() throws -> ReplicationResult {
+        var result = ReplicationResult()
+        let session = UUID().uuidString.lowercased()
+        let started = Date()
+        let startSeq = try startingSequence() ?? 0
+        var since: Int64 = startSeq.int64Value ?? Int64(startSeq.stringValue ?? "") ?? 0
+        result.lastSeq = .integer(since)
+        while true {
+            var changes = try database.changes(since: since, limit: batchSize)
+            guard let last = changes.last else { break }
+            if let docIDs { changes = changes.filter { docIDs.contains($0.docID) } }
+            var leaves: [String: [RevisionID]] = [:]
+            for change in changes { leaves[change.docID] = (try? database.revisionTree(of: change.docID))?.leaves.map(\.id) ?? [] }
+            if !leaves.isEmpty { try send(leaves, into: &result) }
+            since = last.sequence
+            result.lastSeq = .integer(since)
+            try saveCheckpoint(session: session, started: started, startSeq: startSeq, seq: .integer(since), result: result)
+            progress?(result)
+        }
+        return result
+    }
+
+    private func send(_ leaves: [String: [RevisionID]], into result: inout ReplicationResult) throws {
+        let request = JSONValue.object(JSONObject(leaves.map { ($0.key, JSONValue.array($0.value.map { .string($0.description) })) }))
+        let (_, diff) = try client.json("POST", "_revs_diff", request)
+        guard case .object(let missing) = diff else { return }
+        var bulk: [JSONValue] = []
+        for (id, entry) in missing {
+            let tree = try database.revisionTree(of: id)
+            let ancestors = (entry["possible_ancestors"]?.arrayValue ?? []).compactMap { $0.stringValue.flatMap(RevisionID.init) }
+            for revText in entry["missing"]?.arrayValue?.compactMap(\.stringValue) ?? [] {
+                guard let rev = RevisionID(revText), let revision = try? database.revision(rev, of: id) else { continue }
+                result.docsRead += 1
+                let history = tree.history(of: rev)
+                // Attachments the remote has: those not changed since an ancestor it holds.
+                let known = ancestors.filter { history.contains($0) }.map(\.generation).max() ?? 0
+                var json = JSONObject()
+                json["_id"] = .string(id)
+                json["_rev"] = .string(rev.description)
+                if revision.deleted { json["_deleted"] = true }
+                for (key, value) in revision.properties { json[key] = value }
+                json["_revisions"] = ["start": .integer(Int64(rev.generation)), "ids": .array(history.map { .string($0.suffix) })]
+                var following: [Attachment] = []
+                if !revision.attachments.isEmpty {
+                    var attachments = JSONObject()
+                    for attachment in revision.attachments {
+                        var entry: JSONObject = ["content_type": .string(attachment.contentType), "revpos": .integer(Int64(attachment.revpos)),
+                                                 "digest": .string(attachment.digest), "length": .integer(attachment.length)]
+                        if attachment.revpos > known && attachment.contentAvailable {
+                            entry["follows"] = true
+                            following.append(attachment)
+                        } else {
+                            entry["stub"] = true
+                        }
+                        attachments[attachment.name] = .object(entry)
+                    }
+                    json["_attachments"] = .object(attachments)
+                }
+                if following.isEmpty {
+                    bulk.append(.object(json))
+                } else {
+                    do {
+                        try putMultipart(json, id: id, following: following)
+                        result.docsWritten += 1
+                    } catch let error as ReplicationError where !error.isTransient {
+                        log.warning("cannot push \(id) \(rev): \(error)")
+                        result.docWriteFailures += 1
+                    }
+                }
+            }
+        }
+        guard !bulk.isEmpty else { return }
+        let (status, answer) = try client.json("POST", "_bulk_docs", ["new_edits": false, "docs": .array(bulk)], allow: [412])
+        if status == 412 {
+            // One missing stub refuses the whole batch: send the documents one by one.
+            for doc in bulk {
+                let (one, _) = try client.json("POST", "_bulk_docs", ["new_edits": false, "docs": [doc]], allow: [412])
+                if one == 201 { result.docsWritten += 1 } else { result.docWriteFailures += 1 }
+            }
+            return
+        }
+        let failures = answer.arrayValue?.filter { $0["error"] != nil }.count ?? 0
+        result.docWriteFailures += failures
+        result.docsWritten += bulk.count - failures
+    }
+
+    /// `PUT /db/doc?new_edits=false` as `multipart/related`, the bodies streamed from the blob store.
+    private func putMultipart(_ json: JSONObject, id: String, following: [Attachment]) throws {
+        let boundary = BlobKey.hexString((0..<16).map { _ in UInt8.random(in: 0...255) })
+        let upload = try MultipartUpload(json: JSONValue.object(json).serialized(), attachments: following, boundary: boundary,
+                                         open: { try self.database.openContent(of: $0, docID: id) })
+        let url = remote.url("\(pathSegment(id))?new_edits=false")
+        let answer = try client.send("PUT", url, headers: ["Content-Type": "multipart/related; boundary=\"\(boundary)\""], body: upload)
+        guard answer.status < 300 else { throw client.httpError(answer, url: url) }
+    }
+}
+
+/// A `multipart/related` document body produced as curl reads it: the JSON part,
+/// then each attachment streamed from its blob.
+final class MultipartUpload: UploadSource {
+    private var pieces: [Piece] = []
+    private var current = 0
+    private var offset = 0
+    let length: Int64
+
+    private enum Piece {
+        case bytes([UInt8])
+        case blob(Attachment)
+    }
+    private let open: (Attachment) throws -> BlobReader
+    private var reader: BlobReader?
+
+    init(json: [UInt8], attachments: [Attachment], boundary: String, open: @escaping (Attachment) throws -> BlobReader) throws {
+        self.open = open
+        pieces.append(.bytes(Array("--\(boundary)\r\nContent-Type: application/json\r\n\r\n".utf8) + json))
+        for attachment in attachments {
+            let name = attachment.name.replacingOccurrences(of: "\"", with: "\\\"")
+            pieces.append(.bytes(Array(("\r\n--\(boundary)\r\nContent-Disposition: attachment; filename=\"\(name)\"\r\n"
+                + "Content-Type: \(attachment.contentType)\r\nContent-Length: \(attachment.length)\r\n\r\n").utf8)))
+            pieces.append(.blob(attachment))
+        }
+        pieces.append(.bytes(Array("\r\n--\(boundary)--".utf8)))
+        length = pieces.reduce(0) { total, piece in
+            switch piece {
+            case .bytes(let bytes): total + Int64(bytes.count)
+            case .blob(let attachment): total + attachment.length
+            }
+        }
+    }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        while current < pieces.count {
+            switch pieces[current] {
+            case .bytes(let bytes):
+                let count = min(buffer.count, bytes.count - offset)
+                if count > 0 {
+                    bytes.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + offset, byteCount: count) }
+                    offset += count
+                    return count
+                }
+            case .blob(let attachment):
+                if reader == nil { reader = try open(attachment) }
+                let count = try reader!.read(into: buffer)
+                if count > 0 { return count }
+                reader = nil
+            }
+            current += 1
+            offset = 0
+        }
+        return 0
+    }
+}
+
+extension Attachment {
+    /// This attachment's metadata with the body of `blob`.
+    func withBlob(_ blob: StoredBlob) -> Attachment {
+        Attachment(name: name, contentType: contentType, length: blob.length, digest: digest, blobKey: blob.key,
+                   revpos: revpos, contentAvailable: true)
+    }
+
+    /// This attachment's metadata with the body another attachment has.
+    func withBlob(_ other: Attachment) -> Attachment {
+        Attachment(name: name, contentType: contentType, length: other.length, digest: digest, blobKey: other.blobKey,
+                   revpos: revpos, contentAvailable: other.contentAvailable)
+    }
+}
+
+/// `Sun, 22 Nov 2026 06:48:00 GMT`, for checkpoint histories.
+func httpDate(_ date: Date) -> String {
+    let formatter = DateFormatter()
+    formatter.locale = Locale(identifier: "en_US_POSIX")
+    formatter.timeZone = TimeZone(identifier: "GMT")
+    formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+    return formatter.string(from: date)
+}

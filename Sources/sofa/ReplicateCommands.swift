@@ -1,0 +1,151 @@
+import ArgumentParser
+import DocumentModel
+import DocumentStore
+import Foundation
+import Replicator
+
+/// Options shared by pull, push and sync.
+struct ReplicationOptions: ParsableArguments {
+    @Argument(help: "The local database.")
+    var database: String
+
+    @Argument(help: "The remote database, http(s)://[user:password@]host[:port]/db")
+    var url: String
+
+    @Option(help: "User name for the remote (instead of user:password@ in the URL).")
+    var user: String?
+
+    @Option(help: "A file whose first line is the remote password.")
+    var passwordFile: String?
+
+    @Option(help: "CA certificates (PEM) to verify the remote with, instead of the system's.")
+    var cacert: String?
+
+    @Option(help: "Replicate only these documents (comma-separated ids).")
+    var docIDs: String?
+
+    @Flag(help: "Print JSON events and a final summary with PouchDB's result fields.")
+    var json = false
+
+    func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
+        var password: String?
+        if let passwordFile {
+            guard let text = try? String(contentsOfFile: passwordFile, encoding: .utf8),
+                  let line = text.split(separator: "\n", omittingEmptySubsequences: false).first else {
+                throw SofaError.invalidArgument("cannot read a password from \(passwordFile)")
+            }
+            password = String(line)
+        }
+        let remote = try RemoteDatabase(url, user: user, password: password)
+        let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: cacert)
+        replicator.docIDs = docIDs?.split(separator: ",").map(String.init)
+        return replicator
+    }
+}
+
+/// Options of pulls: which attachment bodies to download now.
+struct DownloadOptions: ParsableArguments {
+    @Flag(help: "Store attachment bodies as metadata only; they are fetched when read.")
+    var noDownloadAttachments = false
+
+    @Option(help: "Download only bodies up to this size (bytes, or with K, M, G).")
+    var downloadAttachmentsMax: String?
+
+    @Option(help: "Download only bodies of these types, e.g. 'image/*,text/*'.")
+    var downloadAttachmentsTypes: String?
+
+    func policy() throws -> DownloadPolicy {
+        var policy = DownloadPolicy()
+        policy.enabled = !noDownloadAttachments
+        if let text = downloadAttachmentsMax {
+            guard let size = parseSize(text) else { throw SofaError.invalidArgument("not a size: \(text)") }
+            policy.maximumSize = size
+        }
+        policy.types = downloadAttachmentsTypes?.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } ?? []
+        return policy
+    }
+}
+
+func parseSize(_ text: String) -> Int64? {
+    let units: [Character: Int64] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30]
+    if let unit = text.uppercased().last.flatMap({ units[$0] }) { return Int64(text.dropLast()).map { $0 * unit } }
+    return Int64(text)
+}
+
+/// Runs one direction and reports it.
+func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult {
+    let terminal = isatty(STDERR_FILENO) == 1
+    replicator.progress = { result in
+        if json {
+            Output.line(JSONValue.object(["event": "progress", "direction": .string(replicator.direction.rawValue),
+                                          "docs_read": .integer(Int64(result.docsRead)),
+                                          "docs_written": .integer(Int64(result.docsWritten))]).jsonString())
+        } else if terminal {
+            Output.write(STDERR_FILENO, "\r\(replicator.direction.rawValue): \(result.docsRead) read, \(result.docsWritten) written, \(result.attachmentBytesDownloaded >> 20) MiB")
+        }
+    }
+    do {
+        let result = try replicator.run()
+        if terminal && !json { Output.write(STDERR_FILENO, "\n") }
+        return result
+    } catch let error as ReplicationError {
+        throw SofaError.invalidArgument("\(replicator.direction.rawValue) failed: \(error)")
+    }
+}
+
+func report(_ results: [(String, ReplicationResult)], json: Bool) {
+    for (direction, result) in results {
+        if json {
+            var summary = result.json
+            if case .object(var object) = summary {
+                object["direction"] = .string(direction)
+                summary = .object(object)
+            }
+            Output.line(summary.jsonString())
+        } else {
+            var line = "\(direction): \(result.docsRead) documents read, \(result.docsWritten) written, \(result.docWriteFailures) failed"
+            if result.attachmentsDownloaded > 0 || result.attachmentsDeferred > 0 {
+                line += "; \(result.attachmentsDownloaded) attachment bodies downloaded (\(result.attachmentBytesDownloaded) bytes), \(result.attachmentsDeferred) deferred"
+            }
+            Output.line(line + "; last sequence \(result.lastSeq.jsonString())")
+        }
+    }
+}
+
+struct Pull: SofaCommand {
+    static let configuration = CommandConfiguration(abstract: "Pull changes from a CouchDB-compatible database (one-shot, resumable).")
+    @OptionGroup var options: ReplicationOptions
+    @OptionGroup var downloads: DownloadOptions
+
+    func execute() throws {
+        let db = try Database.open(at: options.database)
+        let replicator = try options.makeReplicator(.pull, database: db)
+        replicator.downloads = try downloads.policy()
+        report([("pull", try replicate(replicator, json: options.json))], json: options.json)
+    }
+}
+
+struct Push: SofaCommand {
+    static let configuration = CommandConfiguration(abstract: "Push changes to a CouchDB-compatible database (one-shot, resumable).")
+    @OptionGroup var options: ReplicationOptions
+
+    func execute() throws {
+        let db = try Database.open(at: options.database)
+        report([("push", try replicate(try options.makeReplicator(.push, database: db), json: options.json))], json: options.json)
+    }
+}
+
+struct Sync: SofaCommand {
+    static let configuration = CommandConfiguration(abstract: "Pull, then push: both databases end with every revision.")
+    @OptionGroup var options: ReplicationOptions
+    @OptionGroup var downloads: DownloadOptions
+
+    func execute() throws {
+        let db = try Database.open(at: options.database)
+        let puller = try options.makeReplicator(.pull, database: db)
+        puller.downloads = try downloads.policy()
+        let pulled = try replicate(puller, json: options.json)
+        let pushed = try replicate(try options.makeReplicator(.push, database: db), json: options.json)
+        report([("pull", pulled), ("push", pushed)], json: options.json)
+    }
+}
