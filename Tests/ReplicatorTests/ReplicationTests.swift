@@ -1,0 +1,156 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// `sofa pull`, `sofa push` and `sofa sync` against a real `sofa serve` on 127.0.0.1.
+@Suite struct ReplicationTests {
+    let directory = TemporaryDirectory()
+
+    /// The leaves of every document, with their bodies and attachment hashes: what must match after replication.
+    func snapshot(_ db: Database) throws -> [String: String] {
+        var result: [String: String] = [:]
+        for summary in try db.documents(includeDeleted: true) {
+            let tree = try db.revisionTree(of: summary.docID)
+            for leaf in tree.leaves {
+                let revision = try db.revision(leaf.id, of: summary.docID)
+                let attachments = revision.attachments.map { "\($0.name)=\($0.blobKey?.hex ?? "absent"):\($0.length)" }
+                result["\(summary.docID) \(leaf.id)"] = JSONValue.object(revision.properties).jsonString(.canonical)
+                    + (revision.deleted ? " deleted" : "") + " " + attachments.joined(separator: ",")
+            }
+        }
+        return result
+    }
+
+    /// A source with plain documents, an update, a deletion, a conflict and attachments (one of 3 MiB).
+    func makeSource() throws -> Database {
+        let db = try directory.makeDatabase("source.sofa")
+        for i in 0..<30 {
+            var draft = try db.newRevision(of: String(format: "doc-%02d", i))
+            draft.properties = ["n": .integer(Int64(i)), "text": .string("é 😀 \(i)")]
+            try db.save(draft)
+        }
+        var updated = try db.newRevision(of: "doc-00")
+        updated.properties["n"] = 100
+        try db.save(updated)
+        _ = try db.deleteDocument("doc-01")
+        // A conflict: two children of doc-02's first revision.
+        let root = try #require(try db.document(withID: "doc-02")?.revID)
+        var branch = try db.newRevision(of: "doc-02")
+        branch.properties["branch"] = "mine"
+        try db.save(branch)
+        _ = try db.insert(ReplicatedRevision(docID: "doc-02", revID: RevisionID("2-zzzz")!, ancestors: [root], properties: ["branch": "other"]))
+        var withFiles = try db.newRevision(of: "files")
+        try withFiles.setAttachment("notes/readme.txt", data: Array("hello, replication\n".utf8), contentType: "text/plain")
+        let big = directory.appending("big.bin")
+        try writePatternFile(big, count: 3 << 20)
+        try withFiles.setAttachment("big.bin", contentsOf: big)
+        try db.save(withFiles)
+        return db
+    }
+
+    @Test func pullCopiesEverythingAndResumesFromItsCheckpoint() throws {
+        let source = try makeSource()
+        let server = try ServedDatabases([source.path])
+        let url = "http://127.0.0.1:\(server.port)/source"
+        let target = directory.appending("target.sofa")
+        #expect(try sofa("create", target).succeeded)
+
+        let first = try sofa("pull", target, url, "--json")
+        #expect(first.succeeded, "\(first.stderr)")
+        let summary = try #require(first.stdout.split(separator: "\n").last.map { try JSONParser.parse(Array($0.utf8)) })
+        #expect(summary["status"] == "complete")
+        #expect(summary["docs_written"] == 32, "30 documents, the second leaf of the conflict, and files")
+        #expect(summary["attachments_downloaded"] == 2)
+        let pulled = try Database.open(at: target)
+        #expect(try snapshot(pulled) == snapshot(source), "same leaves, bodies, tombstones, conflicts and attachment bytes")
+        #expect(try pulled.revisionTree(of: "doc-02").conflicts.count == 1)
+        #expect(try pulled.check().isEmpty)
+
+        // Nothing new: nothing read. Then two new documents and a changed one: only those travel,
+        // and the unchanged 3 MiB body is not downloaded again.
+        let again = try sofa("pull", target, url, "--json")
+        #expect(try JSONParser.parse(Array(again.stdout.split(separator: "\n").last!.utf8))["docs_read"] == 0)
+        let http = try server.connect()
+        #expect(try http.json("PUT", "/source/new-1", ["a": 1]).status == 201)
+        #expect(try http.json("PUT", "/source/new-2", ["a": 2]).status == 201)
+        let files = try #require(try http.request("GET", "/source/files").json)
+        var changed = try #require(files.objectValue)
+        changed["edited"] = true
+        #expect(try http.json("PUT", "/source/files", .object(changed)).status == 201)
+        let third = try sofa("pull", target, url, "--json")
+        let incremental = try JSONParser.parse(Array(third.stdout.split(separator: "\n").last!.utf8))
+        #expect(incremental["docs_read"] == 3)
+        #expect(incremental["attachments_downloaded"] == 0, "unchanged bodies never travel again")
+        #expect(try snapshot(Database.open(at: target)) == snapshot(source))
+    }
+
+    @Test func pushSendsLocalRevisionsWithTheirAttachments() throws {
+        let source = try makeSource()
+        let remote = try directory.makeDatabase("remote.sofa")
+        let server = try ServedDatabases([remote.path])
+        let url = "http://127.0.0.1:\(server.port)/remote"
+        let pushed = try sofa("push", source.path, url)
+        #expect(pushed.succeeded, "\(pushed.stderr)")
+        #expect(pushed.stdout.contains("32 written"))
+        #expect(try snapshot(remote) == snapshot(source))
+
+        // A local edit of the attachment document pushes only the changed revision; the big body stays a stub.
+        var edit = try source.newRevision(of: "files")
+        try edit.setAttachment("notes/readme.txt", data: Array("changed\n".utf8))
+        try source.save(edit)
+        let again = try sofa("push", source.path, url, "--json")
+        #expect(try JSONParser.parse(Array(again.stdout.split(separator: "\n").last!.utf8))["docs_written"] == 1)
+        #expect(try snapshot(remote) == snapshot(source))
+    }
+
+    @Test func syncBothWaysAndDeferredBodies() throws {
+        let source = try makeSource()
+        let server = try ServedDatabases([source.path])
+        let url = "http://127.0.0.1:\(server.port)/source"
+        let local = directory.appending("local.sofa")
+        #expect(try sofa("create", local).succeeded)
+        #expect(try sofa("put", local, "made-here", #"{"x":1}"#).succeeded)
+
+        // Bodies larger than 1 KiB stay on the server: metadata only here.
+        let sync = try sofa("sync", local, url, "--download-attachments-max", "1K")
+        #expect(sync.succeeded, "\(sync.stderr)")
+        #expect(sync.stdout.contains("1 deferred"))
+        let db = try Database.open(at: local)
+        let big = try #require(try db.document(withID: "files")?.attachment(named: "big.bin"))
+        #expect(!big.contentAvailable)
+        #expect(big.length == 3 << 20)
+        #expect(try db.document(withID: "files")?.attachment(named: "notes/readme.txt")?.contentAvailable == true)
+        let read = try sofa("cat-attachment", local, "files", "big.bin")
+        #expect(!read.succeeded)
+        #expect(read.stderr.contains("not"), "\(read.stderr)")
+        // The local document went up.
+        #expect(try server.connect().request("GET", "/source/made-here").json?["x"] == 1)
+    }
+
+    @Test func clearErrorsForBadRemotes() throws {
+        let remote = try directory.makeDatabase("guarded.sofa")
+        let passwordFile = directory.appending("pw")
+        try "right\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases([remote.path, "--user", "admin", "--password-file", passwordFile])
+        let local = directory.appending("l.sofa")
+        #expect(try sofa("create", local).succeeded)
+
+        let anonymous = try sofa("pull", local, "http://127.0.0.1:\(server.port)/guarded")
+        #expect(anonymous.status == 1)
+        #expect(anonymous.stderr.contains("not authorized"), "\(anonymous.stderr)")
+        let wrong = try sofa("pull", local, "http://admin:wrong@127.0.0.1:\(server.port)/guarded")
+        #expect(wrong.status == 1)
+        #expect(!wrong.stderr.contains("wrong"), "credentials never appear in errors: \(wrong.stderr)")
+        let right = try sofa("pull", local, "http://127.0.0.1:\(server.port)/guarded", "--user", "admin", "--password-file", passwordFile)
+        #expect(right.succeeded, "\(right.stderr)")
+
+        let missing = try sofa("pull", local, "http://127.0.0.1:\(server.port)/nope", "--user", "admin", "--password-file", passwordFile)
+        #expect(missing.stderr.contains("404"), "\(missing.stderr)")
+        let refused = try sofa("pull", local, "http://127.0.0.1:1/db")
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("cannot reach"), "\(refused.stderr)")
+        #expect(try sofa("pull", local, "ftp://x/db").stderr.contains("not an http(s) database URL"))
+    }
+}
