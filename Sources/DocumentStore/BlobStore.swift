@@ -250,10 +250,15 @@ public final class BlobWriter {
         length += Int64(bytes.count)
     }
 
-    /// Syncs the bytes to disk and moves them under their key's name.
-    public func finish() throws -> StoredBlob {
+    /// Syncs the bytes to disk and moves them under their key's name. With `expected`,
+    /// bytes that hash to another key are discarded (`blobCorrupted`) and never installed.
+    public func finish(expecting expected: BlobKey? = nil) throws -> StoredBlob {
         precondition(fd >= 0, "finish after finish or cancel")
         let key = BlobKey(digest: digest.finalize())
+        if let expected, expected != key {
+            cancel()
+            throw SofaError.blobCorrupted(key: expected.hex, path: temporaryPath)
+        }
         do {
             let descriptor = fd
             fd = -1

@@ -107,6 +107,17 @@ struct HTTPAnswer {
     var json: JSONValue? { try? JSONParser.parse(body) }
 }
 
+/// How transient failures (refused or reset connections, 5xx, stalls, bodies that fail
+/// their digest) are retried: exponential backoff, bounded.
+public struct RetryPolicy: Sendable {
+    /// Tries per operation, the first included.
+    public var attempts = 6
+    public var initialDelay: Double = 0.25
+    public var maximumDelay: Double = 30
+
+    public init() {}
+}
+
 /// A blocking HTTP/1.1 client on libcurl: keep-alive on one handle, TLS with the
 /// system CAs (or `caFile`), verification on, bounded connect and stall times.
 final class HTTPClient {
@@ -116,6 +127,9 @@ final class HTTPClient {
     /// A request that makes no progress for this long fails (and is retried by the caller).
     var stallTimeout = 60
     var connectTimeout = 10
+    var retry = RetryPolicy()
+    /// Called before each retry with what failed.
+    var onRetry: ((ReplicationError, Int) -> Void)?
     /// `AuthSession` cookie after `_session` login; basic auth otherwise.
     private var cookie: String?
 
@@ -231,8 +245,28 @@ final class HTTPClient {
         return HTTPAnswer(status: ccurl_response_code(handle), headers: transfer.headers, body: transfer.body)
     }
 
-    /// A JSON request; throws `.http` for error statuses.
+    /// Runs `operation` (which must be safe to repeat) until it succeeds, fails for good,
+    /// or runs out of attempts.
+    func withRetry<T>(_ operation: () throws -> T) throws -> T {
+        var delay = retry.initialDelay
+        for attempt in 1... {
+            do {
+                return try operation()
+            } catch let error as ReplicationError where error.isTransient && attempt < retry.attempts {
+                onRetry?(error, attempt)
+                Thread.sleep(forTimeInterval: delay)
+                delay = min(delay * 2, retry.maximumDelay)
+            }
+        }
+        preconditionFailure("unreachable")
+    }
+
+    /// A JSON request, retried while failures are transient; throws `.http` for error statuses.
     func json(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = []) throws -> (status: Int, json: JSONValue) {
+        try withRetry { try jsonOnce(method, path, body, allow: allow) }
+    }
+
+    private func jsonOnce(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = []) throws -> (status: Int, json: JSONValue) {
         let url = remote.url(path)
         var headers: [String: String] = [:]
         var upload: UploadSource?

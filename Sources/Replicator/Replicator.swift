@@ -64,12 +64,15 @@ public final class Replicator {
     let client: HTTPClient
     let log = Logger(label: "sofa.replicate")
 
-    public init(database: Database, remote: RemoteDatabase, direction: Direction, caFile: String? = nil) throws {
+    public init(database: Database, remote: RemoteDatabase, direction: Direction, caFile: String? = nil,
+                retry: RetryPolicy = RetryPolicy()) throws {
         self.database = database
         self.remote = remote
         self.direction = direction
         self.client = try HTTPClient(remote: remote)
         client.caFile = caFile
+        client.retry = retry
+        client.onRetry = { [log] error, attempt in log.warning("retrying after attempt \(attempt): \(error)") }
     }
 
     /// The replication id: the local private UUID, the normalised remote URL (no
@@ -192,10 +195,13 @@ public final class Replicator {
                 result.docsRead += 1
                 do {
                     revisions.append(try replicatedRevision(body, result: &result))
-                } catch {
+                } catch let error as SofaError where !error.isEnvironmental {
+                    // This document cannot be stored here (invalid id or body): count it and go on.
                     log.warning("cannot replicate \(body["_id"]?.stringValue ?? "?"): \(error)")
                     result.docWriteFailures += 1
                 }
+                // Anything else (the remote failing after retries, a full disk) stops the run
+                // before the checkpoint moves past this batch.
             }
         }
         try database.inBatch { batch in
@@ -226,7 +232,7 @@ public final class Replicator {
                     // The same body under this digest is here already (an earlier revision): it never travels again.
                     attachments.append(stub.with(contentAvailable: local.contentAvailable).withBlob(local))
                 } else if downloads.allows(stub) {
-                    attachments.append(try download(stub, id: id, rev: rev, result: &result))
+                    attachments.append(try client.withRetry { try download(stub, id: id, rev: rev, result: &result) })
                 } else {
                     result.attachmentsDeferred += 1
                     attachments.append(stub)
@@ -279,20 +285,24 @@ public final class Replicator {
             writer.cancel()
             throw error
         }
-        let blob = try writer.finish()
-        try verify(stub, received: "md5-" + Data(md5.finalize()).base64EncodedString(), blob: blob)
+        // Checked before the blob is installed: a body that fails its digest is never stored.
+        let received = "md5-" + Data(md5.finalize()).base64EncodedString()
+        let mismatch = ReplicationError.protocolError(
+            "attachment \(stub.name) of \(id): the body received (\(writer.length) bytes) does not match its digest \(stub.digest) and length \(stub.length)")
+        guard (!stub.digest.hasPrefix("md5-") || stub.digest == received), writer.length == stub.length || decoder != nil else {
+            writer.cancel()
+            throw mismatch
+        }
+        let blob: StoredBlob
+        do {
+            blob = try writer.finish(expecting: stub.digest.hasPrefix("sha1-") ? BlobKey(digestString: stub.digest) : nil)
+        } catch SofaError.blobCorrupted {
+            throw mismatch
+        }
+        guard blob.length == stub.length else { throw mismatch }
         result.attachmentsDownloaded += 1
         result.attachmentBytesDownloaded += blob.length
         return stub.withBlob(blob)
-    }
-
-    /// Never keep a body that fails its digest or length.
-    private func verify(_ stub: Attachment, received md5: String, blob: StoredBlob) throws {
-        let matches = stub.digest.hasPrefix("md5-") ? stub.digest == md5
-            : stub.digest.hasPrefix("sha1-") ? stub.digest == blob.key.digestString : true
-        guard matches, blob.length == stub.length else {
-            throw ReplicationError.protocolError("attachment \(stub.name): the body received (\(blob.length) bytes) does not match its digest \(stub.digest) and length \(stub.length)")
-        }
     }
 
     // MARK: - Push
@@ -359,7 +369,7 @@ public final class Replicator {
                     bulk.append(.object(json))
                 } else {
                     do {
-                        try putMultipart(json, id: id, following: following)
+                        try client.withRetry { try putMultipart(json, id: id, following: following) }
                         result.docsWritten += 1
                     } catch let error as ReplicationError where !error.isTransient {
                         log.warning("cannot push \(id) \(rev): \(error)")
@@ -471,4 +481,14 @@ func httpDate(_ date: Date) -> String {
     formatter.timeZone = TimeZone(identifier: "GMT")
     formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
     return formatter.string(from: date)
+}
+
+extension SofaError {
+    /// Failures of the machine rather than of the document: worth stopping for.
+    var isEnvironmental: Bool {
+        switch self {
+        case .diskFull, .readOnlyFileSystem, .io, .sqlite, .blobCorrupted: true
+        default: false
+        }
+    }
 }

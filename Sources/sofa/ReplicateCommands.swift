@@ -27,6 +27,15 @@ struct ReplicationOptions: ParsableArguments {
     @Flag(help: "Print JSON events and a final summary with PouchDB's result fields.")
     var json = false
 
+    @Option(help: "Tries per request when the remote fails in a way that may pass (refused, reset, 5xx, bad digest).")
+    var retries = 6
+
+    @Option(help: "Seconds before the first retry; each next wait doubles, up to 30 s.")
+    var retryDelay = 0.25
+
+    @Option(help: .hidden)
+    var batchSize = 200
+
     func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
         var password: String?
         if let passwordFile {
@@ -37,7 +46,11 @@ struct ReplicationOptions: ParsableArguments {
             password = String(line)
         }
         let remote = try RemoteDatabase(url, user: user, password: password)
-        let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: cacert)
+        var retry = RetryPolicy()
+        retry.attempts = max(1, retries)
+        retry.initialDelay = max(0, retryDelay)
+        let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: cacert, retry: retry)
+        replicator.batchSize = max(1, batchSize)
         replicator.docIDs = docIDs?.split(separator: ",").map(String.init)
         return replicator
     }

@@ -1,0 +1,171 @@
+import Foundation
+
+/// A TCP proxy on 127.0.0.1 between a client and a server that misbehaves on
+/// demand: refuses connections, resets them partway through an answer, or
+/// rewrites bytes of answers (a lying server). Each connection gets two threads.
+public final class FaultProxy: @unchecked Sendable {
+    public let port: Int
+    private let upstreamPort: Int
+    private let listener: Int32
+    private let lock = NSLock()
+    private var refuseCount = 0
+    private var resetAfter: (bytes: Int, count: Int)?
+    private var replacement: (from: [UInt8], to: [UInt8])?
+    private var closed = false
+    /// Connections accepted so far.
+    public private(set) var connections = 0
+
+    public init(upstreamPort: Int) throws {
+        self.upstreamPort = upstreamPort
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        var yes: Int32 = 1
+        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Int32 in
+                guard bind(listener, pointer, length) == 0 else { return -1 }
+                return getsockname(listener, pointer, &length)
+            }
+        }
+        guard bound == 0, listen(listener, 64) == 0 else { throw POSIXError(.EADDRINUSE) }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        Thread.detachNewThread { [self] in acceptLoop() }
+    }
+
+    deinit { close() }
+
+    public func close() {
+        let first = lock.withLock { () -> Bool in
+            defer { closed = true }
+            return !closed
+        }
+        if first {
+            shutdown(listener, Int32(SHUT_RDWR))
+            Glibc.close(listener)
+        }
+    }
+
+    /// The next `count` connections are closed as soon as they are accepted.
+    public func refuseNext(_ count: Int) { lock.withLock { refuseCount = count } }
+
+    /// The next `count` connections are reset after `bytes` bytes of answers.
+    public func resetNext(_ count: Int, afterBytes bytes: Int) { lock.withLock { resetAfter = (bytes, count) } }
+
+    /// Rewrites `from` into `to` (same length) wherever it appears whole in one read of an answer.
+    public func replace(_ from: String, with to: String) {
+        precondition(from.utf8.count == to.utf8.count, "a replacement keeps lengths, so Content-Length stays true")
+        lock.withLock { replacement = (Array(from.utf8), Array(to.utf8)) }
+    }
+
+    public func behave() { lock.withLock { refuseCount = 0; resetAfter = nil; replacement = nil } }
+
+    private func acceptLoop() {
+        while true {
+            let client = accept(listener, nil, nil)
+            guard client >= 0 else {
+                if lock.withLock({ closed }) { return }
+                continue
+            }
+            let (refuse, reset) = lock.withLock { () -> (Bool, Int?) in
+                connections += 1
+                if refuseCount > 0 {
+                    refuseCount -= 1
+                    return (true, nil)
+                }
+                guard let resetAfter else { return (false, nil) }
+                self.resetAfter = resetAfter.count > 1 ? (resetAfter.bytes, resetAfter.count - 1) : nil
+                return (false, resetAfter.bytes)
+            }
+            if refuse {
+                abort(client)
+                continue
+            }
+            let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = in_port_t(UInt16(upstreamPort).bigEndian)
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard connected == 0 else {
+                abort(client)
+                Glibc.close(upstream)
+                continue
+            }
+            let pair = SocketPair(client, upstream)
+            Thread.detachNewThread { [self] in
+                pump(from: client, to: upstream, limit: nil, rewrite: false)
+                pair.release()
+            }
+            Thread.detachNewThread { [self] in
+                pump(from: upstream, to: client, limit: reset, rewrite: true)
+                pair.release()
+            }
+        }
+    }
+
+    /// Closes with a TCP reset rather than a clean end.
+    private func abort(_ fd: Int32) {
+        var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+        Glibc.close(fd)
+    }
+
+    private func pump(from source: Int32, to destination: Int32, limit: Int?, rewrite: Bool) {
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        var forwarded = 0
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(source, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { break }
+            var chunk = Array(buffer[..<count])
+            if rewrite, let replacement = lock.withLock({ replacement }), let range = chunk.firstRange(of: replacement.from) {
+                chunk.replaceSubrange(range, with: replacement.to)
+            }
+            if let limit, forwarded + chunk.count >= limit {
+                let part = Array(chunk[..<max(0, limit - forwarded)])
+                _ = part.withUnsafeBytes { send(destination, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+                setsockopt(destination, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+                shutdown(destination, Int32(SHUT_RDWR))
+                shutdown(source, Int32(SHUT_RDWR))
+                return
+            }
+            var sent = 0
+            while sent < chunk.count {
+                let written = chunk.withUnsafeBytes { send(destination, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+                guard written > 0 else { break }
+                sent += written
+            }
+            if sent < chunk.count { break }
+            forwarded += chunk.count
+        }
+        shutdown(destination, Int32(SHUT_RDWR))
+        shutdown(source, Int32(SHUT_RDWR))
+    }
+}
+
+/// Two sockets closed when both pumps between them are done.
+private final class SocketPair: @unchecked Sendable {
+    private let fds: (Int32, Int32)
+    private var users = 2
+    private let lock = NSLock()
+
+    init(_ a: Int32, _ b: Int32) { fds = (a, b) }
+
+    func release() {
+        let last = lock.withLock { () -> Bool in
+            users -= 1
+            return users == 0
+        }
+        if last {
+            Glibc.close(fds.0)
+            Glibc.close(fds.1)
+        }
+    }
+}
