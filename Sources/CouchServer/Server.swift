@@ -175,7 +175,8 @@ public final class CouchServer: @unchecked Sendable {
             try await response.sendError(failure)
         }
         let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
-        log.debug("\(head.method) \(head.uri) \(response.status.code) \(response.bytesSent)B \(String(format: "%.1f", elapsed))ms")
+        let range = head.headers["Range"].first.map { " (\($0))" } ?? ""
+        log.debug("\(head.method) \(head.uri)\(range) \(response.status.code) \(response.bytesSent)B \(String(format: "%.1f", elapsed))ms")
         guard keepAlive else { return false }
         // Whatever the handler left unread is skipped so the next request starts cleanly.
         try await body.drain()

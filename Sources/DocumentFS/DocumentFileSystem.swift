@@ -56,8 +56,15 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         let folder: String
     }
 
-    public init(database: Database, readOnly: Bool = false) throws {
+    /// Where bodies that are not here come from (the replicator's downloader), if anywhere.
+    public let bodySource: BodySource?
+    /// How long a read waits for the bytes of a body being downloaded before failing with EIO.
+    public let fetchTimeout: Double
+
+    public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = 30) throws {
         self.database = database
+        self.bodySource = bodySource
+        self.fetchTimeout = fetchTimeout
         self.readOnly = readOnly || database.isReadOnly
         scratchRoot = database.path + "/scratch"
         if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {

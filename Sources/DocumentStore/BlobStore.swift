@@ -217,7 +217,9 @@ public final class BlobStore: Sendable {
 /// One thread at a time; it owns its temporary file descriptor.
 public final class BlobWriter {
     private let store: BlobStore
-    private let temporaryPath: String
+    /// The file being written, renamed (same inode) to the blob's path by `finish()`:
+    /// readers may open it to read what has been written so far.
+    public let temporaryPath: String
     private var fd: Int32
     private let digest = MessageDigest(.sha1)
     public private(set) var length: Int64 = 0

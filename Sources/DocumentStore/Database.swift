@@ -266,6 +266,47 @@ public final class Database: @unchecked Sendable {
         return blobs.path(for: key)
     }
 
+    /// Records that the body known by `digest` is now in the blob store, for every
+    /// revision that refers to it without a body. Returns how many attachments gained it.
+    @discardableResult
+    public func attachBody(digest: String, blob: StoredBlob) throws -> Int {
+        try write { connection in
+            try connection.run("UPDATE rev_attachments SET blob_key = ? WHERE digest = ? AND length = ? AND (blob_key IS NULL OR blob_key != ?)",
+                               .text(blob.key.hex), .text(digest), .integer(blob.length), .text(blob.key.hex))
+            return Int(connection.changes)
+        }
+    }
+
+    /// A body already here under `digest`, if any revision has one.
+    public func storedBody(digest: String) throws -> StoredBlob? {
+        let keys = try read { connection in
+            try connection.query("SELECT blob_key, length FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL", .text(digest)) { row in
+                (row.text(0), row.int64(1))
+            }
+        }
+        for (hex, length) in keys {
+            if let key = BlobKey(hex: hex), blobs.contains(key) { return StoredBlob(key: key, length: length) }
+        }
+        return nil
+    }
+
+    /// Attachments of current revisions whose bodies are not here: (document, revision, attachment).
+    public func missingBodies() throws -> [(docID: String, revID: RevisionID, attachment: Attachment)] {
+        let rows = try read { connection in
+            try connection.query("""
+                SELECT d.doc_id, d.current_rev FROM docs d
+                WHERE d.deleted = 0 AND EXISTS (SELECT 1 FROM rev_attachments a WHERE a.doc_key = d.doc_key AND a.rev_id = d.current_rev)
+                ORDER BY d.doc_id
+                """) { ($0.text(0), try Database.revisionID($0.text(1))) }
+        }
+        var result: [(String, RevisionID, Attachment)] = []
+        for (id, rev) in rows {
+            guard let revision = try? revision(rev, of: id) else { continue }
+            for attachment in revision.attachments where !attachment.contentAvailable { result.append((id, rev, attachment)) }
+        }
+        return result
+    }
+
     // MARK: - Saving
 
     /// A draft of the next revision of `id`: on top of its current revision, or of

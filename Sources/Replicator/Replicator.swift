@@ -90,7 +90,9 @@ public final class Replicator {
             throw ReplicationError.protocolError("\(remote) is not a CouchDB database")
         }
         switch direction {
-        case .pull: return try pull()
+        case .pull:
+            try database.rememberRemote(remote.url)
+            return try pull()
         case .push: return try push()
         }
     }

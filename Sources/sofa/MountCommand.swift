@@ -4,6 +4,7 @@ import DocumentModel
 import DocumentStore
 import Foundation
 import FuseKit
+import Replicator
 
 struct Mount: SofaCommand {
     static let configuration = CommandConfiguration(
@@ -19,6 +20,11 @@ struct Mount: SofaCommand {
     @Flag(help: "Refuse every change.") var readOnly = false
     @Flag(name: [.short, .customLong("foreground")], help: "Stay in the foreground until unmounted.") var foreground = false
     @Option(name: .short, help: "FUSE mount options, comma-separated (allow_other, auto_unmount, …).") var options: [String] = []
+    @Option(help: "Fetch bodies that are not here from this database URL (default: where the database last pulled from).")
+    var remote: String?
+    @Option(help: "User name for the remote.") var user: String?
+    @Option(help: "A file whose first line is the remote password.") var passwordFile: String?
+    @Option(help: "Seconds a read waits for a body being downloaded before failing with EIO.") var fetchTimeout = 30.0
 
     func execute() throws {
         let mountPoint = URL(fileURLWithPath: self.mountPoint).standardizedFileURL.path
@@ -33,7 +39,12 @@ struct Mount: SofaCommand {
         if !foreground { return try daemonize(mountPoint) }
 
         let database = try db.open()
-        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly)
+        var bodySource: BodySource?
+        if let url = remote ?? database.rememberedRemote {
+            let password = try passwordFile.map { try readPassword($0) }
+            bodySource = BodyDownloader(database: database, remote: try RemoteDatabase(url, user: user, password: password))
+        }
+        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: bodySource, fetchTimeout: fetchTimeout)
         var configuration = FuseMount.Configuration()
         configuration.options = options.flatMap { $0.split(separator: ",").map(String.init) } + (readOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
@@ -68,6 +79,10 @@ struct Mount: SofaCommand {
         var arguments = [executable, "mount", db.database, mountPoint, "--foreground"]
         if readOnly { arguments.append("--read-only") }
         for option in options { arguments += ["-o", option] }
+        if let remote { arguments += ["--remote", remote] }
+        if let user { arguments += ["--user", user] }
+        if let passwordFile { arguments += ["--password-file", URL(fileURLWithPath: passwordFile).standardizedFileURL.path] }
+        arguments += ["--fetch-timeout", String(fetchTimeout)]
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

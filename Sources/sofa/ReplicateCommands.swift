@@ -37,14 +37,7 @@ struct ReplicationOptions: ParsableArguments {
     var batchSize = 200
 
     func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
-        var password: String?
-        if let passwordFile {
-            guard let text = try? String(contentsOfFile: passwordFile, encoding: .utf8),
-                  let line = text.split(separator: "\n", omittingEmptySubsequences: false).first else {
-                throw SofaError.invalidArgument("cannot read a password from \(passwordFile)")
-            }
-            password = String(line)
-        }
+        let password = try passwordFile.map { try readPassword($0) }
         let remote = try RemoteDatabase(url, user: user, password: password)
         var retry = RetryPolicy()
         retry.attempts = max(1, retries)
@@ -160,5 +153,51 @@ struct Sync: SofaCommand {
         let pulled = try replicate(puller, json: options.json)
         let pushed = try replicate(try options.makeReplicator(.push, database: db), json: options.json)
         report([("pull", pulled), ("push", pushed)], json: options.json)
+    }
+}
+
+/// The first line of a password file.
+func readPassword(_ path: String) throws -> String {
+    guard let text = try? String(contentsOfFile: path, encoding: .utf8),
+          let line = text.split(separator: "\n", omittingEmptySubsequences: false).first else {
+        throw SofaError.invalidArgument("cannot read a password from \(path)")
+    }
+    return String(line)
+}
+
+struct Download: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Download attachment bodies that a pull deferred (all, one document's, or one).",
+        discussion: "Bodies come from --remote, or from where the database last pulled. An interrupted body resumes with an HTTP Range.")
+
+    @Argument(help: "The database.") var database: String
+    @Argument(help: "Only this document.") var id: String?
+    @Argument(help: "Only this attachment of it.") var name: String?
+    @Option(help: "The remote database URL.") var remote: String?
+    @Option(help: "User name for the remote.") var user: String?
+    @Option(help: "A file whose first line is the remote password.") var passwordFile: String?
+    @Option(help: "Tries per body when the remote fails in a way that may pass.") var retries = 6
+    @Option(help: "Seconds before the first retry; each next wait doubles.") var retryDelay = 0.25
+
+    func execute() throws {
+        let db = try Database.open(at: database)
+        guard let url = remote ?? db.rememberedRemote else {
+            throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
+        }
+        var retry = RetryPolicy()
+        retry.attempts = max(1, retries)
+        retry.initialDelay = max(0, retryDelay)
+        let downloader = BodyDownloader(database: db, remote: try RemoteDatabase(url, user: user, password: try passwordFile.map { try readPassword($0) }),
+                                        retry: retry)
+        let terminal = isatty(STDERR_FILENO) == 1
+        do {
+            let (count, bytes) = try downloader.downloadMissing(docID: id, name: name) { done, total, bytes in
+                if terminal { Output.write(STDERR_FILENO, "\rdownloaded \(done) bodies, \(bytes >> 20) MiB") }
+            }
+            if terminal { Output.write(STDERR_FILENO, "\n") }
+            Output.line("downloaded \(count) attachment bodies (\(bytes) bytes)")
+        } catch let error as ReplicationError {
+            throw SofaError.invalidArgument("download failed: \(error)")
+        }
     }
 }

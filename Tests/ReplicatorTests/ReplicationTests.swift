@@ -220,3 +220,86 @@ import TestSupport
         #expect(try ReplicationTests().snapshot(Database.open(at: target)) == ReplicationTests().snapshot(source))
     }
 }
+
+/// Deferred bodies: `sofa download`, and reads through a mount that fetch on demand.
+@Suite struct DeferredBodyTests {
+    let directory = TemporaryDirectory()
+
+    /// A deferred pull of the standard source; returns the target path.
+    func deferredCopy(from url: String) throws -> String {
+        let target = directory.appending("deferred.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let pulled = try sofa("pull", target, url, "--no-download-attachments")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        #expect(pulled.stdout.contains("2 deferred"))
+        return target
+    }
+
+    @Test func downloadFetchesDeferredBodiesAndResumesWithARange() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        let server = try ServedDatabases([source.path], logLevel: "debug")
+        let proxy = try FaultProxy(upstreamPort: server.port)
+        let target = try deferredCopy(from: "http://127.0.0.1:\(proxy.port)/source")
+        #expect(try sofa("info", target).stdout.contains("Bodies not present: 2"))
+        let before = proxy.bytesFromServer
+
+        // The 3 MiB body is cut after 1 MiB once: the retry asks for the rest only.
+        proxy.resetNext(1, afterBytes: 1 << 20)
+        let download = try ChildProcess([sofaBinary, "download", target, "files", "big.bin", "--retry-delay", "0.05"]).wait()
+        #expect(download.succeeded, "\(download.stderr)")
+        #expect(download.stdout.contains("downloaded 1 attachment bodies (3145728 bytes)"))
+        // Resumed, not restarted: less than the cut part plus the whole body again, and a Range request.
+        let transferred = proxy.bytesFromServer - before
+        #expect(transferred < (4 << 20), "\(transferred) bytes")
+        #expect(try sofa("info", target).stdout.contains("Bodies not present: 1"))
+        #expect(try sofa("download", target).succeeded)
+        #expect(try sofa("info", target).stdout.contains("Bodies not present: 0"))
+        #expect(try sofa("check", target).succeeded)
+        let copy = try Database.open(at: target)
+        #expect(try ReplicationTests().snapshot(copy) == ReplicationTests().snapshot(source))
+        let log = server.stop().stderr
+        #expect(log.range(of: #"GET /source/files/big\.bin\?rev=\S+ \(bytes=[1-9]\d*-\) 206"#, options: .regularExpression) != nil,
+                "the retry asked for the rest with a Range: \(log.suffix(2000))")
+    }
+
+    @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
+    func readingADeferredBodyThroughTheMountFetchesItOnce() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        let server = try ServedDatabases([source.path], logLevel: "debug")
+        let target = try deferredCopy(from: "http://127.0.0.1:\(server.port)/source")
+        let mount = try MountedDatabase(target)
+        let path = mount.path("docs/files/attachments/big.bin")
+        #expect(try shell("getfattr --only-values -n user.sofa.available '\(path)'").stdout == "false")
+        // Eight readers at once: one transfer; everyone gets the right bytes.
+        let expected = try #require(try source.document(withID: "files")?.attachment(named: "big.bin")?.blobKey?.hex)
+        let readers = try (0..<8).map { _ in try ChildProcess(["/bin/sh", "-c", "sha1sum '\(path)'"]) }
+        for reader in readers {
+            let result = reader.wait()
+            #expect(result.succeeded, "\(result.stderr)")
+            #expect(result.stdout.hasPrefix(expected))
+        }
+        #expect(try shell("head -c 19 '\(mount.path("docs/files/attachments/notes/readme.txt"))'").stdout == "hello, replication\n")
+        Thread.sleep(forTimeInterval: 1.2)
+        #expect(try shell("getfattr --only-values -n user.sofa.available '\(path)'").stdout == "true")
+        #expect(mount.unmount().succeeded)
+        let log = server.stop().stderr
+        let fetches = log.components(separatedBy: "GET /source/files/big.bin").count - 1
+        #expect(fetches == 1, "one transfer for eight readers, saw \(fetches)")
+        #expect(try sofa("info", target).stdout.contains("Bodies not present: 0"))
+    }
+
+    @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
+    func anUnreachableRemoteFailsReadsWithEIOAfterABoundedWait() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        let server = try ServedDatabases([source.path])
+        let target = try deferredCopy(from: "http://127.0.0.1:\(server.port)/source")
+        server.stop()
+        let mount = try MountedDatabase(target, arguments: ["--fetch-timeout", "2"])
+        let started = Date()
+        let read = try shell("cat '\(mount.path("docs/files/attachments/big.bin"))' > /dev/null")
+        #expect(!read.succeeded)
+        #expect(read.stderr.contains("Input/output error"), "\(read.stderr)")
+        #expect(Date().timeIntervalSince(started) < 15, "bounded wait")
+        #expect(mount.unmount().succeeded)
+    }
+}

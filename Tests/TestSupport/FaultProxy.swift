@@ -14,6 +14,9 @@ public final class FaultProxy: @unchecked Sendable {
     private var closed = false
     /// Connections accepted so far.
     public private(set) var connections = 0
+    /// Bytes forwarded from the server to clients so far.
+    public var bytesFromServer: Int { lock.withLock { forwardedFromServer } }
+    private var forwardedFromServer = 0
 
     public init(upstreamPort: Int) throws {
         self.upstreamPort = upstreamPort
@@ -130,6 +133,7 @@ public final class FaultProxy: @unchecked Sendable {
             if let limit, forwarded + chunk.count >= limit {
                 let part = Array(chunk[..<max(0, limit - forwarded)])
                 _ = part.withUnsafeBytes { send(destination, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                lock.withLock { forwardedFromServer += part.count }
                 var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
                 setsockopt(destination, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
                 shutdown(destination, Int32(SHUT_RDWR))
@@ -144,6 +148,7 @@ public final class FaultProxy: @unchecked Sendable {
             }
             if sent < chunk.count { break }
             forwarded += chunk.count
+            if rewrite { lock.withLock { forwardedFromServer += chunk.count } }
         }
         shutdown(destination, Int32(SHUT_RDWR))
         shutdown(source, Int32(SHUT_RDWR))
