@@ -61,6 +61,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// How long a read waits for the bytes of a body being downloaded before failing with EIO.
     public let fetchTimeout: Double
 
+    /// Extra fields of `/.sofa/status.json` (replication state, downloads), from the mount command.
+    public var statusProvider: (@Sendable () -> JSONObject)?
+
     public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = 30) throws {
         self.database = database
         self.bodySource = bodySource
@@ -379,7 +382,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     func statusFile(_ name: String) throws -> [UInt8]? {
         guard name == "status.json" else { return nil }
-        let status: JSONValue = [
+        var status: JSONObject = [
             "database": .string(database.path),
             "read_only": .bool(readOnly),
             "mounted_at": .double(mountTime),
@@ -387,7 +390,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             "replication": ["state": "none"],
             "downloads": [],
         ]
-        return Array(status.prettyPrinted().utf8)
+        for (key, value) in statusProvider?() ?? [:] { status[key] = value }
+        return Array(JSONValue.object(status).prettyPrinted().utf8)
     }
 
     // MARK: - Statistics, times, xattrs

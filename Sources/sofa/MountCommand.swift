@@ -25,6 +25,20 @@ struct Mount: SofaCommand {
     @Option(help: "User name for the remote.") var user: String?
     @Option(help: "A file whose first line is the remote password.") var passwordFile: String?
     @Option(help: "Seconds a read waits for a body being downloaded before failing with EIO.") var fetchTimeout = 30.0
+    @Flag(help: "With --remote: pull from it when mounted (continuously with --continuous).") var pull = false
+    @Flag(help: "With --remote: push the revisions made here to it.") var push = false
+    @Flag(help: "With --remote: pull and push.") var sync = false
+    @Flag(help: "Keep replicating while mounted; edits made offline go out when the remote returns.") var continuous = false
+    @Flag(help: "With --pull or --sync: store attachment bodies as metadata only; reads fetch them.") var noDownloadAttachments = false
+
+    var directions: [Replicator.Direction] {
+        (pull || sync ? [.pull] : []) + (push || sync ? [.push] : [])
+    }
+
+    func validate() throws {
+        if !directions.isEmpty && remote == nil { throw ValidationError("--pull, --push and --sync need --remote URL") }
+        if continuous && directions.isEmpty { throw ValidationError("--continuous needs --pull, --push or --sync") }
+    }
 
     func execute() throws {
         let mountPoint = URL(fileURLWithPath: self.mountPoint).standardizedFileURL.path
@@ -39,12 +53,31 @@ struct Mount: SofaCommand {
         if !foreground { return try daemonize(mountPoint) }
 
         let database = try db.open()
-        var bodySource: BodySource?
+        var downloader: BodyDownloader?
+        var session: ReplicationSession?
         if let url = remote ?? database.rememberedRemote {
             let password = try passwordFile.map { try readPassword($0) }
-            bodySource = BodyDownloader(database: database, remote: try RemoteDatabase(url, user: user, password: password))
+            let remoteDatabase = try RemoteDatabase(url, user: user, password: password)
+            downloader = BodyDownloader(database: database, remote: remoteDatabase)
+            if !directions.isEmpty {
+                session = ReplicationSession(database: database, remote: remoteDatabase, directions: directions, continuous: continuous)
+                session?.downloads.enabled = !noDownloadAttachments
+            }
         }
-        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: bodySource, fetchTimeout: fetchTimeout)
+        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: downloader, fetchTimeout: fetchTimeout)
+        fileSystem.statusProvider = { [downloader, session] in
+            var status: JSONObject = [:]
+            if let session { status["replication"] = .object(session.status.json) }
+            if let downloader {
+                status["downloads"] = .array(downloader.active.map { transfer in
+                    var entry: JSONObject = ["name": .string(transfer.attachment.name), "length": .integer(transfer.attachment.length),
+                                             "digest": .string(transfer.attachment.digest)]
+                    if case .transferring(let received) = transfer.state { entry["received"] = .integer(received) }
+                    return .object(entry)
+                })
+            }
+            return status
+        }
         var configuration = FuseMount.Configuration()
         configuration.options = options.flatMap { $0.split(separator: ",").map(String.init) } + (readOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
@@ -68,7 +101,10 @@ struct Mount: SofaCommand {
             sources.append(source)
         }
         log.info("mounted \(database.path) on \(mountPoint)")
+        session?.start()
         mount.run()
+        session?.stop()
+        session?.wait()
         watcher.stop()
         sources.forEach { $0.cancel() }
     }
@@ -83,6 +119,11 @@ struct Mount: SofaCommand {
         if let user { arguments += ["--user", user] }
         if let passwordFile { arguments += ["--password-file", URL(fileURLWithPath: passwordFile).standardizedFileURL.path] }
         arguments += ["--fetch-timeout", String(fetchTimeout)]
+        if pull { arguments.append("--pull") }
+        if push { arguments.append("--push") }
+        if sync { arguments.append("--sync") }
+        if continuous { arguments.append("--continuous") }
+        if noDownloadAttachments { arguments.append("--no-download-attachments") }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

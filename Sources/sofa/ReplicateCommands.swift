@@ -36,13 +36,55 @@ struct ReplicationOptions: ParsableArguments {
     @Option(help: .hidden)
     var batchSize = 200
 
-    func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
-        let password = try passwordFile.map { try readPassword($0) }
-        let remote = try RemoteDatabase(url, user: user, password: password)
+    @Flag(help: "Keep replicating until Ctrl-C or SIGTERM; ride out the remote going away.")
+    var continuous = false
+
+    var retryPolicy: RetryPolicy {
         var retry = RetryPolicy()
         retry.attempts = max(1, retries)
         retry.initialDelay = max(0, retryDelay)
-        let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: cacert, retry: retry)
+        return retry
+    }
+
+    /// `--continuous`: runs the directions until a signal, printing what moves.
+    func runContinuously(_ directions: [Replicator.Direction], database: Database, downloads: DownloadPolicy) throws {
+        let password = try passwordFile.map { try readPassword($0) }
+        let session = ReplicationSession(database: database, remote: try RemoteDatabase(url, user: user, password: password),
+                                         directions: directions, continuous: true)
+        session.downloads = downloads
+        session.retry = retryPolicy
+        session.caFile = cacert
+        let json = self.json
+        session.onResult = { direction, result in
+            if json {
+                var event = result.json.objectValue ?? [:]
+                event["event"] = "replicated"
+                event["direction"] = .string(direction.rawValue)
+                Output.line(JSONValue.object(event).jsonString())
+            } else {
+                Output.line("\(direction.rawValue): \(result.docsWritten) documents written")
+            }
+        }
+        var sources: [DispatchSourceSignal] = []
+        for signalNumber in [SIGINT, SIGTERM] {
+            signal(signalNumber, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+            source.setEventHandler { session.stop() }
+            source.resume()
+            sources.append(source)
+        }
+        session.start()
+        session.wait()
+        sources.forEach { $0.cancel() }
+        if session.status.currentState == "error" {
+            throw SofaError.invalidArgument("replication stopped: \(session.status.json["last_error"]?.stringValue ?? "error")")
+        }
+    }
+
+    func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
+        let password = try passwordFile.map { try readPassword($0) }
+        let remote = try RemoteDatabase(url, user: user, password: password)
+        let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: cacert, retry: retryPolicy)
         replicator.batchSize = max(1, batchSize)
         replicator.docIDs = docIDs?.split(separator: ",").map(String.init)
         return replicator
@@ -125,6 +167,7 @@ struct Pull: SofaCommand {
 
     func execute() throws {
         let db = try Database.open(at: options.database)
+        if options.continuous { return try options.runContinuously([.pull], database: db, downloads: downloads.policy()) }
         let replicator = try options.makeReplicator(.pull, database: db)
         replicator.downloads = try downloads.policy()
         report([("pull", try replicate(replicator, json: options.json))], json: options.json)
@@ -137,6 +180,7 @@ struct Push: SofaCommand {
 
     func execute() throws {
         let db = try Database.open(at: options.database)
+        if options.continuous { return try options.runContinuously([.push], database: db, downloads: DownloadPolicy()) }
         report([("push", try replicate(try options.makeReplicator(.push, database: db), json: options.json))], json: options.json)
     }
 }
@@ -148,6 +192,7 @@ struct Sync: SofaCommand {
 
     func execute() throws {
         let db = try Database.open(at: options.database)
+        if options.continuous { return try options.runContinuously([.pull, .push], database: db, downloads: downloads.policy()) }
         let puller = try options.makeReplicator(.pull, database: db)
         puller.downloads = try downloads.policy()
         let pulled = try replicate(puller, json: options.json)

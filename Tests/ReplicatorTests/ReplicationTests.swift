@@ -303,3 +303,52 @@ import TestSupport
         #expect(mount.unmount().succeeded)
     }
 }
+
+/// `sofa mount --remote URL --sync --continuous`: the mount as a live replica.
+@Suite struct SyncedMountTests {
+    let directory = TemporaryDirectory()
+
+    func waitUntil(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if try condition() { return true }
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        return try condition()
+    }
+
+    @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
+    func editsGoBothWaysAndSurviveTheRemoteGoingAway() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        var server = try ServedDatabases([source.path])
+        let port = server.port
+        let url = "http://127.0.0.1:\(port)/source"
+        let local = directory.appending("replica.sofa")
+        #expect(try sofa("create", local).succeeded)
+        let mount = try MountedDatabase(local, arguments: ["--remote", url, "--sync", "--continuous", "--no-download-attachments"])
+
+        // The remote's documents appear; their big bodies are fetched only when read.
+        #expect(waitUntil { FileManager.default.fileExists(atPath: mount.path("docs/doc-29/properties.json")) })
+        #expect(try shell("sha1sum '\(mount.path("docs/files/attachments/big.bin"))'").stdout
+                .hasPrefix(try #require(try source.document(withID: "files")?.attachment(named: "big.bin")?.blobKey?.hex)))
+        let status = try JSONParser.parse([UInt8](try Data(contentsOf: URL(fileURLWithPath: mount.path(".sofa/status.json")))))
+        #expect(["idle", "busy"].contains(status["replication"]?["state"]?.stringValue ?? ""), "\(status)")
+
+        // An edit in the mount goes up; an edit on the remote comes down into the mount.
+        #expect(try shell("mkdir '\(mount.path("docs/from-mount"))' && echo '{\"made\":\"in the mount\"}' > '\(mount.path("docs/from-mount/properties.json"))'").succeeded)
+        #expect(try waitUntil { try server.connect().request("GET", "/source/from-mount").json?["made"] == "in the mount" })
+        #expect(try server.connect().json("PUT", "/source/from-remote", ["made": "remotely"]).status == 201)
+        #expect(try waitUntil { (try? String(contentsOfFile: mount.path("docs/from-remote/properties.json"), encoding: .utf8))?.contains("remotely") == true })
+
+        // The remote goes away: edits keep working and wait; status says offline; they go out on its return.
+        server.stop()
+        #expect(try shell("echo '{\"made\":\"offline\"}' > '\(mount.path("docs/from-mount/properties.json"))'").succeeded)
+        #expect(try waitUntil(15) {
+            let text = try String(contentsOfFile: mount.path(".sofa/status.json"), encoding: .utf8)
+            return text.contains("\"offline\"")
+        })
+        server = try ServedDatabases([source.path, "--port", String(port)])
+        #expect(try waitUntil(45) { try server.connect().request("GET", "/source/from-mount").json?["made"] == "offline" })
+        #expect(mount.unmount().succeeded)
+    }
+}

@@ -1,0 +1,150 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Logging
+
+/// What a running replication is doing, for `/.sofa/status.json` and `--json` events.
+public final class ReplicationStatus: @unchecked Sendable {
+    // Sendable invariant: every field is guarded by `lock`.
+    private let lock = NSLock()
+    private var state = "idle"
+    private var pulled = 0
+    private var pushed = 0
+    private var lastError: String?
+    private var lastSync: Date?
+
+    public init() {}
+
+    func set(_ state: String, error: String? = nil) {
+        lock.withLock {
+            self.state = state
+            if let error { lastError = error }
+            if state == "idle" { lastSync = Date() }
+        }
+    }
+
+    func add(_ result: ReplicationResult, _ direction: Replicator.Direction) {
+        lock.withLock {
+            if direction == .pull { pulled += result.docsWritten } else { pushed += result.docsWritten }
+        }
+    }
+
+    /// `idle`, `busy`, `offline` (the remote cannot be reached; retrying), `error` (stopped), `stopped`.
+    public var currentState: String { lock.withLock { state } }
+
+    public var json: JSONObject {
+        lock.withLock {
+            ["state": .string(state), "docs_pulled": .integer(Int64(pulled)), "docs_pushed": .integer(Int64(pushed)),
+             "last_error": lastError.map { .string($0) } ?? .null,
+             "last_sync": lastSync.map { .double($0.timeIntervalSince1970) } ?? .null]
+        }
+    }
+}
+
+/// Pull, push or both, once or continuously, riding out an unreachable remote: while it
+/// is away the state is `offline` and tries back off up to 30 s; local edits go out
+/// when it returns. Each direction runs on its own thread.
+public final class ReplicationSession: @unchecked Sendable {
+    // Sendable invariant: `stopped` is guarded by `condition`; the rest is immutable.
+    public let database: Database
+    public let remote: RemoteDatabase
+    public let directions: [Replicator.Direction]
+    public let continuous: Bool
+    public let status = ReplicationStatus()
+    public var downloads = DownloadPolicy()
+    public var retry = RetryPolicy()
+    public var caFile: String?
+    /// Called after each pass that moved documents.
+    public var onResult: (@Sendable (Replicator.Direction, ReplicationResult) -> Void)?
+    private let condition = NSCondition()
+    private var stopped = false
+    private let group = DispatchGroup()
+    private let log = Logger(label: "sofa.replicate")
+    /// How often a continuous push looks for local changes, and how long a pull's longpoll waits.
+    static let pushPollInterval = 0.5
+    static let longpollTimeout = 5.0
+
+    public init(database: Database, remote: RemoteDatabase, directions: [Replicator.Direction], continuous: Bool) {
+        self.database = database
+        self.remote = remote
+        self.directions = directions
+        self.continuous = continuous
+    }
+
+    public func start() {
+        for direction in directions {
+            group.enter()
+            Thread.detachNewThread { [self] in
+                loop(direction)
+                group.leave()
+            }
+        }
+    }
+
+    public func stop() {
+        condition.withLock { stopped = true }
+        condition.broadcast()
+    }
+
+    /// Waits for every direction to end (one-shot: after its pass; continuous: after `stop()`).
+    public func wait() { group.wait() }
+
+    private var isStopped: Bool { condition.withLock { stopped } }
+
+    /// Sleeps up to `seconds`, less if stopped.
+    private func pause(_ seconds: Double) {
+        condition.withLock {
+            let deadline = Date().addingTimeInterval(seconds)
+            while !stopped && condition.wait(until: deadline) {}
+        }
+    }
+
+    private func loop(_ direction: Replicator.Direction) {
+        var backoff = retry.initialDelay
+        var lastLocalSequence: Int64 = -1
+        while !isStopped {
+            do {
+                status.set("busy")
+                let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: caFile, retry: retry)
+                replicator.downloads = downloads
+                let before = try database.lastSequence
+                let result = try replicator.run()
+                status.add(result, direction)
+                if result.docsWritten > 0 || result.docWriteFailures > 0 { onResult?(direction, result) }
+                status.set("idle")
+                backoff = retry.initialDelay
+                guard continuous else { return }
+                if direction == .push {
+                    // Wait for a local change (from the mount, the CLI, or a pull).
+                    lastLocalSequence = max(before, (try? database.lastSequence) ?? before)
+                    while !isStopped, ((try? database.lastSequence) ?? lastLocalSequence) <= lastLocalSequence {
+                        pause(ReplicationSession.pushPollInterval)
+                    }
+                } else {
+                    try waitForRemoteChange(since: result.lastSeq, replicator: replicator)
+                }
+            } catch let error as ReplicationError where continuous && error.isTransient {
+                status.set("offline", error: "\(error)")
+                log.warning("\(direction.rawValue): \(error); trying again in \(backoff) s")
+                pause(backoff)
+                backoff = min(backoff * 2, retry.maximumDelay)
+            } catch {
+                status.set("error", error: "\(error)")
+                log.error("\(direction.rawValue) stopped: \(error)")
+                return
+            }
+        }
+        status.set("stopped")
+    }
+
+    /// A longpoll on the remote: returns when something changed after `since`, or after a few seconds.
+    private func waitForRemoteChange(since: JSONValue, replicator: Replicator) throws {
+        let client = replicator.client
+        let seq: String = switch since {
+        case .string(let text): text.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-_"))) ?? text
+        default: since.jsonString()
+        }
+        let timeout = Int(ReplicationSession.longpollTimeout * 1000)
+        _ = try client.json("GET", "_changes?feed=longpoll&limit=1&since=\(seq)&timeout=\(timeout)")
+    }
+}
