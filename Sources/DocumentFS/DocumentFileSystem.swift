@@ -415,6 +415,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     static let revisionAttribute = "user.sofa.rev"
     static let digestAttribute = "user.sofa.digest"
     static let availableAttribute = "user.sofa.available"
+    /// While a body is downloading: `RECEIVED/LENGTH` bytes.
+    static let progressAttribute = "user.sofa.progress"
     static let contentTypeAttribute = "user.mime_type"
 
     /// The extended attributes of a node, by name.
@@ -446,10 +448,18 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     private func attachmentAttributes(_ attachment: Attachment, revision: RevisionID) -> [String: String] {
-        [DocumentFileSystem.revisionAttribute: revision.description,
-         DocumentFileSystem.digestAttribute: attachment.digest,
-         DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
-         DocumentFileSystem.contentTypeAttribute: attachment.contentType]
+        var attributes = [DocumentFileSystem.revisionAttribute: revision.description,
+                          DocumentFileSystem.digestAttribute: attachment.digest,
+                          DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
+                          DocumentFileSystem.contentTypeAttribute: attachment.contentType]
+        if !attachment.contentAvailable, let transfer = bodySource?.transfer(digest: attachment.digest) {
+            switch transfer.state {
+            case .transferring(let received): attributes[DocumentFileSystem.progressAttribute] = "\(received)/\(attachment.length)"
+            case .complete: attributes[DocumentFileSystem.availableAttribute] = "true"
+            case .failed: break
+            }
+        }
+        return attributes
     }
 
     public func extendedAttribute(_ name: String, of path: String) throws -> [UInt8] {

@@ -7,6 +7,9 @@ public protocol BodySource: AnyObject, Sendable {
     /// Starts the transfer of `attachment`'s body (as revision `revID` of `docID` has it),
     /// or joins the one under way: one transfer per body however many ask.
     func fetch(_ attachment: Attachment, docID: String, revID: RevisionID) -> BodyTransfer
+
+    /// The transfer of the body known by `digest`, if one is under way.
+    func transfer(digest: String) -> BodyTransfer?
 }
 
 /// A body on its way into the blob store, readable as far as it has arrived.

@@ -277,6 +277,29 @@ public final class Database: @unchecked Sendable {
         }
     }
 
+    /// Turns a local body back into a deferred one: every revision that refers to the body
+    /// under `digest` keeps its metadata and loses the body, which is deleted if nothing else
+    /// uses it. Returns the bytes freed.
+    @discardableResult
+    public func purgeBody(digest: String) throws -> Int64 {
+        let keys = try write { connection -> [String] in
+            let keys = try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL",
+                                            .text(digest)) { $0.text(0) }
+            try connection.run("UPDATE rev_attachments SET blob_key = NULL WHERE digest = ?", .text(digest))
+            // Keys still used under another digest stay.
+            return try keys.filter { key in
+                try connection.query("SELECT COUNT(*) FROM rev_attachments WHERE blob_key = ?", .text(key)) { $0.int(0) }[0] == 0
+            }
+        }
+        var freed: Int64 = 0
+        for hex in keys {
+            guard let key = BlobKey(hex: hex) else { continue }
+            var info = stat()
+            if stat(blobs.path(for: key), &info) == 0, unlink(blobs.path(for: key)) == 0 { freed += Int64(info.st_size) }
+        }
+        return freed
+    }
+
     /// A body already here under `digest`, if any revision has one.
     public func storedBody(digest: String) throws -> StoredBlob? {
         let keys = try read { connection in

@@ -27,6 +27,8 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
     /// Transfers under way, for status files.
     public var active: [BodyTransfer] { lock.withLock { Array(transfers.values) } }
 
+    public func transfer(digest: String) -> BodyTransfer? { lock.withLock { transfers[digest] } }
+
     public func fetch(_ attachment: Attachment, docID: String, revID: RevisionID) -> BodyTransfer {
         if let blob = try? database.storedBody(digest: attachment.digest) {
             return BodyTransfer(attachment: attachment, blob: blob)

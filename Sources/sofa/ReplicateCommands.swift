@@ -246,3 +246,24 @@ struct Download: SofaCommand {
         }
     }
 }
+
+struct PurgeAttachment: SofaCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "purge-attachment",
+        abstract: "Drop an attachment's local body, keeping its metadata: it becomes deferred again and is fetched when read.")
+
+    @Argument(help: "The database.") var database: String
+    @Argument(help: "The document.") var id: String
+    @Argument(help: "The attachment.") var name: String
+
+    func execute() throws {
+        let db = try Database.open(at: database)
+        guard let document = try db.document(withID: id) else { throw SofaError.documentNotFound(id) }
+        guard let attachment = document.attachment(named: name) else { throw SofaError.attachmentNotFound(docID: id, name: name) }
+        if db.rememberedRemote == nil {
+            Output.error("warning: \(database) has no remote it pulled from; give --remote when you download or mount")
+        }
+        let freed = try db.purgeBody(digest: attachment.digest)
+        Output.line("purged the body of \(name) (\(freed) bytes freed); its metadata stays")
+    }
+}

@@ -255,6 +255,14 @@ import TestSupport
         #expect(try sofa("download", target).succeeded)
         #expect(try sofa("info", target).stdout.contains("Bodies not present: 0"))
         #expect(try sofa("check", target).succeeded)
+
+        // purge-attachment makes a body deferred again (its blob goes); download brings it back.
+        let purged = try sofa("purge-attachment", target, "files", "big.bin")
+        #expect(purged.stdout.contains("3145728 bytes freed"), "\(purged.stdout)\(purged.stderr)")
+        #expect(try sofa("info", target).stdout.contains("Bodies not present: 1"))
+        #expect(try sofa("cat-attachment", target, "files", "big.bin").status == 1)
+        #expect(try sofa("download", target).stdout.contains("downloaded 1 attachment bodies"))
+        #expect(try sofa("check", target).succeeded)
         let copy = try Database.open(at: target)
         #expect(try ReplicationTests().snapshot(copy) == ReplicationTests().snapshot(source))
         let log = server.stop().stderr
