@@ -360,3 +360,78 @@ import TestSupport
         #expect(mount.unmount().succeeded)
     }
 }
+
+/// The body downloader against CouchDB 3.4.3's own bytes (../shared/fixtures): an MD5
+/// digest of identity bytes, and a `text/*` body CouchDB stores gzip-compressed, whose
+/// digest is the MD5 of the gzip stream and which arrives gzip-encoded.
+@Suite struct CouchDBBodyTests {
+    static let fixtures = fixturesDirectory + "/couchdb-3.4.3/client-source"
+
+    /// ETag (the digest without `md5-`), Content-Length and body of a recorded response.
+    func recorded(_ file: String) throws -> (digest: String, length: Int64, body: [UInt8]) {
+        let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: "\(Self.fixtures)/\(file)")))
+        let split = try #require(bytes.firstRange(of: Array("\r\n\r\n".utf8)))
+        let head = String(decoding: bytes[..<split.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
+        let value = { (name: String) in head.first { $0.lowercased().hasPrefix(name + ":") }?.split(separator: ":", maxSplits: 1)[1].trimmingCharacters(in: .whitespaces) }
+        return ("md5-" + (value("etag") ?? "").trimmingCharacters(in: CharacterSet(charactersIn: "\"")),
+                Int64(value("content-length") ?? "") ?? -1, Array(bytes[split.upperBound...]))
+    }
+
+    @Test func downloadsCouchDBBodiesAndChecksTheirDigests() throws {
+        try #require(FileManager.default.fileExists(atPath: Self.fixtures), "fixtures not found at \(Self.fixtures)")
+        let server = try ReplayServer(responses: [
+            "GET /fixture-src/att-text/hello.txt": "\(Self.fixtures)/047-att-get-text-accept-gzip.response",
+            "GET /fixture-src/att-binary/image.png": "\(Self.fixtures)/038-att-get-binary-full.response",
+            "GET /fixture-src/big/big.bin": "\(Self.fixtures)/052-att-get-big-full.response",
+        ])
+        let text = try recorded("046-att-get-text-identity.response")
+        let gzip = try recorded("047-att-get-text-accept-gzip.response")
+        let png = try recorded("038-att-get-binary-full.response")
+        let big = try recorded("052-att-get-big-full.response")
+        #expect(gzip.digest == text.digest, "one digest, of the gzip bytes")
+
+        // A local copy that knows these attachments by metadata only, as a deferred pull leaves it.
+        let directory = TemporaryDirectory()
+        let db = try directory.makeDatabase("deferred.sofa")
+        func stub(_ name: String, _ type: String, _ recorded: (digest: String, length: Int64, body: [UInt8]), identityLength: Int64) -> DocumentStore.Attachment {
+            DocumentStore.Attachment(name: name, contentType: type, length: identityLength, digest: recorded.digest, blobKey: nil, revpos: 1)
+        }
+        try db.insert(ReplicatedRevision(docID: "att-text", revID: RevisionID("1-d857e59ce77709f7189804bbc0d8c37f")!, ancestors: [],
+                                         properties: ["type": "attachment-text"],
+                                         attachments: [stub("hello.txt", "text/plain", gzip, identityLength: text.length)]))
+        try db.insert(ReplicatedRevision(docID: "att-binary", revID: RevisionID("2-3bfd06bd63102a8fd247006741ee6387")!, ancestors: [],
+                                         properties: [:], attachments: [stub("image.png", "image/png", png, identityLength: png.length)]))
+        try db.insert(ReplicatedRevision(docID: "big", revID: RevisionID("1-955e240b7f5bb9d9ff1d72653193c33b")!, ancestors: [],
+                                         properties: [:], attachments: [stub("big.bin", "application/octet-stream", big, identityLength: big.length)]))
+        #expect(try db.missingBodies().count == 3)
+
+        let result = try sofa("download", db.path, "--remote", "http://127.0.0.1:\(server.port)/fixture-src")
+        #expect(result.succeeded, "\(result.stderr)")
+        #expect(result.stdout.contains("downloaded 3 attachment bodies"))
+        #expect(try db.missingBodies().isEmpty)
+        #expect(try db.check().isEmpty)
+        // Stored decoded: the text body is the identity bytes CouchDB serves without gzip.
+        #expect(try db.blobs.contents(of: #require(db.document(withID: "att-text")?.attachment(named: "hello.txt")?.blobKey)) == text.body)
+        #expect(try db.blobs.contents(of: #require(db.document(withID: "att-binary")?.attachment(named: "image.png")?.blobKey)) == png.body)
+        #expect(server.requests.contains { $0.hasPrefix("GET /fixture-src/att-text/hello.txt?rev=1-d857e59ce77709f7189804bbc0d8c37f") })
+    }
+
+    @Test func aCouchDBBodyWithTheWrongDigestIsRefused() throws {
+        try #require(FileManager.default.fileExists(atPath: Self.fixtures), "fixtures not found at \(Self.fixtures)")
+        let server = try ReplayServer(responses: ["GET /fixture-src/att-binary/image.png": "\(Self.fixtures)/038-att-get-binary-full.response"])
+        let png = try recorded("038-att-get-binary-full.response")
+        let directory = TemporaryDirectory()
+        let db = try directory.makeDatabase("deferred.sofa")
+        // Metadata claiming another body (the big attachment's digest) for these bytes.
+        let big = try recorded("052-att-get-big-full.response")
+        try db.insert(ReplicatedRevision(docID: "att-binary", revID: RevisionID("2-3bfd06bd63102a8fd247006741ee6387")!, ancestors: [],
+                                         properties: [:], attachments: [DocumentStore.Attachment(name: "image.png", contentType: "image/png", length: png.length,
+                                                                                    digest: big.digest, blobKey: nil, revpos: 1)]))
+        let result = try sofa("download", db.path, "--remote", "http://127.0.0.1:\(server.port)/fixture-src", "--retries", "2", "--retry-delay", "0.01")
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("does not match its digest"), "\(result.stderr)")
+        #expect(try db.missingBodies().count == 1)
+        let blobs = try FileManager.default.contentsOfDirectory(atPath: db.path + "/attachments").filter { $0.hasSuffix(".blob") }
+        #expect(blobs.isEmpty, "the refused body is not in the blob store: \(blobs)")
+    }
+}

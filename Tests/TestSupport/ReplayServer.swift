@@ -1,0 +1,83 @@
+import Foundation
+
+/// Serves recorded HTTP responses (byte for byte, as files of ../shared/fixtures hold
+/// them) on 127.0.0.1: each request gets the response recorded for its method and path
+/// (the query is ignored), or a CouchDB-style 404. Keep-alive; a thread per connection.
+public final class ReplayServer: @unchecked Sendable {
+    public let port: Int
+    private let listener: Int32
+    private let responses: [String: [UInt8]]
+    private let lock = NSLock()
+    /// "METHOD path?query" of every request, in order.
+    public private(set) var requests: [String] = []
+
+    /// `responses`: "GET /db/doc/att" → the path of a `.response` file.
+    public init(responses: [String: String]) throws {
+        self.responses = try responses.mapValues { [UInt8](try Data(contentsOf: URL(fileURLWithPath: $0))) }
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Int32 in
+                guard bind(listener, pointer, length) == 0 else { return -1 }
+                return getsockname(listener, pointer, &length)
+            }
+        }
+        guard bound == 0, listen(listener, 16) == 0 else { throw POSIXError(.EADDRINUSE) }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        Thread.detachNewThread { [self] in
+            while true {
+                let client = accept(listener, nil, nil)
+                guard client >= 0 else { return }
+                Thread.detachNewThread { [self] in serve(client) }
+            }
+        }
+    }
+
+    deinit {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+    }
+
+    private func serve(_ fd: Int32) {
+        defer { close(fd) }
+        var buffer: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        while true {
+            // One request head (and a Content-Length body, skipped).
+            var headEnd = buffer.firstRange(of: Array("\r\n\r\n".utf8))
+            while headEnd == nil {
+                let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                guard count > 0 else { return }
+                buffer += chunk[..<count]
+                headEnd = buffer.firstRange(of: Array("\r\n\r\n".utf8))
+            }
+            let head = String(decoding: buffer[..<headEnd!.lowerBound], as: UTF8.self)
+            let lines = head.components(separatedBy: "\r\n")
+            let bodyLength = lines.first { $0.lowercased().hasPrefix("content-length:") }
+                .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+            while buffer.count < headEnd!.upperBound + bodyLength {
+                let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                guard count > 0 else { return }
+                buffer += chunk[..<count]
+            }
+            buffer.removeSubrange(..<(headEnd!.upperBound + bodyLength))
+            let parts = lines[0].split(separator: " ")
+            guard parts.count >= 2 else { return }
+            let target = String(parts[1])
+            lock.withLock { requests.append("\(parts[0]) \(target)") }
+            let key = "\(parts[0]) \(target.split(separator: "?", maxSplits: 1)[0])"
+            let response = responses[key] ?? Array(("HTTP/1.1 404 Object Not Found\r\nContent-Type: application/json\r\n"
+                + "Content-Length: 41\r\n\r\n{\"error\":\"not_found\",\"reason\":\"missing\"}\n").utf8)
+            var sent = 0
+            while sent < response.count {
+                let count = response.withUnsafeBytes { send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+                guard count > 0 else { return }
+                sent += count
+            }
+        }
+    }
+}
