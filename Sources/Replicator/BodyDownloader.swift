@@ -65,76 +65,53 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
         try client.withRetry { try client.logIn() }
         let name = attachment.name.split(separator: "/", omittingEmptySubsequences: false).map { pathSegment(String($0)) }.joined(separator: "/")
         let url = remote.url("\(pathSegment(docID))/\(name)?rev=\(revID)")
-
-        var writer = try database.blobs.makeWriter()
-        var md5 = MessageDigest(.md5)
-        transfer.started(writingTo: writer.temporaryPath)
-        defer { writer.cancel() }
+        var body = try IncomingBody(blobs: database.blobs, transfer: transfer, checkMD5: attachment.digest.hasPrefix("md5-"))
+        defer { body.writer.cancel() }
         return try client.withRetry {
-            let resumeFrom = writer.length
-            var decoder: GzipDecoder?
-            var checked = false
+            let resumeFrom = body.writer.length
             var headers = ["Accept": "*/*", "Accept-Encoding": "gzip"]
             if resumeFrom > 0 { headers["Range"] = "bytes=\(resumeFrom)-" }
-            let answer = try client.send("GET", url, headers: headers) { bytes, status, responseHeaders in
-                guard status < 300 else { return false }
-                if !checked {
-                    checked = true
-                    if resumeFrom > 0 && status != 206 {
-                        // The server sent the whole body again: start over.
-                        writer.cancel()
-                        writer = try self.database.blobs.makeWriter()
-                        md5 = MessageDigest(.md5)
-                        transfer.started(writingTo: writer.temporaryPath)
+            var started = false
+            let answer: HTTPAnswer
+            do {
+                answer = try client.send("GET", url, headers: headers) { bytes, status, responseHeaders in
+                    guard status < 300 else { return false }
+                    if !started {
+                        started = true
+                        let gzip = responseHeaders["content-encoding"]?.lowercased() == "gzip"
+                        // A whole body again (no 206), or a gzip stream (which cannot resume): start over.
+                        if resumeFrom > 0 && (status != 206 || gzip) || gzip && body.writer.length > 0 { try body.restart() }
+                        body.decoder = gzip ? try GzipDecoder() : nil
                     }
-                    if responseHeaders["content-encoding"]?.lowercased() == "gzip" {
-                        if writer.length > 0 {
-                            writer.cancel()
-                            writer = try self.database.blobs.makeWriter()
-                            md5 = MessageDigest(.md5)
-                            transfer.started(writingTo: writer.temporaryPath)
-                        }
-                        decoder = try GzipDecoder()
-                    }
+                    try body.receive(bytes)
+                    return true
                 }
-                md5.update(bytes)
-                if let decoder {
-                    try decoder.decode(Array(bytes)) { piece in try piece.withUnsafeBytes { try writer.write($0) } }
-                } else {
-                    try writer.write(bytes)
-                }
-                transfer.progressed(to: writer.length)
-                return true
+            } catch {
+                // Keep what arrived before the failure: the retry asks for the rest with a Range.
+                try? body.flush()
+                throw error
             }
             guard answer.status < 300 else { throw client.httpError(answer, url: url) }
-            if let decoder {
-                // A gzip stream cannot be resumed from the middle: an interrupted one starts over.
+            try body.flush()
+            if let decoder = body.decoder {
                 do { try decoder.finish() } catch {
-                    writer.cancel()
-                    writer = try database.blobs.makeWriter()
-                    md5 = MessageDigest(.md5)
-                    transfer.started(writingTo: writer.temporaryPath)
-                    throw ReplicationError.protocolError("truncated gzip body")
+                    try body.restart()
+                    throw ReplicationError.protocolError("\(attachment.name): truncated gzip body")
                 }
             }
-            guard writer.length == attachment.length else {
-                throw ReplicationError.protocolError("\(attachment.name): \(writer.length) of \(attachment.length) bytes arrived")
+            guard body.writer.length == attachment.length else {
+                throw ReplicationError.protocolError("\(attachment.name): \(body.writer.length) of \(attachment.length) bytes arrived")
             }
-            let received = "md5-" + Data(md5.finalize()).base64EncodedString()
-            if attachment.digest.hasPrefix("md5-") && attachment.digest != received {
-                writer.cancel()
-                writer = try database.blobs.makeWriter()
-                md5 = MessageDigest(.md5)
-                transfer.started(writingTo: writer.temporaryPath)
-                throw ReplicationError.protocolError("\(attachment.name): the body received does not match its digest \(attachment.digest)")
+            let mismatch = ReplicationError.protocolError("\(attachment.name): the body received does not match its digest \(attachment.digest)")
+            if body.checkMD5 && attachment.digest != "md5-" + Data(body.md5.finalize()).base64EncodedString() {
+                try body.restart()
+                throw mismatch
             }
             do {
-                return try writer.finish(expecting: attachment.digest.hasPrefix("sha1-") ? BlobKey(digestString: attachment.digest) : nil)
+                return try body.writer.finish(expecting: attachment.digest.hasPrefix("sha1-") ? BlobKey(digestString: attachment.digest) : nil)
             } catch SofaError.blobCorrupted {
-                writer = try database.blobs.makeWriter()
-                md5 = MessageDigest(.md5)
-                transfer.started(writingTo: writer.temporaryPath)
-                throw ReplicationError.protocolError("\(attachment.name): the body received does not match its digest \(attachment.digest)")
+                try body.restart()
+                throw mismatch
             }
         }
     }
@@ -173,5 +150,61 @@ extension Database {
         let current = try localDocument(withID: Database.remoteDocument)
         guard current?.body["url"]?.stringValue != url else { return }
         _ = try replaceLocalDocument(Database.remoteDocument, body: ["url": .string(url)], after: current?.rev)
+    }
+}
+
+/// A body arriving into a blob writer: gathered into 1 MiB writes (curl hands over
+/// 16 KiB at a time), MD5-hashed when the digest is one, decoded when gzip.
+private struct IncomingBody {
+    let blobs: BlobStore
+    let transfer: BodyTransfer
+    let checkMD5: Bool
+    var writer: BlobWriter
+    var md5 = MessageDigest(.md5)
+    var decoder: GzipDecoder?
+    private var pending: [UInt8] = []
+
+    init(blobs: BlobStore, transfer: BodyTransfer, checkMD5: Bool) throws {
+        self.blobs = blobs
+        self.transfer = transfer
+        self.checkMD5 = checkMD5
+        writer = try blobs.makeWriter()
+        pending.reserveCapacity(1 << 20)
+        transfer.started(writingTo: writer.temporaryPath)
+    }
+
+    mutating func receive(_ bytes: UnsafeRawBufferPointer) throws {
+        if let decoder {
+            if checkMD5 { md5.update(bytes) }  // the digest covers the gzip stream as sent
+            var decoded: [[UInt8]] = []
+            try decoder.decode(Array(bytes)) { decoded.append($0) }
+            for piece in decoded { try append(piece) }
+        } else {
+            try append(Array(bytes))
+        }
+    }
+
+    private mutating func append(_ bytes: [UInt8]) throws {
+        pending += bytes
+        if pending.count >= 1 << 20 { try flush() }
+    }
+
+    /// Writes what is gathered; identity bytes are hashed here, so a resumed body's MD5
+    /// covers exactly what the file holds.
+    mutating func flush() throws {
+        guard !pending.isEmpty else { return }
+        if checkMD5 && decoder == nil { md5.update(pending) }
+        try pending.withUnsafeBytes { try writer.write($0) }
+        pending.removeAll(keepingCapacity: true)
+        transfer.progressed(to: writer.length)
+    }
+
+    /// Drops everything received and starts a new file.
+    mutating func restart() throws {
+        writer.cancel()
+        writer = try blobs.makeWriter()
+        md5 = MessageDigest(.md5)
+        pending.removeAll(keepingCapacity: true)
+        transfer.started(writingTo: writer.temporaryPath)
     }
 }

@@ -1,7 +1,7 @@
 // sofa-bench: measures Sofa against plain tools on the same disk, in one run,
 // and prints ratios (these machines are shared and noisy; absolute numbers drift).
 //
-//   sofa-bench storage|mount|serve [--dir DIR] [--documents N] [--attachment-mib N]
+//   sofa-bench storage|mount|serve|sync [--dir DIR] [--documents N] [--attachment-mib N]
 
 @preconcurrency import Glibc
 import DocumentModel
@@ -21,9 +21,9 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve": suite = argument
+            case "storage", "mount", "serve", "sync": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -231,6 +231,7 @@ do {
     switch options.suite {
     case "mount": try mountBenchmark(options)
     case "serve": try serveBenchmark(options)
+    case "sync": try syncBenchmark(options)
     default: try storage(options)
     }
 } catch {

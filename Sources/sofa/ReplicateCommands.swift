@@ -21,7 +21,7 @@ struct ReplicationOptions: ParsableArguments {
     @Option(help: "CA certificates (PEM) to verify the remote with, instead of the system's.")
     var cacert: String?
 
-    @Option(help: "Replicate only these documents (comma-separated ids).")
+    @Option(name: .customLong("doc-ids"), help: "Replicate only these documents (comma-separated ids).")
     var docIDs: String?
 
     @Flag(help: "Print JSON events and a final summary with PouchDB's result fields.")

@@ -1,0 +1,130 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// Runs a command, returning its wall time and peak RSS (wait4).
+func timeWithRSS(_ arguments: [String]) throws -> (seconds: Double, maxRSS: Int) {
+    let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+    var pid: pid_t = 0
+    let start = now()
+    guard posix_spawn(&pid, arguments[0], &actions, nil, argv, environ) == 0 else {
+        throw SofaError.invalidArgument("cannot run \(arguments[0])")
+    }
+    var status: Int32 = 0
+    var usage = rusage()
+    while wait4(pid, &status, 0, &usage) < 0 && errno == EINTR {}
+    let elapsed = now() - start
+    guard status == 0 else { throw SofaError.invalidArgument("failed: \(arguments.joined(separator: " "))") }
+    return (elapsed, usage.ru_maxrss * 1024)
+}
+
+/// `sofa-bench sync`: pull and push of 10,000 documents (1,000 with a 100 KB attachment)
+/// against `sofa serve` on 127.0.0.1, and a 1 GiB deferred attachment read through the
+/// mount against curl downloading it from the same server.
+func syncBenchmark(_ options: Options) throws {
+    let work = "\(options.directory)/sofa-bench-sync-\(getpid())"
+    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: work) }
+    let sofa = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
+    let documents = min(options.documents, 10_000)
+    let withAttachment = documents / 10
+    let attachmentSize = 100_000
+    let size = Int64(options.attachmentMiB) << 20
+    print("Sofa sync benchmark: \(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment; \(options.attachmentMiB) MiB deferred attachment; in \(work)")
+    print(String(repeating: "-", count: 104))
+
+    let source = try Database.create(at: "\(work)/source.sofa")
+    var state: UInt64 = 0x9E37_79B9_7F4A_7C15
+    try source.inBatch { batch in
+        for i in 0..<documents {
+            var draft = try source.newRevision(of: String(format: "doc-%05d", i))
+            draft.properties = ["n": .integer(Int64(i)), "title": .string("Document \(i)"), "tags": ["sync", "bench"]]
+            if i % 10 == 0 {
+                var body = [UInt8](repeating: 0, count: attachmentSize)
+                for index in body.indices {
+                    state ^= state << 13; state ^= state >> 7; state ^= state << 17
+                    body[index] = UInt8(truncatingIfNeeded: state)
+                }
+                try draft.setAttachment("data.bin", data: body)
+            }
+            try batch.save(draft)
+        }
+    }
+    // The big body lives in a database of its own on the server.
+    let hugeDatabase = try Database.create(at: "\(work)/huge.sofa")
+    let hugeSource = "\(work)/huge.bin"
+    try writeSource(hugeSource, size: size)
+    var huge = try hugeDatabase.newRevision(of: "huge")
+    try huge.setAttachment("huge.bin", contentsOf: hugeSource)
+    try hugeDatabase.save(huge)
+    unlink(hugeSource)
+    _ = try Database.create(at: "\(work)/pushed.sofa")
+
+    // The server, on a free port, serving the source and an empty target for pushes.
+    let output = "\(work)/serve.out"
+    let arguments: [String] = [sofa, "serve", "\(work)/source.sofa", "\(work)/pushed.sofa", "\(work)/huge.sofa", "--port", "0"]
+    let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    var pid: pid_t = 0
+    guard posix_spawn(&pid, sofa, &actions, nil, argv, environ) == 0 else { throw SofaError.invalidArgument("cannot start sofa serve") }
+    defer {
+        kill(pid, SIGTERM)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+    }
+    var port = 0
+    for _ in 0..<500 where port == 0 {
+        usleep(10_000)
+        let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        if let colon = text.range(of: "127.0.0.1:") { port = Int(text[colon.upperBound...].prefix { $0.isNumber }) ?? 0 }
+    }
+    guard port > 0 else { throw SofaError.invalidArgument("sofa serve did not start") }
+    let base = "http://127.0.0.1:\(port)"
+
+    // Pull everything, then push it all to the empty database.
+    _ = try timeShell("\(sofa) create \(work)/pulled.sofa > /dev/null")
+    let pull = try timeWithRSS([sofa, "pull", "\(work)/pulled.sofa", "\(base)/source"])
+    let push = try timeWithRSS([sofa, "push", "\(work)/pulled.sofa", "\(base)/pushed"])
+    let megabytes = Double(withAttachment * attachmentSize) / 1e6
+    for (label, run) in [("pull", pull), ("push", push)] {
+        row("\(label) \(documents) docs, \(String(format: "%.0f", megabytes)) MB attachments",
+            String(format: "%6.2f s", run.seconds), String(format: "%7.0f docs/s", Double(documents) / run.seconds),
+            String(format: "%6.1f MB/s", megabytes / run.seconds), String(format: "peak RSS %.0f MB", Double(run.maxRSS) / 1e6))
+    }
+    let again = try timeWithRSS([sofa, "pull", "\(work)/pulled.sofa", "\(base)/source"])
+    row("pull again, nothing new", String(format: "%6.2f s", again.seconds))
+
+    // The 1 GiB body, deferred, read through the mount; curl downloads the same body alongside.
+    _ = try timeShell("\(sofa) create \(work)/deferred.sofa > /dev/null && \(sofa) pull \(work)/deferred.sofa \(base)/huge --no-download-attachments > /dev/null")
+    let mountPoint = "\(work)/mnt"
+    try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+    let file = "\(mountPoint)/docs/huge/attachments/huge.bin"
+    func mount() throws { _ = try timeShell("\(sofa) mount \(work)/deferred.sofa \(mountPoint) --remote \(base)/huge") }
+    func unmount() { _ = try? timeShell("fusermount3 -u \(mountPoint) 2>/dev/null") }
+    defer { unmount() }
+    let curl = median(try (0..<3).map { _ in try timeShell("curl -sf -o /dev/null \(base)/huge/huge/huge.bin") })
+    var firstByte: [Double] = [], whole: [Double] = []
+    for _ in 0..<3 {
+        try mount()
+        firstByte.append(try timeShell("head -c 1 \(file) > /dev/null"))
+        // Let that transfer finish, then make the body deferred again for the throughput run.
+        _ = try timeShell("cat \(file) > /dev/null")
+        unmount()
+        _ = try timeShell("\(sofa) purge-attachment \(work)/deferred.sofa huge huge.bin > /dev/null")
+        try mount()
+        whole.append(try timeShell("cat \(file) > /dev/null"))
+        unmount()
+        _ = try timeShell("\(sofa) purge-attachment \(work)/deferred.sofa huge huge.bin > /dev/null")
+    }
+    row("mount: first byte of \(options.attachmentMiB) MiB deferred", String(format: "%8.3f s", median(firstByte)))
+    row("mount: \(options.attachmentMiB) MiB deferred, read whole", mibps(size, median(whole)), "curl " + mibps(size, curl),
+        "ratio " + ratio(curl / median(whole)))
+}
