@@ -102,11 +102,14 @@ public final class CouchServer: @unchecked Sendable {
             return connections.values.filter { !$0.busy }.map(\.channel)
         }
         guard let idle else { return }
-        serverChannel?.channel.close(promise: nil)
-        idle.forEach { $0.close(promise: nil) }
-        group.any().scheduleTask(in: CouchServer.stopGracePeriod) {
+        // Scheduled before anything closes: once the server channel is closed, run() may
+        // return and the event loops shut down, after which nothing can be scheduled.
+        let forced = group.any().scheduleTask(in: CouchServer.stopGracePeriod) {
             self.stopLock.withLock { self.connections.values.map(\.channel) }.forEach { $0.close(promise: nil) }
         }
+        stopLock.withLock { forcedClose = forced }
+        serverChannel?.channel.close(promise: nil)
+        idle.forEach { $0.close(promise: nil) }
     }
 
     /// Marks a connection busy or idle; false when the server is stopping and the connection should end.
@@ -117,8 +120,12 @@ public final class CouchServer: @unchecked Sendable {
         }
     }
 
+    /// The forced close of connections still busy after `stopGracePeriod`. Guarded by `stopLock`.
+    private var forcedClose: Scheduled<Void>?
+
     /// Releases threads; call after `run()` returned.
     public func shutdown() async {
+        stopLock.withLock { forcedClose }?.cancel()
         try? await group.shutdownGracefully()
         try? await pool.shutdownGracefully()
     }
