@@ -335,10 +335,12 @@ public final class Replicator {
         let request = JSONValue.object(JSONObject(leaves.map { ($0.key, JSONValue.array($0.value.map { .string($0.description) })) }))
         let (_, diff) = try client.json("POST", "_revs_diff", request)
         guard case .object(let missing) = diff else { return }
+        let held = try ancestorsHeldByRemote(missing)
         var bulk: [JSONValue] = []
         for (id, entry) in missing {
             let tree = try database.revisionTree(of: id)
             let ancestors = (entry["possible_ancestors"]?.arrayValue ?? []).compactMap { $0.stringValue.flatMap(RevisionID.init) }
+                + (held[id] ?? [])
             for revText in entry["missing"]?.arrayValue?.compactMap(\.stringValue) ?? [] {
                 guard let rev = RevisionID(revText), let revision = try? database.revision(rev, of: id) else { continue }
                 result.docsRead += 1
@@ -393,6 +395,29 @@ public final class Replicator {
         let failures = answer.arrayValue?.filter { $0["error"] != nil }.count ?? 0
         result.docWriteFailures += failures
         result.docsWritten += bulk.count - failures
+    }
+
+    /// Which ancestors of the missing revisions the remote holds. `possible_ancestors` lists
+    /// only its leaves of lower generation, so after concurrent edits (its leaf is as new as
+    /// ours) it says nothing; a second `_revs_diff` about the ancestors themselves tells
+    /// which attachments it has, so they go as stubs instead of travelling again.
+    private func ancestorsHeldByRemote(_ missing: JSONObject) throws -> [String: [RevisionID]] {
+        var asked: [String: [RevisionID]] = [:]
+        for (id, entry) in missing where entry["possible_ancestors"] == nil {
+            guard let tree = try? database.revisionTree(of: id) else { continue }
+            let revs = (entry["missing"]?.arrayValue ?? []).compactMap { $0.stringValue.flatMap(RevisionID.init) }
+            let ancestors = Set(revs.flatMap { tree.history(of: $0).dropFirst().prefix(20) })
+            if !ancestors.isEmpty { asked[id] = Array(ancestors) }
+        }
+        guard !asked.isEmpty else { return [:] }
+        let request = JSONValue.object(JSONObject(asked.map { ($0.key, JSONValue.array($0.value.map { .string($0.description) })) }))
+        let (_, diff) = try client.json("POST", "_revs_diff", request)
+        var held: [String: [RevisionID]] = [:]
+        for (id, ancestors) in asked {
+            let absent = Set((diff[id]?["missing"]?.arrayValue ?? []).compactMap(\.stringValue))
+            held[id] = ancestors.filter { !absent.contains($0.description) }
+        }
+        return held
     }
 
     /// `PUT /db/doc?new_edits=false` as `multipart/related`, the bodies streamed from the blob store.

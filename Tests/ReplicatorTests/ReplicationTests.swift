@@ -435,3 +435,56 @@ import TestSupport
         #expect(blobs.isEmpty, "the refused body is not in the blob store: \(blobs)")
     }
 }
+
+/// Sync between two replicas editing the same documents.
+@Suite struct ConflictingSyncTests {
+    let directory = TemporaryDirectory()
+
+    @Test func concurrentEditsConflictAndResolveTheSameWayOnBothSides() throws {
+        let remote = try directory.makeDatabase("remote.sofa")
+        let server = try ServedDatabases([remote.path], logLevel: "debug")
+        let url = "http://127.0.0.1:\(server.port)/remote"
+        let local = directory.appending("local.sofa")
+        #expect(try sofa("create", local).succeeded)
+        let blob = directory.appending("photo.bin")
+        try writePatternFile(blob, count: 200_000)
+        #expect(try sofa("put", local, "shared", #"{"v":0}"#).succeeded)
+        #expect(try sofa("attach", local, "shared", "photo.bin", blob).succeeded)
+        #expect(try sofa("sync", local, url).succeeded)
+
+        // Both sides edit the same document while apart.
+        let http = try server.connect()
+        let current = try #require(try http.request("GET", "/remote/shared").json?.objectValue)
+        var remoteEdit = current
+        remoteEdit["v"] = "remote"
+        #expect(try http.json("PUT", "/remote/shared", .object(remoteEdit)).status == 201)
+        let localDB = try Database.open(at: local)
+        var localEdit = try localDB.newRevision(of: "shared")
+        localEdit.properties["v"] = "local"
+        try localDB.save(localEdit)
+
+        let sync = try sofa("sync", local, url, "--json")
+        #expect(sync.succeeded, "\(sync.stderr)")
+        let localTree = try localDB.revisionTree(of: "shared")
+        let remoteTree = try remote.revisionTree(of: "shared")
+        #expect(localTree.conflicts.count == 1)
+        #expect(localTree.winner?.id == remoteTree.winner?.id, "the same winner on both sides")
+        #expect(Set(localTree.leaves.map(\.id)) == Set(remoteTree.leaves.map(\.id)))
+
+        // Nothing changed since: a second sync moves no document.
+        let quiet = try sofa("sync", local, url, "--json")
+        let summaries = quiet.stdout.split(separator: "\n").compactMap { try? JSONParser.parse(Array($0.utf8)) }.filter { $0["status"] != nil }
+        #expect(summaries.count == 2)
+        #expect(summaries.allSatisfy { $0["docs_read"] == 0 && $0["docs_written"] == 0 }, "\(quiet.stdout)")
+
+        // A properties-only edit keeps its attachment: the push sends no attachment bytes.
+        var edit = try localDB.newRevision(of: "shared")
+        edit.properties["v"] = "edited again"
+        try localDB.save(edit)
+        #expect(try sofa("push", local, url).succeeded)
+        let log = server.stop().stderr
+        let multipartPuts = log.components(separatedBy: "PUT /remote/shared?new_edits=false").count - 1
+        #expect(multipartPuts == 1, "only the first push carried the photo: \(multipartPuts)")
+        #expect(try remote.document(withID: "shared")?.properties["v"] == "edited again")
+    }
+}
