@@ -42,29 +42,9 @@ func serveBenchmark(_ options: Options) throws {
     }
 
     // The server, on a free port.
-    let output = "\(work)/serve.out"
-    let arguments: [String] = [sofa, "serve", db.path, "--port", "0"]
-    let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-    defer { argv.forEach { free($0) } }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    var pid: pid_t = 0
-    guard posix_spawn(&pid, sofa, &actions, nil, argv, environ) == 0 else { throw SofaError.invalidArgument("cannot start sofa serve") }
-    defer {
-        kill(pid, SIGTERM)
-        var status: Int32 = 0
-        waitpid(pid, &status, 0)
-    }
-    var port = 0
-    for _ in 0..<500 where port == 0 {
-        usleep(10_000)
-        let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
-        if let colon = text.range(of: "127.0.0.1:") {
-            port = Int(text[colon.upperBound...].prefix { $0.isNumber }) ?? 0
-        }
-    }
-    guard port > 0 else { throw SofaError.invalidArgument("sofa serve did not start") }
+    let server = try ServeProcess(sofa: sofa, databases: [db.path], work: work)
+    defer { server.stop() }
+    let (pid, port) = (server.pid, server.port)
     let url = "http://127.0.0.1:\(port)/bench"
 
     // _bulk_docs: the same number of new documents, in the same batch size, over HTTP.
@@ -123,4 +103,41 @@ func serveBenchmark(_ options: Options) throws {
     let hwm = status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }.map { $0.dropFirst(6).trimmingCharacters(in: .whitespaces) } ?? "?"
     print(String(repeating: "-", count: 104))
     row("sofa serve peak RSS", hwm)
+}
+
+/// `sofa serve` on a free port of 127.0.0.1, for the benchmarks.
+final class ServeProcess {
+    let pid: pid_t
+    let port: Int
+
+    init(sofa: String, databases: [String], work: String) throws {
+        let output = "\(work)/serve.out"
+        let arguments: [String] = [sofa, "serve"] + databases + ["--port", "0"]
+        let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        var pid: pid_t = 0
+        guard posix_spawn(&pid, sofa, &actions, nil, argv, environ) == 0 else { throw SofaError.invalidArgument("cannot start sofa serve") }
+        self.pid = pid
+        var port = 0
+        for _ in 0..<500 where port == 0 {
+            usleep(10_000)
+            let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+            if let colon = text.range(of: "127.0.0.1:") { port = Int(text[colon.upperBound...].prefix { $0.isNumber }) ?? 0 }
+        }
+        self.port = port
+        guard port > 0 else {
+            kill(pid, SIGKILL)
+            throw SofaError.invalidArgument("sofa serve did not start")
+        }
+    }
+
+    func stop() {
+        kill(pid, SIGTERM)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+    }
 }

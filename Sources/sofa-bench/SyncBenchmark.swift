@@ -66,27 +66,9 @@ func syncBenchmark(_ options: Options) throws {
     _ = try Database.create(at: "\(work)/pushed.sofa")
 
     // The server, on a free port, serving the source and an empty target for pushes.
-    let output = "\(work)/serve.out"
-    let arguments: [String] = [sofa, "serve", "\(work)/source.sofa", "\(work)/pushed.sofa", "\(work)/huge.sofa", "--port", "0"]
-    let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-    defer { argv.forEach { free($0) } }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    var pid: pid_t = 0
-    guard posix_spawn(&pid, sofa, &actions, nil, argv, environ) == 0 else { throw SofaError.invalidArgument("cannot start sofa serve") }
-    defer {
-        kill(pid, SIGTERM)
-        var status: Int32 = 0
-        waitpid(pid, &status, 0)
-    }
-    var port = 0
-    for _ in 0..<500 where port == 0 {
-        usleep(10_000)
-        let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
-        if let colon = text.range(of: "127.0.0.1:") { port = Int(text[colon.upperBound...].prefix { $0.isNumber }) ?? 0 }
-    }
-    guard port > 0 else { throw SofaError.invalidArgument("sofa serve did not start") }
+    let server = try ServeProcess(sofa: sofa, databases: ["\(work)/source.sofa", "\(work)/pushed.sofa", "\(work)/huge.sofa"], work: work)
+    defer { server.stop() }
+    let port = server.port
     let base = "http://127.0.0.1:\(port)"
 
     // Pull everything, then push it all to the empty database.

@@ -92,14 +92,7 @@ struct Mount: SofaCommand {
         watcher.start()
 
         // Ctrl-C, SIGTERM, SIGHUP: unmount lazily; open files finish their saves, then run() returns.
-        var sources: [DispatchSourceSignal] = []
-        for signalNumber in [SIGINT, SIGTERM, SIGHUP] {
-            signal(signalNumber, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-            source.setEventHandler { mount.unmount() }
-            source.resume()
-            sources.append(source)
-        }
+        let sources = onSignals([SIGINT, SIGTERM, SIGHUP]) { mount.unmount() }
         log.info("mounted \(database.path) on \(mountPoint)")
         session?.start()
         mount.run()

@@ -65,14 +65,7 @@ struct ReplicationOptions: ParsableArguments {
                 Output.line("\(direction.rawValue): \(result.docsWritten) documents written")
             }
         }
-        var sources: [DispatchSourceSignal] = []
-        for signalNumber in [SIGINT, SIGTERM] {
-            signal(signalNumber, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-            source.setEventHandler { session.stop() }
-            source.resume()
-            sources.append(source)
-        }
+        let sources = onSignals([SIGINT, SIGTERM]) { session.stop() }
         session.start()
         session.wait()
         sources.forEach { $0.cancel() }

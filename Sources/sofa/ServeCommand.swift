@@ -91,14 +91,7 @@ struct Serve: SofaCommand {
             await server.shutdown()
             done.signal()
         }
-        var sources: [DispatchSourceSignal] = []
-        for signalNumber in [SIGINT, SIGTERM] {
-            signal(signalNumber, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-            source.setEventHandler { server.stop() }
-            source.resume()
-            sources.append(source)
-        }
+        let sources = onSignals([SIGINT, SIGTERM]) { server.stop() }
         done.wait()
         sources.forEach { $0.cancel() }
         if let error = outcome.error {

@@ -34,6 +34,18 @@ struct Sofa: ParsableCommand {
 
 let log = Logger(label: "sofa")
 
+/// Runs `handler` (on a global queue) when one of `signals` arrives, instead of the default
+/// action; the returned sources must be kept, and cancelled when done.
+func onSignals(_ signals: [Int32], _ handler: @escaping @Sendable () -> Void) -> [DispatchSourceSignal] {
+    signals.map { signalNumber in
+        signal(signalNumber, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+        source.setEventHandler(handler: handler)
+        source.resume()
+        return source
+    }
+}
+
 /// A subcommand whose domain errors print as `sofa: <what failed and why>` and exit 1.
 protocol SofaCommand: ParsableCommand {
     func execute() throws

@@ -20,23 +20,7 @@ public final class FaultProxy: @unchecked Sendable {
 
     public init(upstreamPort: Int) throws {
         self.upstreamPort = upstreamPort
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        self.listener = listener
-        var yes: Int32 = 1
-        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Int32 in
-                guard bind(listener, pointer, length) == 0 else { return -1 }
-                return getsockname(listener, pointer, &length)
-            }
-        }
-        guard bound == 0, listen(listener, 64) == 0 else { throw POSIXError(.EADDRINUSE) }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        (listener, port) = try listenOnLoopback()
         Thread.detachNewThread { [self] in acceptLoop() }
     }
 
@@ -173,4 +157,26 @@ private final class SocketPair: @unchecked Sendable {
             Glibc.close(fds.1)
         }
     }
+}
+
+/// A listening TCP socket on a free port of 127.0.0.1.
+func listenOnLoopback(backlog: Int32 = 64) throws -> (fd: Int32, port: Int) {
+    let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var yes: Int32 = 1
+    setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Int32 in
+            guard bind(listener, pointer, length) == 0 else { return -1 }
+            return getsockname(listener, pointer, &length)
+        }
+    }
+    guard bound == 0, listen(listener, backlog) == 0 else {
+        Glibc.close(listener)
+        throw POSIXError(.EADDRINUSE)
+    }
+    return (listener, Int(UInt16(bigEndian: address.sin_port)))
 }

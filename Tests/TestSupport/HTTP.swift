@@ -42,10 +42,7 @@ public final class ServedDatabases: @unchecked Sendable {
         let finished = process.wait()
         unlink(outputPath)
         result = finished
-        // Under --sanitize=thread the server reports races on its stderr.
-        if finished.stderr.contains("ThreadSanitizer") {
-            Issue.record("ThreadSanitizer report from sofa serve:\n\(finished.stderr.prefix(4000))")
-        }
+        recordSanitizerReports(finished, from: "sofa serve")
         return finished
     }
 }

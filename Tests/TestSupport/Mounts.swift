@@ -48,10 +48,7 @@ public final class MountedDatabase: @unchecked Sendable {
         let finished = process.wait()
         rmdir(mountPoint)
         result = finished
-        // Under --sanitize=thread the mount process reports races on its stderr.
-        if finished.stderr.contains("ThreadSanitizer") {
-            Issue.record("ThreadSanitizer report from the mount process:\n\(finished.stderr.prefix(4000))")
-        }
+        recordSanitizerReports(finished, from: "the mount process")
         return finished
     }
 

@@ -14,20 +14,9 @@ public final class ReplayServer: @unchecked Sendable {
     /// `responses`: "GET /db/doc/att" → the path of a `.response` file.
     public init(responses: [String: String]) throws {
         self.responses = try responses.mapValues { [UInt8](try Data(contentsOf: URL(fileURLWithPath: $0))) }
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let (listener, port) = try listenOnLoopback(backlog: 16)
         self.listener = listener
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Int32 in
-                guard bind(listener, pointer, length) == 0 else { return -1 }
-                return getsockname(listener, pointer, &length)
-            }
-        }
-        guard bound == 0, listen(listener, 16) == 0 else { throw POSIXError(.EADDRINUSE) }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        self.port = port
         Thread.detachNewThread { [self] in
             while true {
                 let client = accept(listener, nil, nil)

@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import Testing
 
 /// A fresh directory under /tmp, removed when the value is released.
 public final class TemporaryDirectory: @unchecked Sendable {
@@ -149,3 +150,11 @@ public func writePatternFile(_ path: String, count: Int64, seed: UInt64 = 1) thr
 
 /// Whether this process may mount file systems (tests that need it fail, not skip, without it).
 public var isRoot: Bool { geteuid() == 0 }
+
+/// Under --sanitize=thread, child processes report races (and crashes) on their stderr:
+/// each report fails the test that started the process.
+public func recordSanitizerReports(_ result: ProcessResult, from what: String) {
+    if result.stderr.contains("ThreadSanitizer") {
+        Issue.record("ThreadSanitizer report from \(what):\n\(result.stderr.prefix(4000))")
+    }
+}
