@@ -21,6 +21,7 @@ extension CouchServer {
         var conflicts = false
         var docIDs: Set<String>?
         var designOnly = false
+        var selector: Selector?
         var heartbeat: Double?
         var timeout: Double?
     }
@@ -63,8 +64,11 @@ extension CouchServer {
             query.docIDs = Set(list.compactMap(\.stringValue))
         case "_design":
             query.designOnly = true
+        case "_selector":
+            guard let value = body?["selector"] else { throw HTTPError.badRequest("filter=_selector needs a selector in the body") }
+            do { query.selector = try Selector(value) } catch { throw HTTPError(.badRequest, "bad_request", "\(error)") }
         default:
-            throw HTTPError.badRequest("filter functions are not supported; use _doc_ids or _design")
+            throw HTTPError.badRequest("filter functions are not supported; use _doc_ids, _selector or _design")
         }
         switch query.feed {
         case "continuous": try await continuousFeed(request, db, query)
@@ -72,9 +76,13 @@ extension CouchServer {
         }
     }
 
-    private func passes(_ change: Change, _ query: ChangesQuery) -> Bool {
+    private func passes(_ change: Change, _ query: ChangesQuery, _ db: Database) -> Bool {
         if let ids = query.docIDs, !ids.contains(change.docID) { return false }
         if query.designOnly && !change.docID.hasPrefix(DocumentID.designPrefix) { return false }
+        if let selector = query.selector {
+            guard let revision = try? db.revision(change.revID, of: change.docID) else { return false }
+            return selector.matches(revision.selectable)
+        }
         return true
     }
 
@@ -85,7 +93,7 @@ extension CouchServer {
         while rows.count < limit {
             let page = try db.changes(since: cursor, limit: 1000)
             guard let last = page.last else { break }
-            for change in page where passes(change, query) {
+            for change in page where passes(change, query, db) {
                 rows.append(change)
                 if rows.count == limit { return (rows, change.sequence) }
             }
@@ -351,5 +359,16 @@ extension CouchServer {
         }
         try await response.write("--\(boundary)--\r\n")
         try await response.finish()
+    }
+}
+
+extension Revision {
+    /// The document as a selector sees it: its properties with `_id`, `_rev` and `_deleted`.
+    var selectable: JSONObject {
+        var document = properties
+        document["_id"] = .string(docID)
+        document["_rev"] = .string(revID.description)
+        if deleted { document["_deleted"] = true }
+        return document
     }
 }

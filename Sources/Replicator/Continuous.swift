@@ -54,6 +54,8 @@ public final class ReplicationSession: @unchecked Sendable {
     public var downloads = DownloadPolicy()
     public var retry = RetryPolicy()
     public var caFile: String?
+    /// Sets filters (doc ids, selector, channels) on each pass's replicator.
+    public var configure: (@Sendable (Replicator) -> Void)?
     /// Called after each pass that moved documents.
     public var onResult: (@Sendable (Replicator.Direction, ReplicationResult) -> Void)?
     private let condition = NSCondition()
@@ -107,6 +109,7 @@ public final class ReplicationSession: @unchecked Sendable {
                 status.set("busy")
                 let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: caFile, retry: retry)
                 replicator.downloads = downloads
+                configure?(replicator)
                 let before = try database.lastSequence
                 let result = try replicator.run()
                 status.add(result, direction)

@@ -57,6 +57,10 @@ public final class Replicator {
     public let direction: Direction
     public var downloads = DownloadPolicy()
     public var docIDs: [String]?
+    /// A CouchDB Mango selector: pulls ask the remote to filter with it; pushes filter here.
+    public var selector: Selector?
+    /// Sync Gateway channels (pull only: `filter=sync_gateway/bychannel`).
+    public var channels: [String]?
     /// Changes read per batch.
     public var batchSize = 200
     /// Called after each batch with the running totals.
@@ -79,7 +83,9 @@ public final class Replicator {
     /// credentials, default port explicit), the direction and the filter.
     public var replicationID: String {
         let key: JSONValue = [.string(database.privateUUID), .string(remote.url), .string(direction.rawValue),
-                              docIDs.map { .array($0.sorted().map { .string($0) }) } ?? .null]
+                              docIDs.map { .array($0.sorted().map { .string($0) }) } ?? .null,
+                              selector.map { .object($0.json) } ?? .null,
+                              channels.map { .array($0.sorted().map { .string($0) }) } ?? .null]
         return BlobKey.hexString(MessageDigest.hash(.md5, key.serialized(.canonical)))
     }
 
@@ -151,6 +157,11 @@ public final class Replicator {
             if let docIDs {
                 path += "&filter=_doc_ids"
                 body = ["doc_ids": .array(docIDs.map { .string($0) })]
+            } else if let selector {
+                path += "&filter=_selector"
+                body = ["selector": .object(selector.json)]
+            } else if let channels {
+                path += "&filter=sync_gateway/bychannel&channels=\(channels.joined(separator: ",").addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ",-_."))) ?? "")"
             }
             let (_, changes) = try client.json(body == nil ? "GET" : "POST", path, body)
             guard let rows = changes["results"]?.arrayValue, let lastSeq = changes["last_seq"] else {
@@ -320,6 +331,16 @@ public final class Replicator {
             var changes = try database.changes(since: since, limit: batchSize)
             guard let last = changes.last else { break }
             if let docIDs { changes = changes.filter { docIDs.contains($0.docID) } }
+            if let selector {
+                changes = changes.filter { change in
+                    (try? database.revision(change.revID, of: change.docID)).map { revision in
+                        var document = revision.properties
+                        document["_id"] = .string(change.docID)
+                        if revision.deleted { document["_deleted"] = true }
+                        return selector.matches(document)
+                    } ?? false
+                }
+            }
             var leaves: [String: [RevisionID]] = [:]
             for change in changes { leaves[change.docID] = (try? database.revisionTree(of: change.docID))?.leaves.map(\.id) ?? [] }
             if !leaves.isEmpty { try send(leaves, into: &result) }

@@ -24,6 +24,12 @@ struct ReplicationOptions: ParsableArguments {
     @Option(name: .customLong("doc-ids"), help: "Replicate only these documents (comma-separated ids).")
     var docIDs: String?
 
+    @Option(help: "Replicate only documents matching this CouchDB Mango selector (JSON).")
+    var selector: String?
+
+    @Option(help: "Pull only these Sync Gateway channels (comma-separated).")
+    var channels: String?
+
     @Flag(help: "Print JSON events and a final summary with PouchDB's result fields.")
     var json = false
 
@@ -38,6 +44,29 @@ struct ReplicationOptions: ParsableArguments {
 
     @Flag(help: "Keep replicating until Ctrl-C or SIGTERM; ride out the remote going away.")
     var continuous = false
+
+    /// What `--doc-ids`, `--selector` and `--channels` ask for.
+    struct Filters: Sendable {
+        let docIDs: [String]?
+        let selector: Selector?
+        let channels: [String]?
+
+        func apply(to replicator: Replicator) {
+            replicator.docIDs = docIDs
+            replicator.selector = selector
+            replicator.channels = channels
+        }
+    }
+
+    func filters() throws -> Filters {
+        let parsed = try selector.map { text in
+            do { return try Selector(JSONParser.parse(Array(text.utf8))) } catch {
+                throw SofaError.invalidArgument("--selector: \(error)")
+            }
+        }
+        return Filters(docIDs: docIDs?.split(separator: ",").map(String.init), selector: parsed,
+                       channels: channels?.split(separator: ",").map(String.init))
+    }
 
     var retryPolicy: RetryPolicy {
         var retry = RetryPolicy()
@@ -54,6 +83,8 @@ struct ReplicationOptions: ParsableArguments {
         session.downloads = downloads
         session.retry = retryPolicy
         session.caFile = cacert
+        let filters = try filters()
+        session.configure = { filters.apply(to: $0) }
         let json = self.json
         session.onResult = { direction, result in
             if json {
@@ -79,7 +110,7 @@ struct ReplicationOptions: ParsableArguments {
         let remote = try RemoteDatabase(url, user: user, password: password)
         let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: cacert, retry: retryPolicy)
         replicator.batchSize = max(1, batchSize)
-        replicator.docIDs = docIDs?.split(separator: ",").map(String.init)
+        try filters().apply(to: replicator)
         return replicator
     }
 }

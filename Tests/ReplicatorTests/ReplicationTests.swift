@@ -488,3 +488,57 @@ import TestSupport
         #expect(try remote.document(withID: "shared")?.properties["v"] == "edited again")
     }
 }
+
+/// Filtered replication: a Mango selector both ways, Sync Gateway channels on pulls.
+@Suite struct FilteredReplicationTests {
+    let directory = TemporaryDirectory()
+
+    @Test func aSelectorFiltersPullsAtTheServerAndPushesHere() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        let server = try ServedDatabases([source.path])
+        let url = "http://127.0.0.1:\(server.port)/source"
+        let target = directory.appending("even.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let pulled = try sofa("pull", target, url, "--selector", #"{"n":{"$mod":[2,0],"$lt":10}}"#)
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        let ids = try Database.open(at: target).documents().map(\.docID)
+        // doc-00 is n=100 after its update; doc-02's winning revision is the conflict branch without n.
+        #expect(ids == ["doc-04", "doc-06", "doc-08"])
+
+        // Pushing back with another selector sends only what matches.
+        let local = try Database.open(at: target)
+        var draft = try local.newRevision(of: "doc-04")
+        draft.properties["flag"] = true
+        try local.save(draft)
+        var other = try local.newRevision(of: "doc-06")
+        other.properties["flag"] = false
+        try local.save(other)
+        let pushed = try sofa("push", target, url, "--selector", #"{"flag":true}"#, "--json")
+        let summary = try JSONParser.parse(Array(pushed.stdout.split(separator: "\n").last!.utf8))
+        #expect(summary["docs_written"] == 1, "\(pushed.stdout)")
+        #expect(try source.document(withID: "doc-04")?.properties["flag"] == true)
+        #expect(try source.document(withID: "doc-06")?.properties["flag"] == nil)
+
+        let bad = try sofa("pull", target, url, "--selector", #"{"n":{"$near":1}}"#)
+        #expect(bad.status == 1)
+        #expect(bad.stderr.contains("unknown selector operator $near"))
+    }
+
+    @Test func channelsAskSyncGatewaysFilter() throws {
+        let changes = directory.appending("changes.response")
+        let body = #"{"results":[],"last_seq":"7"}"# + "\n"
+        try ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body)
+            .write(toFile: changes, atomically: true, encoding: .utf8)
+        let info = directory.appending("info.response")
+        let infoBody = #"{"db_name":"sg","update_seq":7}"# + "\n"
+        try ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(infoBody.utf8.count)\r\n\r\n" + infoBody)
+            .write(toFile: info, atomically: true, encoding: .utf8)
+        let gateway = try ReplayServer(responses: ["GET /sg": info, "GET /sg/_changes": changes])
+        let target = directory.appending("channels.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let pulled = try sofa("pull", target, "http://127.0.0.1:\(gateway.port)/sg", "--channels", "news,sports")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        #expect(gateway.requests.contains { $0.hasPrefix("GET /sg/_changes?") && $0.contains("filter=sync_gateway/bychannel&channels=news,sports") },
+                "\(gateway.requests)")
+    }
+}
