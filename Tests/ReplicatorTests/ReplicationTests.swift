@@ -542,3 +542,37 @@ import TestSupport
                 "\(gateway.requests)")
     }
 }
+
+/// TLS through libcurl: verification on by default, `--cacert` for a private CA.
+@Suite struct TLSReplicationTests {
+    let directory = TemporaryDirectory()
+
+    @Test func verifiesTheServerAndTrustsAGivenCA() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        let server = try ServedDatabases([source.path])
+        let certificate = directory.appending("cert.pem"), key = directory.appending("key.pem")
+        let made = try shell("openssl req -x509 -newkey rsa:2048 -nodes -keyout \(key) -out \(certificate) -days 2 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 2>&1")
+        try #require(made.succeeded, "\(made.stdout)")
+        // socat terminates TLS on a free port and forwards to sofa serve.
+        let probe = try FaultProxy(upstreamPort: server.port)  // only to borrow a free port number
+        let port = probe.port
+        probe.close()
+        let tls = try ChildProcess(["/usr/bin/socat", "OPENSSL-LISTEN:\(port),bind=127.0.0.1,reuseaddr,fork,cert=\(certificate),key=\(key),verify=0",
+                                    "TCP:127.0.0.1:\(server.port)"])
+        defer {
+            tls.kill(SIGTERM)
+            _ = tls.wait()
+        }
+        Thread.sleep(forTimeInterval: 0.5)
+        let url = "https://127.0.0.1:\(port)/source"
+        let target = directory.appending("tls.sofa")
+        #expect(try sofa("create", target).succeeded)
+
+        let untrusted = try sofa("pull", target, url, "--retries", "1")
+        #expect(untrusted.status == 1)
+        #expect(untrusted.stderr.lowercased().contains("certificate"), "\(untrusted.stderr)")
+        let trusted = try sofa("pull", target, url, "--cacert", certificate)
+        #expect(trusted.succeeded, "\(trusted.stderr)")
+        #expect(try ReplicationTests().snapshot(Database.open(at: target)) == ReplicationTests().snapshot(source))
+    }
+}

@@ -82,8 +82,21 @@ public final class ChildProcess: @unchecked Sendable {
             argv.forEach { free($0) }
             envp.forEach { free($0) }
         }
+        // A clean signal mask and default handlers: a test thread's blocked signals would
+        // otherwise be inherited, and a child like socat would never see SIGTERM.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        posix_spawnattr_setsigmask(&attributes, &empty)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for signal in [SIGTERM, SIGINT, SIGHUP, SIGPIPE] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         var pid: pid_t = 0
-        let code = posix_spawn(&pid, arguments[0], &actions, nil, argv, envp)
+        let code = posix_spawn(&pid, arguments[0], &actions, &attributes, argv, envp)
         guard code == 0 else { throw SofaError.io(operation: "spawn", path: arguments[0], errno: code) }
         self.pid = pid
     }
