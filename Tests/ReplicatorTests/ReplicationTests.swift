@@ -576,3 +576,85 @@ import TestSupport
         #expect(try ReplicationTests().snapshot(Database.open(at: target)) == ReplicationTests().snapshot(source))
     }
 }
+
+/// A pull from CouchDB 3.4.3 itself, as recorded: its `_changes` (opaque string sequences),
+/// its `_bulk_get` answers to CouchDB's own replicator, its attachment bodies.
+@Suite struct CouchDBPullTests {
+    static let root = fixturesDirectory + "/couchdb-3.4.3"
+
+    static func body(_ file: String) throws -> [UInt8] {
+        let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: "\(root)/\(file)")))
+        return Array(bytes[bytes.firstRange(of: Array("\r\n\r\n".utf8))!.upperBound...])
+    }
+
+    @Test func pullsTheScenarioWithItsRevisionsNumbersAndBodies() throws {
+        try #require(FileManager.default.fileExists(atPath: Self.root + "/README.md"), "fixtures not found at \(Self.root)")
+        let source = "\(Self.root)/client-source"
+        let server = try ReplayServer(responses: [
+            "GET /fixture-src": "\(source)/002-get-db-info.response",
+            "GET /fixture-src/_changes": "\(source)/004-changes-normal-all-docs-since-0.response",
+            "GET /fixture-src/att-text/hello.txt": "\(source)/047-att-get-text-accept-gzip.response",
+            "GET /fixture-src/att-binary/image.png": "\(source)/038-att-get-binary-full.response",
+            "GET /fixture-src/att-slash/sub/dir/notes.txt": "\(source)/050-att-get-slash-name-literal.response",
+            "GET /fixture-src/big/big.bin": "\(source)/052-att-get-big-full.response",
+        ])
+        // _bulk_get: CouchDB's answers to its own replicator, merged, for the ids asked.
+        var recorded: [String: [JSONValue]] = [:]
+        for file in ["replicator-pull/010-post-bulk-get.response", "replicator-pull/012-post-bulk-get.response"] {
+            for result in try JSONParser.parse(Self.body(file))["results"]?.arrayValue ?? [] {
+                recorded[result["id"]!.stringValue!, default: []] += result["docs"]?.arrayValue ?? []
+            }
+        }
+        recorded["_design/app"] = [["ok": try JSONParser.parse(Self.body("client-source/037-get-design-doc.response"))]]
+        let answers = recorded
+        server.respond(to: "POST", pathPrefix: "/fixture-src/_bulk_get") { _, body in
+            let asked = Set(((try? JSONParser.parse(body))?["docs"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue })
+            let results: [JSONValue] = asked.sorted().map { id in ["id": .string(id), "docs": .array(answers[id] ?? [])] }
+            return ReplayServer.jsonResponse("200 OK", JSONValue.object(["results": .array(results)]).serialized())
+        }
+        let checkpoint = try Self.body("client-source/056-local-put-new.response")
+        server.respond(to: "PUT", pathPrefix: "/fixture-src/_local/") { _, _ in ReplayServer.jsonResponse("201 Created", checkpoint) }
+
+        let directory = TemporaryDirectory()
+        let target = directory.appending("from-couchdb.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let url = "http://127.0.0.1:\(server.port)/fixture-src"
+        let pulled = try sofa("pull", target, url, "--no-download-attachments", "--json")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        let summary = try JSONParser.parse(Array(pulled.stdout.split(separator: "\n").last!.utf8))
+        #expect(summary["docs_written"] == 14, "13 documents, one with two leaves: \(summary)")
+        #expect(summary["last_seq"]?.stringValue?.hasPrefix("20-g1AAAA") == true, "CouchDB's opaque sequence kept as is")
+
+        // The same revisions as CouchDB's _changes listed, conflicts and tombstone included.
+        let db = try Database.open(at: target)
+        let changes = try JSONParser.parse(Self.body("client-source/004-changes-normal-all-docs-since-0.response"))
+        for row in changes["results"]?.arrayValue ?? [] {
+            let id = row["id"]!.stringValue!
+            let leaves = Set(try db.revisionTree(of: id).leaves.map(\.id.description))
+            #expect(leaves == Set(row["changes"]!.arrayValue!.compactMap { $0["rev"]?.stringValue }), "\(id)")
+        }
+        #expect(try db.currentRevision(of: "deleted-doc")?.deleted == true)
+        #expect(try db.revisionTree(of: "conflicted").winner?.id.description.hasPrefix("3-764860a0") == true)
+        let nested = try #require(try db.document(withID: "nested"))
+        #expect(JSONValue.object(nested.properties).jsonString().contains("18446744073709551615"), "integers of any size kept")
+        #expect(try db.document(withID: "unicode-ünïcødé-文档-🚀") != nil)
+        #expect(try db.document(withID: "folder/sub/doc") != nil)
+        #expect(try db.document(withID: "att-text")?.attachment(named: "hello.txt")?.digest == "md5-RDofGnyO+gqFEboJNt2ARg==")
+
+        // The deferred bodies come from CouchDB's recorded answers, checked against its MD5 digests.
+        for id in ["att-text", "att-binary", "big"] {
+            let download = try sofa("download", target, id)
+            #expect(download.succeeded, "\(id): \(download.stderr)")
+        }
+        // notes.txt was recorded without Accept-Encoding: gzip, so its bytes are the identity form of a
+        // body whose digest is the MD5 of CouchDB's gzip stream: they cannot be checked, and are refused.
+        let unverifiable = try sofa("download", target, "att-slash", "--retries", "1")
+        #expect(unverifiable.status == 1)
+        #expect(unverifiable.stderr.contains("does not match its digest"))
+        #expect(Set(try db.missingBodies().map(\.docID)) == ["att-slash", "att-two"])
+        #expect(try db.check().isEmpty)
+        #expect(try db.blobs.contents(of: #require(db.document(withID: "att-text")?.attachment(named: "hello.txt")?.blobKey))
+                == Self.body("client-source/046-att-get-text-identity.response"))
+        #expect(server.requests.contains { $0.hasPrefix("PUT /fixture-src/_local/") }, "the checkpoint went to the source")
+    }
+}

@@ -10,10 +10,23 @@ public final class ReplayServer: @unchecked Sendable {
     private let lock = NSLock()
     /// "METHOD path?query" of every request, in order.
     public private(set) var requests: [String] = []
+    /// Answers made per request: (method, path prefix, make) → the whole response's bytes.
+    /// Checked before the recorded ones.
+    public typealias Responder = @Sendable (_ target: String, _ body: [UInt8]) -> [UInt8]
+    private var responders: [(method: String, prefix: String, respond: Responder)] = []
+
+    public func respond(to method: String, pathPrefix: String, with respond: @escaping Responder) {
+        lock.withLock { responders.append((method, pathPrefix, respond)) }
+    }
+
+    /// A complete JSON response with Content-Length.
+    public static func jsonResponse(_ status: String, _ body: [UInt8]) -> [UInt8] {
+        Array("HTTP/1.1 \(status)\r\nContent-Type: application/json\r\nContent-Length: \(body.count)\r\n\r\n".utf8) + body
+    }
 
     /// `responses`: "GET /db/doc/att" → the path of a `.response` file.
     public init(responses: [String: String]) throws {
-        self.responses = try responses.mapValues { [UInt8](try Data(contentsOf: URL(fileURLWithPath: $0))) }
+        self.responses = try responses.mapValues { ReplayServer.reframed([UInt8](try Data(contentsOf: URL(fileURLWithPath: $0)))) }
         let (listener, port) = try listenOnLoopback(backlog: 16)
         self.listener = listener
         self.port = port
@@ -29,6 +42,17 @@ public final class ReplayServer: @unchecked Sendable {
     deinit {
         shutdown(listener, Int32(SHUT_RDWR))
         close(listener)
+    }
+
+    /// The fixtures keep chunked bodies de-chunked under their original headers: those are
+    /// sent with a Content-Length instead (as the fixtures' README suggests).
+    static func reframed(_ response: [UInt8]) -> [UInt8] {
+        guard let split = response.firstRange(of: Array("\r\n\r\n".utf8)) else { return response }
+        let lines = String(decoding: response[..<split.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
+        guard lines.contains(where: { $0.lowercased() == "transfer-encoding: chunked" }) else { return response }
+        let body = response[split.upperBound...]
+        let head = lines.map { $0.lowercased() == "transfer-encoding: chunked" ? "Content-Length: \(body.count)" : $0 }
+        return Array((head.joined(separator: "\r\n") + "\r\n\r\n").utf8) + body
     }
 
     private func serve(_ fd: Int32) {
@@ -53,14 +77,17 @@ public final class ReplayServer: @unchecked Sendable {
                 guard count > 0 else { return }
                 buffer += chunk[..<count]
             }
+            let body = Array(buffer[headEnd!.upperBound..<(headEnd!.upperBound + bodyLength)])
             buffer.removeSubrange(..<(headEnd!.upperBound + bodyLength))
             let parts = lines[0].split(separator: " ")
             guard parts.count >= 2 else { return }
             let target = String(parts[1])
             lock.withLock { requests.append("\(parts[0]) \(target)") }
-            let key = "\(parts[0]) \(target.split(separator: "?", maxSplits: 1)[0])"
-            let response = responses[key] ?? Array(("HTTP/1.1 404 Object Not Found\r\nContent-Type: application/json\r\n"
-                + "Content-Length: 41\r\n\r\n{\"error\":\"not_found\",\"reason\":\"missing\"}\n").utf8)
+            let path = String(target.split(separator: "?", maxSplits: 1)[0])
+            let key = "\(parts[0]) \(path)"
+            let responder = lock.withLock { responders.first { $0.method == parts[0] && path.hasPrefix($0.prefix) }?.respond }
+            let response = responder?(target, body) ?? responses[key]
+                ?? ReplayServer.jsonResponse("404 Object Not Found", Array("{\"error\":\"not_found\",\"reason\":\"missing\"}\n".utf8))
             var sent = 0
             while sent < response.count {
                 let count = response.withUnsafeBytes { send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
