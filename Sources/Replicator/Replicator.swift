@@ -199,26 +199,46 @@ public final class Replicator {
     /// Fetches revisions with `_bulk_get` (stubs), then each needed body on its own,
     /// streamed into the blob store and checked against its digest; saves them with history.
     private func fetch(_ wanted: [(id: String, rev: RevisionID)], into result: inout ReplicationResult) throws {
-        let request: JSONValue = ["docs": .array(wanted.map { ["id": .string($0.id), "rev": .string($0.rev.description)] })]
-        let (_, answer) = try client.json("POST", "_bulk_get?revs=true&latest=true&attachments=false", request)
         var revisions: [ReplicatedRevision] = []
-        for item in answer["results"]?.arrayValue ?? [] {
-            for doc in item["docs"]?.arrayValue ?? [] {
+        for doc in try fetchDocuments(wanted) {
+            do {
                 guard let body = doc["ok"] else { continue }
                 result.docsRead += 1
-                do {
-                    revisions.append(try replicatedRevision(body, result: &result))
-                } catch let error as SofaError where !error.isEnvironmental {
-                    // This document cannot be stored here (invalid id or body): count it and go on.
-                    log.warning("cannot replicate \(body["_id"]?.stringValue ?? "?"): \(error)")
-                    result.docWriteFailures += 1
-                }
-                // Anything else (the remote failing after retries, a full disk) stops the run
-                // before the checkpoint moves past this batch.
+                revisions.append(try replicatedRevision(body, result: &result))
+            } catch let error as SofaError where !error.isEnvironmental {
+                // This document cannot be stored here (invalid id or body): count it and go on.
+                log.warning("cannot replicate \(doc["ok"]?["_id"]?.stringValue ?? "?"): \(error)")
+                result.docWriteFailures += 1
             }
+            // Anything else (the remote failing after retries, a full disk) stops the run
+            // before the checkpoint moves past this batch.
         }
         try database.inBatch { batch in
             for revision in revisions where try batch.insert(revision) { result.docsWritten += 1 }
+        }
+    }
+
+    /// Servers without `_bulk_get` (CouchDB before 2.2, some gateways) answer 404, 405 or 400.
+    private var bulkGetUnsupported = false
+
+    /// The requested revisions as `{"ok": doc}` / `{"error": …}` entries: one `_bulk_get`,
+    /// or, where the server lacks it, `GET doc?open_revs=[rev]&revs=true&latest=true` each.
+    private func fetchDocuments(_ wanted: [(id: String, rev: RevisionID)]) throws -> [JSONValue] {
+        if !bulkGetUnsupported {
+            let request: JSONValue = ["docs": .array(wanted.map { ["id": .string($0.id), "rev": .string($0.rev.description)] })]
+            do {
+                let (_, answer) = try client.json("POST", "_bulk_get?revs=true&latest=true&attachments=false", request)
+                return (answer["results"]?.arrayValue ?? []).flatMap { $0["docs"]?.arrayValue ?? [] }
+            } catch ReplicationError.http(let status, _, _, _) where [400, 404, 405].contains(status) {
+                log.info("\(remote) has no _bulk_get (HTTP \(status)); fetching revisions one by one")
+                bulkGetUnsupported = true
+            }
+        }
+        return try wanted.flatMap { id, rev -> [JSONValue] in
+            let revs = JSONValue.array([.string(rev.description)]).jsonString()
+            let query = "open_revs=\(revs.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? revs)&revs=true&latest=true"
+            let (_, answer) = try client.json("GET", "\(pathSegment(id))?\(query)")
+            return answer.arrayValue ?? []
         }
     }
 

@@ -587,8 +587,8 @@ import TestSupport
         return Array(bytes[bytes.firstRange(of: Array("\r\n\r\n".utf8))!.upperBound...])
     }
 
-    @Test func pullsTheScenarioWithItsRevisionsNumbersAndBodies() throws {
-        try #require(FileManager.default.fileExists(atPath: Self.root + "/README.md"), "fixtures not found at \(Self.root)")
+    /// A replay of CouchDB as a source; without `_bulk_get`, documents answer `open_revs` instead.
+    static func couchDB(bulkGet: Bool) throws -> ReplayServer {
         let source = "\(Self.root)/client-source"
         let server = try ReplayServer(responses: [
             "GET /fixture-src": "\(source)/002-get-db-info.response",
@@ -607,13 +607,46 @@ import TestSupport
         }
         recorded["_design/app"] = [["ok": try JSONParser.parse(Self.body("client-source/037-get-design-doc.response"))]]
         let answers = recorded
-        server.respond(to: "POST", pathPrefix: "/fixture-src/_bulk_get") { _, body in
-            let asked = Set(((try? JSONParser.parse(body))?["docs"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue })
-            let results: [JSONValue] = asked.sorted().map { id in ["id": .string(id), "docs": .array(answers[id] ?? [])] }
-            return ReplayServer.jsonResponse("200 OK", JSONValue.object(["results": .array(results)]).serialized())
+        if bulkGet {
+            server.respond(to: "POST", pathPrefix: "/fixture-src/_bulk_get") { _, body in
+                let asked = Set(((try? JSONParser.parse(body))?["docs"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue })
+                let results: [JSONValue] = asked.sorted().map { id in ["id": .string(id), "docs": .array(answers[id] ?? [])] }
+                return ReplayServer.jsonResponse("200 OK", JSONValue.object(["results": .array(results)]).serialized())
+            }
+        } else {
+            // GET /fixture-src/<id>?open_revs=["rev"]&revs=true&latest=true → [{"ok": doc}]
+            server.respond(to: "GET", pathPrefix: "/fixture-src/") { target, _ in
+                guard target.contains("open_revs=") else { return nil }
+                let path = target.split(separator: "?")[0].dropFirst("/fixture-src/".count)
+                guard let id = String(path).removingPercentEncoding, let docs = answers[id],
+                      let query = target.split(separator: "?").last, let revs = query.split(separator: "&").first(where: { $0.hasPrefix("open_revs=") }),
+                      let wanted = String(revs.dropFirst("open_revs=".count)).removingPercentEncoding else { return nil }
+                let asked = Set((try? JSONParser.parse(Array(wanted.utf8)))?.arrayValue?.compactMap(\.stringValue) ?? [])
+                let matching = docs.filter { asked.contains($0["ok"]?["_rev"]?.stringValue ?? "") }
+                return ReplayServer.jsonResponse("200 OK", JSONValue.array(matching).serialized())
+            }
         }
         let checkpoint = try Self.body("client-source/056-local-put-new.response")
         server.respond(to: "PUT", pathPrefix: "/fixture-src/_local/") { _, _ in ReplayServer.jsonResponse("201 Created", checkpoint) }
+        return server
+    }
+
+    @Test func withoutBulkGetRevisionsComeOneByOneWithOpenRevs() throws {
+        try #require(FileManager.default.fileExists(atPath: Self.root + "/README.md"), "fixtures not found at \(Self.root)")
+        let server = try Self.couchDB(bulkGet: false)
+        let directory = TemporaryDirectory()
+        let target = directory.appending("no-bulk-get.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let pulled = try sofa("pull", target, "http://127.0.0.1:\(server.port)/fixture-src", "--no-download-attachments", "--json")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        #expect(try JSONParser.parse(Array(pulled.stdout.split(separator: "\n").last!.utf8))["docs_written"] == 14)
+        #expect(server.requests.filter { $0.contains("open_revs=") }.count == 14, "one GET per revision after the 404")
+        #expect(try Database.open(at: target).revisionTree(of: "conflicted").leaves.count == 2)
+    }
+
+    @Test func pullsTheScenarioWithItsRevisionsNumbersAndBodies() throws {
+        try #require(FileManager.default.fileExists(atPath: Self.root + "/README.md"), "fixtures not found at \(Self.root)")
+        let server = try Self.couchDB(bulkGet: true)
 
         let directory = TemporaryDirectory()
         let target = directory.appending("from-couchdb.sofa")

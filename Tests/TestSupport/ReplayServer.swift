@@ -10,9 +10,9 @@ public final class ReplayServer: @unchecked Sendable {
     private let lock = NSLock()
     /// "METHOD path?query" of every request, in order.
     public private(set) var requests: [String] = []
-    /// Answers made per request: (method, path prefix, make) → the whole response's bytes.
-    /// Checked before the recorded ones.
-    public typealias Responder = @Sendable (_ target: String, _ body: [UInt8]) -> [UInt8]
+    /// Answers made per request: (method, path prefix, make) → the whole response's bytes, or
+    /// nil to let the recorded ones answer. Checked before the recorded ones.
+    public typealias Responder = @Sendable (_ target: String, _ body: [UInt8]) -> [UInt8]?
     private var responders: [(method: String, prefix: String, respond: Responder)] = []
 
     public func respond(to method: String, pathPrefix: String, with respond: @escaping Responder) {
@@ -85,8 +85,8 @@ public final class ReplayServer: @unchecked Sendable {
             lock.withLock { requests.append("\(parts[0]) \(target)") }
             let path = String(target.split(separator: "?", maxSplits: 1)[0])
             let key = "\(parts[0]) \(path)"
-            let responder = lock.withLock { responders.first { $0.method == parts[0] && path.hasPrefix($0.prefix) }?.respond }
-            let response = responder?(target, body) ?? responses[key]
+            let candidates = lock.withLock { responders.filter { $0.method == parts[0] && path.hasPrefix($0.prefix) } }
+            let response = candidates.lazy.compactMap { $0.respond(target, body) }.first ?? responses[key]
                 ?? ReplayServer.jsonResponse("404 Object Not Found", Array("{\"error\":\"not_found\",\"reason\":\"missing\"}\n".utf8))
             var sent = 0
             while sent < response.count {
