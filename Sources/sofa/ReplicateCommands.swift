@@ -147,13 +147,17 @@ func parseSize(_ text: String) -> Int64? {
 /// Runs one direction and reports it.
 func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult {
     let terminal = isatty(STDERR_FILENO) == 1
+    let started = Date()
     replicator.progress = { result in
         if json {
             Output.line(JSONValue.object(["event": "progress", "direction": .string(replicator.direction.rawValue),
                                           "docs_read": .integer(Int64(result.docsRead)),
                                           "docs_written": .integer(Int64(result.docsWritten))]).jsonString())
         } else if terminal {
-            Output.write(STDERR_FILENO, "\r\(replicator.direction.rawValue): \(result.docsRead) read, \(result.docsWritten) written, \(result.attachmentBytesDownloaded >> 20) MiB")
+            let seconds = max(Date().timeIntervalSince(started), 0.001)
+            Output.write(STDERR_FILENO, "\r\(replicator.direction.rawValue): \(result.docsRead) read, \(result.docsWritten) written "
+                + "(\(Int(Double(result.docsWritten) / seconds)) docs/s), \(result.attachmentBytesDownloaded >> 20) MiB "
+                + String(format: "(%.1f MiB/s)", Double(result.attachmentBytesDownloaded) / 1_048_576 / seconds))
         }
     }
     do {

@@ -297,17 +297,25 @@ import TestSupport
     }
 
     @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
-    func anUnreachableRemoteFailsReadsWithEIOAfterABoundedWait() throws {
+    func anUnreachableRemoteFailsReadsWithEIOAfterABoundedWaitAndWorksWhenItReturns() throws {
         let source = try ReplicationTests().makeSource(in: directory)
         let server = try ServedDatabases([source.path])
-        let target = try deferredCopy(from: "http://127.0.0.1:\(server.port)/source")
+        let port = server.port
+        let target = try deferredCopy(from: "http://127.0.0.1:\(port)/source")
         server.stop()
         let mount = try MountedDatabase(target, arguments: ["--fetch-timeout", "2"])
         let started = Date()
-        let read = try shell("cat '\(mount.path("docs/files/attachments/big.bin"))' > /dev/null")
+        let path = mount.path("docs/files/attachments/big.bin")
+        let read = try shell("cat '\(path)' > /dev/null")
         #expect(!read.succeeded)
         #expect(read.stderr.contains("Input/output error"), "\(read.stderr)")
         #expect(Date().timeIntervalSince(started) < 15, "bounded wait")
+
+        // The remote returns: the next read fetches the body.
+        let back = try ServedDatabases([source.path, "--port", String(port)])
+        defer { withExtendedLifetime(back) {} }
+        let expected = try #require(try source.document(withID: "files")?.attachment(named: "big.bin")?.blobKey?.hex)
+        #expect(try shell("sha1sum '\(path)'").stdout.hasPrefix(expected))
         #expect(mount.unmount().succeeded)
     }
 }
