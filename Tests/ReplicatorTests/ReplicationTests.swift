@@ -130,6 +130,18 @@ import TestSupport
         #expect(try server.connect().request("GET", "/source/made-here").json?["x"] == 1)
     }
 
+    @Test func downloadRulesByType() throws {
+        let source = try makeSource()
+        let server = try ServedDatabases([source.path])
+        let target = directory.appending("typed.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let pulled = try sofa("pull", target, "http://127.0.0.1:\(server.port)/source", "--download-attachments-types", "text/*,image/png")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        let files = try #require(try Database.open(at: target).document(withID: "files"))
+        #expect(files.attachment(named: "notes/readme.txt")?.contentAvailable == true, "text/plain matches text/*")
+        #expect(files.attachment(named: "big.bin")?.contentAvailable == false, "application/octet-stream is deferred")
+    }
+
     @Test func clearErrorsForBadRemotes() throws {
         let remote = try directory.makeDatabase("guarded.sofa")
         let passwordFile = directory.appending("pw")
