@@ -355,10 +355,15 @@ public final class TemporaryBlobFile {
     private let store: BlobStore
     public let path: String
     private var fd: Int32
-    /// Non-nil while every byte so far was written in order.
+    /// Non-nil while every byte so far was written in order. Updated on `hasher` only.
     private var digest: MessageDigest? = MessageDigest(.sha1)
     private var hashedLength: Int64 = 0
     public private(set) var size: Int64 = 0
+    /// Hashes in-order writes on another core while the writer carries on (a mount's
+    /// write returns once its bytes are in the file); `commit` waits for it.
+    private let hasher = DispatchQueue(label: "sofa.blob-hash")
+    /// Bounds the bytes waiting to be hashed (64 pieces, 8 MiB at the mount's 128 KiB).
+    private let hashSlots = DispatchSemaphore(value: 64)
 
     fileprivate init(store: BlobStore, copying key: BlobKey?) throws {
         self.store = store
@@ -393,7 +398,13 @@ public final class TemporaryBlobFile {
             written += count
         }
         if let digest, offset == hashedLength {
-            digest.update(bytes)
+            let copy = [UInt8](bytes)
+            let box = HashingDigest(digest)
+            hashSlots.wait()
+            hasher.async { [hashSlots] in
+                box.digest.update(copy)
+                hashSlots.signal()
+            }
             hashedLength += Int64(bytes.count)
         } else {
             digest = nil
@@ -424,6 +435,7 @@ public final class TemporaryBlobFile {
     public func commit() throws -> StoredBlob {
         precondition(fd >= 0, "commit after commit or discard")
         let finished: MessageDigest
+        hasher.sync {}  // every queued piece is hashed
         if let digest, hashedLength == size {
             finished = digest
         } else {
@@ -449,4 +461,11 @@ public final class TemporaryBlobFile {
         fd = -1
         unlink(path)
     }
+}
+
+/// Hands a digest to the hashing queue. Sendable invariant: once handed over, it is
+/// used only on that serial queue until `commit` has drained it.
+private final class HashingDigest: @unchecked Sendable {
+    let digest: MessageDigest
+    init(_ digest: MessageDigest) { self.digest = digest }
 }

@@ -92,14 +92,14 @@ struct Mount: SofaCommand {
         watcher.start()
 
         // Ctrl-C, SIGTERM, SIGHUP: unmount lazily; open files finish their saves, then run() returns.
-        let sources = onSignals([SIGINT, SIGTERM, SIGHUP]) { mount.unmount() }
+        let signals = onSignals([SIGINT, SIGTERM, SIGHUP]) { mount.unmount() }
         log.info("mounted \(database.path) on \(mountPoint)")
         session?.start()
         mount.run()
         session?.stop()
         session?.wait()
         watcher.stop()
-        sources.forEach { $0.cancel() }
+        signals.cancel()
     }
 
     /// Runs this command again in the foreground as a detached child, and returns once it is mounted.

@@ -96,10 +96,10 @@ struct ReplicationOptions: ParsableArguments {
                 Output.line("\(direction.rawValue): \(result.docsWritten) documents written")
             }
         }
-        let sources = onSignals([SIGINT, SIGTERM]) { session.stop() }
+        let signals = onSignals([SIGINT, SIGTERM]) { session.stop() }
         session.start()
         session.wait()
-        sources.forEach { $0.cancel() }
+        signals.cancel()
         if session.status.currentState == "error" {
             throw SofaError.invalidArgument("replication stopped: \(session.status.json["last_error"]?.stringValue ?? "error")")
         }

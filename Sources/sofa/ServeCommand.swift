@@ -91,9 +91,9 @@ struct Serve: SofaCommand {
             await server.shutdown()
             done.signal()
         }
-        let sources = onSignals([SIGINT, SIGTERM]) { server.stop() }
+        let signals = onSignals([SIGINT, SIGTERM]) { server.stop() }
         done.wait()
-        sources.forEach { $0.cancel() }
+        signals.cancel()
         if let error = outcome.error {
             throw SofaError.invalidArgument("cannot serve on \(host):\(port): \(error)")
         }

@@ -34,16 +34,57 @@ struct Sofa: ParsableCommand {
 
 let log = Logger(label: "sofa")
 
-/// Runs `handler` (on a global queue) when one of `signals` arrives, instead of the default
-/// action; the returned sources must be kept, and cancelled when done.
-func onSignals(_ signals: [Int32], _ handler: @escaping @Sendable () -> Void) -> [DispatchSourceSignal] {
-    signals.map { signalNumber in
-        signal(signalNumber, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-        source.setEventHandler(handler: handler)
-        source.resume()
-        return source
+/// Runs `handler` on a thread of its own when one of `signals` arrives, instead of the
+/// default action, until `cancel()`.
+///
+/// A real `sigaction` handler writes the signal to a pipe (the only thing it may safely
+/// do), so delivery works whichever thread the kernel picks and whatever signal mask
+/// the process started with. (A DispatchSource after `SIG_IGN` relies on the signal
+/// being blocked in every thread; a thread that did not block it dropped the signal.)
+final class SignalWatcher: @unchecked Sendable {
+    // Sendable invariant: `cancelled` is guarded by `lock`; the rest is immutable.
+    private let signals: [Int32]
+    private let lock = NSLock()
+    private var cancelled = false
+
+    init(_ signals: [Int32], handler: @escaping @Sendable () -> Void) {
+        self.signals = signals
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { return }
+        signalPipeWriteEnd = fds[1]
+        _ = fcntl(fds[1], F_SETFL, O_NONBLOCK)
+        let readEnd = fds[0]
+        for signalNumber in signals {
+            var action = sigaction()
+            action.__sigaction_handler.sa_handler = { number in
+                var byte = UInt8(truncatingIfNeeded: number)
+                _ = write(signalPipeWriteEnd, &byte, 1)
+            }
+            sigemptyset(&action.sa_mask)
+            action.sa_flags = SA_RESTART
+            sigaction(signalNumber, &action, nil)
+        }
+        Thread.detachNewThread { [self] in
+            var byte: UInt8 = 0
+            while read(readEnd, &byte, 1) == 1 {
+                if lock.withLock({ cancelled }) { return }
+                handler()
+            }
+        }
     }
+
+    /// Restores the default actions; the handler runs no more.
+    func cancel() {
+        lock.withLock { cancelled = true }
+        for signalNumber in signals { signal(signalNumber, SIG_DFL) }
+    }
+}
+
+/// The pipe a signal handler writes to (a global: C handlers capture nothing).
+nonisolated(unsafe) private var signalPipeWriteEnd: Int32 = -1
+
+func onSignals(_ signals: [Int32], _ handler: @escaping @Sendable () -> Void) -> SignalWatcher {
+    SignalWatcher(signals, handler: handler)
 }
 
 /// A subcommand whose domain errors print as `sofa: <what failed and why>` and exit 1.
