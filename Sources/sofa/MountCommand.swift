@@ -51,6 +51,7 @@ struct Mount: SofaCommand {
         }
         _ = try db.open()  // a bad database fails here, in the foreground, with its reason
         if !foreground { return try daemonize(mountPoint) }
+        let signals = SignalWatcher([SIGINT, SIGTERM, SIGHUP])  // before any thread starts
 
         let database = try db.open()
         var downloader: BodyDownloader?
@@ -92,7 +93,7 @@ struct Mount: SofaCommand {
         watcher.start()
 
         // Ctrl-C, SIGTERM, SIGHUP: unmount lazily; open files finish their saves, then run() returns.
-        let signals = onSignals([SIGINT, SIGTERM, SIGHUP]) { mount.unmount() }
+        signals.onSignal { mount.unmount() }
         log.info("mounted \(database.path) on \(mountPoint)")
         session?.start()
         mount.run()

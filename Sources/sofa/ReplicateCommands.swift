@@ -77,6 +77,7 @@ struct ReplicationOptions: ParsableArguments {
 
     /// `--continuous`: runs the directions until a signal, printing what moves.
     func runContinuously(_ directions: [Replicator.Direction], database: Database, downloads: DownloadPolicy) throws {
+        let signals = SignalWatcher([SIGINT, SIGTERM])  // before the session's threads start
         let password = try passwordFile.map { try readPassword($0) }
         let session = ReplicationSession(database: database, remote: try RemoteDatabase(url, user: user, password: password),
                                          directions: directions, continuous: true)
@@ -96,7 +97,7 @@ struct ReplicationOptions: ParsableArguments {
                 Output.line("\(direction.rawValue): \(result.docsWritten) documents written")
             }
         }
-        let signals = onSignals([SIGINT, SIGTERM]) { session.stop() }
+        signals.onSignal { session.stop() }
         session.start()
         session.wait()
         signals.cancel()

@@ -48,6 +48,7 @@ struct Serve: SofaCommand {
     }
 
     func execute() throws {
+        let signals = SignalWatcher([SIGINT, SIGTERM])  // before any thread starts
         var served: [String: String] = [:]
         for path in databases {
             let database = try Database.open(at: path)  // a clear error now rather than a 404 later
@@ -91,7 +92,7 @@ struct Serve: SofaCommand {
             await server.shutdown()
             done.signal()
         }
-        let signals = onSignals([SIGINT, SIGTERM]) { server.stop() }
+        signals.onSignal { server.stop() }
         done.wait()
         signals.cancel()
         if let error = outcome.error {

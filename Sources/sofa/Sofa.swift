@@ -34,57 +34,51 @@ struct Sofa: ParsableCommand {
 
 let log = Logger(label: "sofa")
 
-/// Runs `handler` on a thread of its own when one of `signals` arrives, instead of the
-/// default action, until `cancel()`.
+/// Catches `signals` for a long-running command (mount, serve, continuous replication):
+/// they are blocked in the calling thread, and so in every thread started after it, and
+/// a thread of its own takes them with `sigwait` and runs the action.
 ///
-/// A real `sigaction` handler writes the signal to a pipe (the only thing it may safely
-/// do), so delivery works whichever thread the kernel picks and whatever signal mask
-/// the process started with. (A DispatchSource after `SIG_IGN` relies on the signal
-/// being blocked in every thread; a thread that did not block it dropped the signal.)
+/// Create it first thing, before the command starts threads. (`SIG_IGN` plus a
+/// DispatchSource lost the signal when a thread had not blocked it; a `sigaction`
+/// handler never ran under ThreadSanitizer while the main thread waited.)
 final class SignalWatcher: @unchecked Sendable {
-    // Sendable invariant: `cancelled` is guarded by `lock`; the rest is immutable.
-    private let signals: [Int32]
+    // Sendable invariant: `action`, `pending` and `cancelled` are guarded by `lock`.
     private let lock = NSLock()
+    private var action: (@Sendable () -> Void)?
+    private var pending = false
     private var cancelled = false
 
-    init(_ signals: [Int32], handler: @escaping @Sendable () -> Void) {
-        self.signals = signals
-        var fds: [Int32] = [-1, -1]
-        guard pipe(&fds) == 0 else { return }
-        signalPipeWriteEnd = fds[1]
-        _ = fcntl(fds[1], F_SETFL, O_NONBLOCK)
-        let readEnd = fds[0]
-        for signalNumber in signals {
-            var action = sigaction()
-            action.__sigaction_handler.sa_handler = { number in
-                var byte = UInt8(truncatingIfNeeded: number)
-                _ = write(signalPipeWriteEnd, &byte, 1)
-            }
-            sigemptyset(&action.sa_mask)
-            action.sa_flags = SA_RESTART
-            sigaction(signalNumber, &action, nil)
-        }
+    init(_ signals: [Int32]) {
+        var set = sigset_t()
+        sigemptyset(&set)
+        for signalNumber in signals { sigaddset(&set, signalNumber) }
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+        let waited = set
         Thread.detachNewThread { [self] in
-            var byte: UInt8 = 0
-            while read(readEnd, &byte, 1) == 1 {
-                if lock.withLock({ cancelled }) { return }
-                handler()
+            var set = waited
+            var number: Int32 = 0
+            while sigwait(&set, &number) == 0 {
+                let run = lock.withLock { () -> (@Sendable () -> Void)? in
+                    guard !cancelled else { return nil }
+                    if action == nil { pending = true }
+                    return action
+                }
+                run?()
             }
         }
     }
 
-    /// Restores the default actions; the handler runs no more.
-    func cancel() {
-        lock.withLock { cancelled = true }
-        for signalNumber in signals { signal(signalNumber, SIG_DFL) }
+    /// What a signal does from now on; runs at once if one came before.
+    func onSignal(_ action: @escaping @Sendable () -> Void) {
+        let missed = lock.withLock { () -> Bool in
+            self.action = action
+            defer { pending = false }
+            return pending
+        }
+        if missed { action() }
     }
-}
 
-/// The pipe a signal handler writes to (a global: C handlers capture nothing).
-nonisolated(unsafe) private var signalPipeWriteEnd: Int32 = -1
-
-func onSignals(_ signals: [Int32], _ handler: @escaping @Sendable () -> Void) -> SignalWatcher {
-    SignalWatcher(signals, handler: handler)
+    func cancel() { lock.withLock { cancelled = true } }
 }
 
 /// A subcommand whose domain errors print as `sofa: <what failed and why>` and exit 1.
