@@ -13,7 +13,8 @@ public final class FaultProxy: @unchecked Sendable {
     private var replacement: (from: [UInt8], to: [UInt8])?
     private var closed = false
     /// Connections accepted so far.
-    public private(set) var connections = 0
+    public var connections: Int { lock.withLock { accepted } }
+    private var accepted = 0
     /// Bytes forwarded from the server to clients so far.
     public var bytesFromServer: Int { lock.withLock { forwardedFromServer } }
     private var forwardedFromServer = 0
@@ -59,7 +60,7 @@ public final class FaultProxy: @unchecked Sendable {
                 continue
             }
             let (refuse, reset) = lock.withLock { () -> (Bool, Int?) in
-                connections += 1
+                accepted += 1
                 if refuseCount > 0 {
                     refuseCount -= 1
                     return (true, nil)

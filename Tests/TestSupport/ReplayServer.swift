@@ -9,7 +9,8 @@ public final class ReplayServer: @unchecked Sendable {
     private let responses: [String: [UInt8]]
     private let lock = NSLock()
     /// "METHOD path?query" of every request, in order.
-    public private(set) var requests: [String] = []
+    public var requests: [String] { lock.withLock { received } }
+    private var received: [String] = []
     /// Answers made per request: (method, path prefix, make) → the whole response's bytes, or
     /// nil to let the recorded ones answer. Checked before the recorded ones.
     public typealias Responder = @Sendable (_ target: String, _ body: [UInt8]) -> [UInt8]?
@@ -82,7 +83,7 @@ public final class ReplayServer: @unchecked Sendable {
             let parts = lines[0].split(separator: " ")
             guard parts.count >= 2 else { return }
             let target = String(parts[1])
-            lock.withLock { requests.append("\(parts[0]) \(target)") }
+            lock.withLock { received.append("\(parts[0]) \(target)") }
             let path = String(target.split(separator: "?", maxSplits: 1)[0])
             let key = "\(parts[0]) \(path)"
             let candidates = lock.withLock { responders.filter { $0.method == parts[0] && path.hasPrefix($0.prefix) } }
