@@ -178,6 +178,11 @@ public final class CouchServer: @unchecked Sendable {
             if failure.closeConnection || (hasBody && !body.finished) {
                 keepAlive = false
                 response.keepAlive = false
+                // A small unread body is read first: closing with unread bytes makes the kernel
+                // reset the connection, and the client may lose the answer.
+                if hasBody && !body.finished, let length = head.headers["Content-Length"].first.flatMap(Int.init), length <= 64 * 1024 {
+                    try? await body.drain()
+                }
             }
             try await response.sendError(failure)
         }
