@@ -81,8 +81,11 @@ public final class Replicator {
 
     /// The replication id: the local private UUID, the normalised remote URL (no
     /// credentials, default port explicit), the direction and the filter.
-    public var replicationID: String {
-        let key: JSONValue = [.string(database.privateUUID), .string(remote.url), .string(direction.rawValue),
+    public var replicationID: String { replicationID(privateUUID: database.privateUUID) }
+
+    /// The id this replication had under another private UUID (before the database was copied).
+    func replicationID(privateUUID: String) -> String {
+        let key: JSONValue = [.string(privateUUID), .string(remote.url), .string(direction.rawValue),
                               docIDs.map { .array($0.sorted().map { .string($0) }) } ?? .null,
                               selector.map { .object($0.json) } ?? .null,
                               channels.map { .array($0.sorted().map { .string($0) }) } ?? .null]
@@ -107,10 +110,22 @@ public final class Replicator {
 
     private var checkpointID: String { "_local/\(replicationID)" }
 
-    /// The sequence both sides' checkpoints agree on (the source's), or nil.
+    /// The sequence both sides' checkpoints agree on (the source's), or nil. A copied
+    /// database (`sofa copy`) also looks under the ids its originals replicated with.
     private func startingSequence() throws -> JSONValue? {
-        let local = try database.localDocument(withID: checkpointID)?.body
-        let (status, remoteDoc) = try client.json("GET", "_local/\(replicationID)", allow: [404])
+        for uuid in [database.privateUUID] + database.previousPrivateUUIDs {
+            if let seq = try startingSequence(id: replicationID(privateUUID: uuid)) {
+                if uuid != database.privateUUID { log.info("resuming from the checkpoint of the database this one was copied from") }
+                return seq
+            }
+        }
+        return nil
+    }
+
+    private func startingSequence(id: String) throws -> JSONValue? {
+        let local = try database.localDocument(withID: "_local/\(id)")?.body
+        guard local != nil else { return nil }
+        let (status, remoteDoc) = try client.json("GET", "_local/\(id)", allow: [404])
         guard let local, status == 200, case .object(let remoteCheckpoint) = remoteDoc else { return nil }
         if local["session_id"] == remoteCheckpoint["session_id"], let seq = local["source_last_seq"] { return seq }
         // Different last sessions: the newest session both histories know.

@@ -296,3 +296,23 @@ struct PurgeAttachment: SofaCommand {
         Output.line("purged the body of \(name) (\(freed) bytes freed); its metadata stays")
     }
 }
+
+struct Copy: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Copy a database with a new identity that remembers the old one (pre-built databases).",
+        discussion: "The copy's first pull resumes from the checkpoints the original left, so it fetches only newer changes.")
+
+    @Argument(help: "The database to copy.") var source: String
+    @Argument(help: "Where the copy goes (must not exist unless --force).") var destination: String
+    @Flag(help: "Replace an existing database at the destination.") var force = false
+
+    func execute() throws {
+        let db = try Database.open(at: source)
+        if force, FileManager.default.fileExists(atPath: destination) {
+            _ = try Database.open(at: destination)  // only ever replace a database
+            try FileManager.default.removeItem(atPath: destination)
+        }
+        let copy = try db.copy(to: destination)
+        Output.line("copied \(db.path) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)")
+    }
+}
