@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import Replicator
 import Testing
 import TestSupport
 
@@ -745,5 +746,21 @@ import TestSupport
             let summary = try JSONParser.parse(Array(pulled.stdout.split(separator: "\n").last!.utf8))
             #expect(summary["docs_read"] == 2, "\(copy): \(summary)")
         }
+    }
+}
+
+/// The normalised remote URL that replication ids are made from.
+@Suite struct RemoteURLTests {
+    @Test func defaultPortsAreExplicitAndCredentialsGone() throws {
+        #expect(try RemoteDatabase("http://Host.example/db").url == "http://host.example:80/db")
+        #expect(try RemoteDatabase("http://host.example:80/db/").url == RemoteDatabase("http://host.example/db").url)
+        #expect(try RemoteDatabase("https://host.example/db").url == RemoteDatabase("https://host.example:443/db").url)
+        #expect(try RemoteDatabase("https://host.example/db").url != RemoteDatabase("http://host.example/db").url)
+        let secret = try RemoteDatabase("http://ann:s%40cret@host.example:5984/db")
+        #expect(secret.url == "http://host.example:5984/db")
+        #expect(secret.user == "ann" && secret.password == "s@cret")
+        #expect(!secret.description.contains("cret"))
+        #expect(throws: SofaError.self) { try RemoteDatabase("http://host.example/") }
+        #expect(throws: SofaError.self) { try RemoteDatabase("ftp://host.example/db") }
     }
 }
