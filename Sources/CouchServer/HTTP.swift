@@ -272,16 +272,6 @@ final class ResponseWriter {
     func buffer(capacity: Int) -> ByteBuffer { allocator.buffer(capacity: capacity) }
 }
 
-/// `Sun, 22 Nov 2026 06:48:00 GMT`
-func httpDate(_ date: Date) -> String {
-    var time = time_t(date.timeIntervalSince1970)
-    var parts = tm()
-    gmtime_r(&time, &parts)
-    var buffer = [Int8](repeating: 0, count: 64)
-    let count = strftime(&buffer, buffer.count, "%a, %d %b %Y %H:%M:%S GMT", &parts)
-    return String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-}
-
 extension HTTPHeaders {
     /// The media type of Content-Type, lowercased, without parameters.
     var mediaType: String? {

@@ -153,7 +153,7 @@ extension CouchServer {
     /// An absolute URL for `Location`, from the request's Host header, every segment percent-encoded.
     func location(_ request: Request, _ segments: [String]) -> String {
         let host = request.headers["Host"].first ?? "\(configuration.host):\(configuration.port)"
-        return "http://\(host)/" + segments.map(percentEncodeSegment).joined(separator: "/")
+        return "http://\(host)/" + segments.map(percentEncodedPathSegment).joined(separator: "/")
     }
 
     /// `GET /{db}/_all_docs`: live documents in id order.
@@ -255,20 +255,4 @@ extension CouchServer {
         try await response.write("\r\n]}\n")
         try await response.finish()
     }
-}
-
-/// Percent-encodes everything but unreserved characters (CouchDB's Location style).
-func percentEncodeSegment(_ segment: String) -> String {
-    var allowed = CharacterSet.alphanumerics
-    allowed.insert(charactersIn: "-._~")
-    var result = ""
-    for byte in segment.utf8 {
-        let scalar = Unicode.Scalar(byte)
-        if byte < 0x80 && allowed.contains(scalar) {
-            result.unicodeScalars.append(scalar)
-        } else {
-            result += String(format: "%%%02X", byte)
-        }
-    }
-    return result
 }

@@ -63,8 +63,8 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
         client.retry = retry
         client.onRetry = { [log] error, attempt in log.warning("\(docID)/\(attachment.name): retrying after attempt \(attempt): \(error)") }
         try client.withRetry { try client.logIn() }
-        let name = attachment.name.split(separator: "/", omittingEmptySubsequences: false).map { pathSegment(String($0)) }.joined(separator: "/")
-        let url = remote.url("\(pathSegment(docID))/\(name)?rev=\(revID)")
+        let name = attachment.name.split(separator: "/", omittingEmptySubsequences: false).map { percentEncodedPathSegment(String($0)) }.joined(separator: "/")
+        let url = remote.url("\(percentEncodedPathSegment(docID))/\(name)?rev=\(revID)")
         var body = try IncomingBody(blobs: database.blobs, transfer: transfer, checkMD5: attachment.digest.hasPrefix("md5-"))
         defer { body.writer.cancel() }
         return try client.withRetry {

@@ -142,12 +142,7 @@ public final class ReplicationSession: @unchecked Sendable {
 
     /// A longpoll on the remote: returns when something changed after `since`, or after a few seconds.
     private func waitForRemoteChange(since: JSONValue, replicator: Replicator) throws {
-        let client = replicator.client
-        let seq: String = switch since {
-        case .string(let text): text.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-_"))) ?? text
-        default: since.jsonString()
-        }
         let timeout = Int(ReplicationSession.longpollTimeout * 1000)
-        _ = try client.json("GET", "_changes?feed=longpoll&limit=1&since=\(seq)&timeout=\(timeout)")
+        _ = try replicator.client.json("GET", "_changes?feed=longpoll&limit=1&since=\(replicator.sequenceParameter(since))&timeout=\(timeout)")
     }
 }

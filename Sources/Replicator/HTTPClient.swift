@@ -42,13 +42,6 @@ public struct RemoteDatabase: Sendable, CustomStringConvertible {
     func url(_ path: String) -> String { path.isEmpty ? url : "\(url)/\(path)" }
 }
 
-/// Encodes a document id or attachment name for a URL path segment (`/` too).
-func pathSegment(_ text: String) -> String {
-    var allowed = CharacterSet.alphanumerics
-    allowed.insert(charactersIn: "-._~")
-    return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text
-}
-
 /// Errors talking to a remote database.
 public enum ReplicationError: Error, CustomStringConvertible, Sendable {
     /// Connection refused, reset, timed out, TLS failure…: worth retrying.

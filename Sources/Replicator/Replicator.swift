@@ -138,8 +138,12 @@ public final class Replicator {
         return nil
     }
 
+    /// The remote checkpoint's `_rev`, once known (read once, then taken from each PUT's answer).
+    private var remoteCheckpointRev: String??
+
     private func saveCheckpoint(session: String, started: Date, startSeq: JSONValue, seq: JSONValue, result: ReplicationResult) throws {
-        let existing = try database.localDocument(withID: checkpointID)?.body
+        let local = try database.localDocument(withID: checkpointID)
+        let existing = local?.body
         let entry: JSONValue = ["session_id": .string(session), "start_time": .string(httpDate(started)),
                                 "end_time": .string(httpDate(Date())), "start_last_seq": startSeq, "end_last_seq": seq,
                                 "recorded_seq": seq, "docs_read": .integer(Int64(result.docsRead)),
@@ -150,11 +154,14 @@ public final class Replicator {
         let body: JSONObject = ["session_id": .string(session), "source_last_seq": seq, "replication_id_version": 1,
                                 "history": .array(Array(history.prefix(50)))]
         // Remote first: if it fails, the local checkpoint (which decides nothing alone) is untouched.
-        let (_, current) = try client.json("GET", "_local/\(replicationID)", allow: [404])
+        if remoteCheckpointRev == nil {
+            remoteCheckpointRev = .some(try client.json("GET", "_local/\(replicationID)", allow: [404]).json["_rev"]?.stringValue)
+        }
         var remoteBody = body
-        if let rev = current["_rev"]?.stringValue { remoteBody["_rev"] = .string(rev) }
-        _ = try client.json("PUT", "_local/\(replicationID)", .object(remoteBody))
-        _ = try database.replaceLocalDocument(checkpointID, body: body, after: existing == nil ? nil : database.localDocument(withID: checkpointID)?.rev)
+        if let rev = remoteCheckpointRev ?? nil { remoteBody["_rev"] = .string(rev) }
+        let (_, saved) = try client.json("PUT", "_local/\(replicationID)", .object(remoteBody))
+        remoteCheckpointRev = .some(saved["rev"]?.stringValue)
+        _ = try database.replaceLocalDocument(checkpointID, body: body, after: local?.rev)
     }
 
     // MARK: - Pull
@@ -204,7 +211,7 @@ public final class Replicator {
     }
 
     /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.
-    private func sequenceParameter(_ seq: JSONValue) -> String {
+    func sequenceParameter(_ seq: JSONValue) -> String {
         switch seq {
         case .string(let text): text.addingPercentEncoding(withAllowedCharacters: .urlQueryAllowed.subtracting(CharacterSet(charactersIn: "&+="))) ?? text
         default: seq.jsonString()
@@ -252,7 +259,7 @@ public final class Replicator {
         return try wanted.flatMap { id, rev -> [JSONValue] in
             let revs = JSONValue.array([.string(rev.description)]).jsonString()
             let query = "open_revs=\(revs.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? revs)&revs=true&latest=true"
-            let (_, answer) = try client.json("GET", "\(pathSegment(id))?\(query)")
+            let (_, answer) = try client.json("GET", "\(percentEncodedPathSegment(id))?\(query)")
             return answer.arrayValue ?? []
         }
     }
@@ -271,14 +278,13 @@ public final class Replicator {
         let properties = object.filter { !$0.hasPrefix("_") }
         var attachments: [Attachment] = []
         if case .object(let entries) = object["_attachments"] ?? .null {
-            let known = knownAttachments(id)
             for (name, entry) in entries {
                 let stub = Attachment(name: name, contentType: entry["content_type"]?.stringValue ?? MIMEType.fallback,
                                       length: entry["length"]?.int64Value ?? 0, digest: entry["digest"]?.stringValue ?? "",
                                       blobKey: nil, revpos: Int(entry["revpos"]?.int64Value ?? Int64(rev.generation)))
-                if let local = known[stub.digest], !stub.digest.isEmpty {
+                if !stub.digest.isEmpty, let local = try database.storedBody(digest: stub.digest) {
                     // The same body under this digest is here already (an earlier revision): it never travels again.
-                    attachments.append(stub.with(contentAvailable: local.contentAvailable).withBlob(local))
+                    attachments.append(stub.withBlob(local))
                 } else if downloads.allows(stub) {
                     attachments.append(try client.withRetry { try download(stub, id: id, rev: rev, result: &result) })
                 } else {
@@ -291,23 +297,12 @@ public final class Replicator {
                                   properties: properties, attachments: attachments.sorted { $0.name < $1.name })
     }
 
-    /// This document's attachments by digest, from every stored revision.
-    private func knownAttachments(_ id: String) -> [String: Attachment] {
-        guard let tree = try? database.revisionTree(of: id) else { return [:] }
-        var result: [String: Attachment] = [:]
-        for rev in tree.nodes.keys {
-            guard let revision = try? database.revision(rev, of: id) else { continue }
-            for attachment in revision.attachments where attachment.blobKey != nil { result[attachment.digest] = attachment }
-        }
-        return result
-    }
-
     /// Streams one body into the blob store. CouchDB's MD5 digests cover the bytes as it
     /// stores them (gzip for `text/*`), so the body is asked for as stored, checked, and
     /// decoded on the way in.
     private func download(_ stub: Attachment, id: String, rev: RevisionID, result: inout ReplicationResult) throws -> Attachment {
-        let name = stub.name.split(separator: "/", omittingEmptySubsequences: false).map { pathSegment(String($0)) }.joined(separator: "/")
-        let url = remote.url("\(pathSegment(id))/\(name)?rev=\(rev)")
+        let name = stub.name.split(separator: "/", omittingEmptySubsequences: false).map { percentEncodedPathSegment(String($0)) }.joined(separator: "/")
+        let url = remote.url("\(percentEncodedPathSegment(id))/\(name)?rev=\(rev)")
         let writer = try database.blobs.makeWriter()
         let md5 = MessageDigest(.md5)
         var decoder: GzipDecoder?
@@ -481,7 +476,7 @@ public final class Replicator {
         let boundary = BlobKey.hexString((0..<16).map { _ in UInt8.random(in: 0...255) })
         let upload = try MultipartUpload(json: JSONValue.object(json).serialized(), attachments: following, boundary: boundary,
                                          open: { try self.database.openContent(of: $0, docID: id) })
-        let url = remote.url("\(pathSegment(id))?new_edits=false")
+        let url = remote.url("\(percentEncodedPathSegment(id))?new_edits=false")
         let answer = try client.send("PUT", url, headers: ["Content-Type": "multipart/related; boundary=\"\(boundary)\""], body: upload)
         guard answer.status < 300 else { throw client.httpError(answer, url: url) }
     }
@@ -549,21 +544,6 @@ extension Attachment {
         Attachment(name: name, contentType: contentType, length: blob.length, digest: digest, blobKey: blob.key,
                    revpos: revpos, contentAvailable: true)
     }
-
-    /// This attachment's metadata with the body another attachment has.
-    func withBlob(_ other: Attachment) -> Attachment {
-        Attachment(name: name, contentType: contentType, length: other.length, digest: digest, blobKey: other.blobKey,
-                   revpos: revpos, contentAvailable: other.contentAvailable)
-    }
-}
-
-/// `Sun, 22 Nov 2026 06:48:00 GMT`, for checkpoint histories.
-func httpDate(_ date: Date) -> String {
-    let formatter = DateFormatter()
-    formatter.locale = Locale(identifier: "en_US_POSIX")
-    formatter.timeZone = TimeZone(identifier: "GMT")
-    formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
-    return formatter.string(from: date)
 }
 
 extension SofaError {

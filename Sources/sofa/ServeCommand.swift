@@ -64,12 +64,10 @@ struct Serve: SofaCommand {
         configuration.port = port
         configuration.readOnly = readOnly
         if let user, let passwordFile {
-            guard let text = try? String(contentsOfFile: passwordFile, encoding: .utf8),
-                  let password = text.split(separator: "\n", omittingEmptySubsequences: false).first, !password.isEmpty else {
-                throw SofaError.invalidArgument("cannot read a password from \(passwordFile)")
-            }
+            let password = try readPassword(passwordFile)
+            guard !password.isEmpty else { throw SofaError.invalidArgument("\(passwordFile) holds no password") }
             configuration.user = user
-            configuration.password = String(password)
+            configuration.password = password
         }
         let server: CouchServer
         do {
