@@ -193,13 +193,19 @@ import TestSupport
         let port = try http.request("GET", "/_all_dbs").status == 200 ? servedPort(http) : 0
         let feed = try HTTPConnection(port: port)
         try feed.send("GET /db/_changes?feed=continuous&since=now&heartbeat=200&timeout=4000 HTTP/1.1\r\nHost: x\r\n\r\n")
-        Thread.sleep(forTimeInterval: 0.5)
+        // The write goes in once the feed has sent something (its first heartbeat), so the feed is
+        // surely listening however slow the machine is.
         let writer = try HTTPConnection(port: port)
-        #expect(try writer.json("PUT", "/db/live", ["v": 2]).status == 201)
-        let response = try feed.readResponse()
-        let lines = response.text.split(separator: "\n", omittingEmptySubsequences: false)
+        var text: [UInt8] = []
+        var written: Int?
+        let response = try feed.readResponse { bytes in
+            text.append(contentsOf: bytes)
+            if written == nil { written = (try? writer.json("PUT", "/db/live", ["v": 2]))?.status ?? 0 }
+        }
+        #expect(written == 201)
+        let lines = String(decoding: text, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false)
         let rows = lines.filter { !$0.isEmpty }.compactMap { try? JSONParser.parse(Array($0.utf8)) }
-        #expect(rows.first?["id"] == "live", "\(response.text)")
+        #expect(rows.first?["id"] == "live", "\(String(decoding: text, as: UTF8.self))")
         #expect(rows.last?["last_seq"] == "4")
         #expect(lines.contains(""), "blank heartbeat lines")
         #expect(response.chunkSizes.count >= 3)
@@ -430,10 +436,16 @@ import TestSupport
         let quitter = try server.connect()
         try quitter.send("PUT /db/seed/big.bin?rev=\(rev) HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n" + String(repeating: "z", count: 100_000))
         quitter.close()
-        Thread.sleep(forTimeInterval: 0.5)
-        #expect(try fresh.request("GET", "/db/seed").json?["_rev"]?.stringValue == rev)
-        let temporaries = (try? FileManager.default.contentsOfDirectory(atPath: directory.appending("db.sofa/attachments/tmp"))) ?? []
-        #expect(temporaries.isEmpty, "\(temporaries)")
+        // The server notices the disconnect on its own schedule (a loaded CI machine can take
+        // more than a moment), so the temporary file is waited for, with a generous bound.
+        let temporaryDirectory = directory.appending("db.sofa/attachments/tmp")
+        var temporaries: [String] = []
+        let cleaned = waitUntil(20) {
+            temporaries = (try? FileManager.default.contentsOfDirectory(atPath: temporaryDirectory)) ?? []
+            return temporaries.isEmpty
+        }
+        #expect(cleaned, "temporary files left by an abandoned upload: \(temporaries)")
+        #expect(try fresh.request("GET", "/db/seed").json?["_rev"]?.stringValue == rev, "an abandoned upload made a revision")
     }
 }
 

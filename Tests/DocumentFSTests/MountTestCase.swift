@@ -17,16 +17,6 @@ func generation(_ db: Database, _ id: String) throws -> Int {
     try db.currentRevision(of: id)?.revID.generation ?? 0
 }
 
-/// Polls `condition` until it holds or `timeout` passes; returns the seconds it took, or nil.
-func eventually(timeout: Double = 3, _ condition: () throws -> Bool) rethrows -> Double? {
-    let start = Date()
-    while Date().timeIntervalSince(start) < timeout {
-        if try condition() { return Date().timeIntervalSince(start) }
-        usleep(20_000)
-    }
-    return nil
-}
-
 extension Database {
     @discardableResult
     func put(_ id: String, _ properties: JSONObject, attachments: [String: [UInt8]] = [:]) throws -> Revision {

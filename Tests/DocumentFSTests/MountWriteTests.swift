@@ -96,7 +96,7 @@ import TestSupport
         #expect(bodies == [.string("from the CLI"), .string("from the mount")])
         // The losing branch shows under conflicts/, and rm -r resolves it.
         let loser = try #require(tree.conflicts.first).id
-        #expect(try eventually { (try? sh("ls \(mount.path("docs/doc/conflicts"))")) == "\(loser)\n" } != nil)
+        #expect(try waitUntil(3) { (try? sh("ls \(mount.path("docs/doc/conflicts"))")) == "\(loser)\n" })
         try sh("rm -r \(mount.path("docs/doc/conflicts/\(loser)"))")
         #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
     }
@@ -107,9 +107,11 @@ import TestSupport
         #expect(try sh("cat \(file)").contains("\"hi\""))
         #expect(try sofa("put", db.path, "doc", #"{"greeting":"live"}"#).succeeded)
         #expect(try sofa("put", db.path, "other", #"{"new":true}"#).succeeded)
-        let seen = try eventually { try sh("cat \(file)") == "{\n  \"greeting\": \"live\"\n}\n" }
-        #expect(seen != nil && seen! <= 1.5, "seen after \(seen.map { "\($0)" } ?? "never") s")
-        #expect(try eventually { try sh("ls \(mount.path("docs"))").contains("other") } != nil)
+        let start = Date()
+        let seen = try waitUntil(3) { try sh("cat \(file)") == "{\n  \"greeting\": \"live\"\n}\n" }
+        let elapsed = Date().timeIntervalSince(start)
+        #expect(seen && elapsed <= 1.5, "seen: \(seen), after \(elapsed) s")
+        #expect(try waitUntil(3) { try sh("ls \(mount.path("docs"))").contains("other") })
     }
 }
 
@@ -328,7 +330,7 @@ import TestSupport
         #expect(write(fd, "late", 4) == 4)
         let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
         kill(pid, SIGTERM)
-        #expect(try eventually { !MountedDatabase.isMounted(mount.mountPoint) } != nil, "the mount goes away")
+        #expect(try waitUntil(3) { !MountedDatabase.isMounted(mount.mountPoint) }, "the mount goes away")
         #expect(close(fd) == 0, "the open file still saves")
         let result = mount.unmount()
         #expect(result.succeeded, "\(result.stderr)")
@@ -339,7 +341,7 @@ import TestSupport
         let mount = try MountedDatabase(db.path, arguments: ["-o", "auto_unmount"])
         let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
         kill(pid, SIGKILL)
-        #expect(try eventually(timeout: 5) { !MountedDatabase.isMounted(mount.mountPoint) } != nil)
+        #expect(waitUntil(5) { !MountedDatabase.isMounted(mount.mountPoint) })
         #expect(mount.unmount().signal == SIGKILL)
     }
 }
@@ -368,6 +370,6 @@ import TestSupport
         #expect(notDirectory.status == 1 && notDirectory.stderr.contains("is not a directory"), "\(notDirectory.stderr)")
 
         #expect(try shell("fusermount3 -u \(mountPoint)").succeeded)
-        #expect(try eventually { !MountedDatabase.isMounted(mountPoint) } != nil)
+        #expect(try waitUntil(3) { !MountedDatabase.isMounted(mountPoint) })
     }
 }

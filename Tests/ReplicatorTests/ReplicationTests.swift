@@ -300,8 +300,8 @@ import TestSupport
             #expect(result.stdout.hasPrefix(expected))
         }
         #expect(try shell("head -c 19 '\(mount.path("docs/files/attachments/notes/readme.txt"))'").stdout == "hello, replication\n")
-        Thread.sleep(forTimeInterval: 1.2)
-        #expect(try shell("getfattr --only-values -n user.sofa.available '\(path)'").stdout == "true")
+        // The body is installed just after the last reader got its bytes.
+        #expect(try waitUntil { try shell("getfattr --only-values -n user.sofa.available '\(path)'").stdout == "true" })
         #expect(mount.unmount().succeeded)
         let log = server.stop().stderr
         let fetches = log.components(separatedBy: "GET /source/files/big.bin").count - 1
@@ -336,15 +336,6 @@ import TestSupport
 /// `sofa mount --remote URL --sync --continuous`: the mount as a live replica.
 @Suite struct SyncedMountTests {
     let directory = TemporaryDirectory()
-
-    func waitUntil(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if try condition() { return true }
-            Thread.sleep(forTimeInterval: 0.1)
-        }
-        return try condition()
-    }
 
     @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
     func editsGoBothWaysAndSurviveTheRemoteGoingAway() throws {
@@ -584,7 +575,7 @@ import TestSupport
             tls.kill(SIGTERM)
             _ = tls.wait()
         }
-        Thread.sleep(forTimeInterval: 0.5)
+        #expect(waitUntil { (try? HTTPConnection(port: port)) != nil }, "socat listens")
         let url = "https://127.0.0.1:\(port)/source"
         let target = directory.appending("tls.sofa")
         #expect(try sofa("create", target).succeeded)

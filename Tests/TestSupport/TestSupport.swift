@@ -171,3 +171,14 @@ public func recordSanitizerReports(_ result: ProcessResult, from what: String) {
         Issue.record("ThreadSanitizer report from \(what):\n\(result.stderr.prefix(4000))")
     }
 }
+
+/// Polls `condition` until it holds or `seconds` pass; true if it held. Tests wait for what
+/// happens on another process's schedule this way rather than sleeping a guessed time.
+public func waitUntil(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try condition() { return true }
+        usleep(20_000)
+    }
+    return try condition()
+}
