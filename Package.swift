@@ -12,6 +12,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", exact: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", exact: "1.16.2"),
         .package(url: "https://github.com/apple/swift-nio", exact: "2.101.3"),
+        .package(url: "https://github.com/weichsel/ZIPFoundation", exact: "0.9.20"),
     ],
     targets: [
         // System libraries: one modulemap + shim each, imported by exactly one Swift module.
@@ -19,15 +20,19 @@ let package = Package(
                        providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CCrypto", path: "Sources/CCrypto", pkgConfig: "libcrypto",
                        providers: [.apt(["libssl-dev"])]),
-        .systemLibrary(name: "CZlib", path: "Sources/CZlib", pkgConfig: "zlib",
+        .systemLibrary(name: "CGzip", path: "Sources/CGzip", pkgConfig: "zlib",
                        providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CLinux", path: "Sources/CLinux"),
         .systemLibrary(name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl",
                        providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CFuse3", path: "Sources/CFuse3", pkgConfig: "fuse3",
                        providers: [.apt(["libfuse3-dev"])]),
 
         .target(name: "DocumentModel", dependencies: ["CCrypto"]),
-        .target(name: "DocumentStore", dependencies: ["DocumentModel", "CSQLite3", "CZlib"]),
+        .target(name: "DocumentStore", dependencies: [
+            "DocumentModel", "CSQLite3", "CGzip", "CLinux",
+            .product(name: "ZIPFoundation", package: "ZIPFoundation"),
+        ]),
         .target(name: "FuseKit", dependencies: ["CFuse3"]),
         .target(name: "DocumentFS", dependencies: [
             "DocumentModel", "DocumentStore", "FuseKit",
@@ -58,6 +63,9 @@ let package = Package(
         .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "TestSupport"]),
         .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "TestSupport"]),
-        .testTarget(name: "ReplicatorTests", dependencies: ["DocumentModel", "DocumentStore", "Replicator", "TestSupport"]),
+        .testTarget(name: "ReplicatorTests", dependencies: [
+            "DocumentModel", "DocumentStore", "Replicator", "TestSupport",
+            .product(name: "ZIPFoundation", package: "ZIPFoundation"),  // to make damaged snapshots
+        ]),
     ]
 )

@@ -1,66 +1,6 @@
-/// Reversible mapping between document ids / attachment names and file names.
-///
-/// - A document id becomes one file name: `%` → `%25`, `/` → `%2F`, and a name
-///   that would be `.` or `..` (or empty) is written with `%2E`.
-/// - An attachment name becomes a path under `attachments/`: `/` separates
-///   folders and each part is escaped like an id. A name whose parts would not
-///   make a clean path (an empty part, `.` or `..`) is kept as one file name
-///   with its `/` written `%2F`.
-///
-/// Only `%25`, `%2F` and `%2E` are decoded, so every other `%` sequence stays
-/// literal; nothing a remote sends can make a path leave its folder.
-enum FileNames {
-    static func escape(_ name: String) -> String {
-        var result = ""
-        result.reserveCapacity(name.utf8.count)
-        for character in name {
-            switch character {
-            case "%": result += "%25"
-            case "/": result += "%2F"
-            default: result.append(character)
-            }
-        }
-        if result.isEmpty || result == "." || result == ".." {
-            result = String(repeating: "%2E", count: result.count)
-        }
-        return result.isEmpty ? "%2E%2E%2E" : result
-    }
+import DocumentModel
 
-    static func unescape(_ component: String) -> String {
-        guard component.contains("%") else { return component }
-        if component == "%2E%2E%2E" { return "" }
-        var bytes: [UInt8] = []
-        var utf8 = Array(component.utf8)[...]
-        while let byte = utf8.first {
-            if byte == UInt8(ascii: "%"), utf8.count >= 3 {
-                let code = String(decoding: utf8.dropFirst().prefix(2), as: UTF8.self).uppercased()
-                let decoded: UInt8? = ["25": 0x25, "2F": 0x2F, "2E": 0x2E][code]
-                if let decoded {
-                    bytes.append(decoded)
-                    utf8 = utf8.dropFirst(3)
-                    continue
-                }
-            }
-            bytes.append(byte)
-            utf8 = utf8.dropFirst()
-        }
-        return String(decoding: bytes, as: UTF8.self)
-    }
-
-    /// The path components under `attachments/` for an attachment name.
-    static func attachmentComponents(_ name: String) -> [String] {
-        let parts = name.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
-        if parts.count > 1, parts.allSatisfy({ !$0.isEmpty && $0 != "." && $0 != ".." }) {
-            return parts.map(escape)
-        }
-        return [escape(name)]
-    }
-
-    /// The attachment name for path components under `attachments/`.
-    static func attachmentName(_ components: [String]) -> String {
-        components.map(unescape).joined(separator: "/")
-    }
-
+extension FileNames {
     /// Names of the temporary files that editors and tools make beside the files
     /// they write. Inside `attachments/` such files are scratch files, not attachments.
     static func isToolTemporary(_ name: String) -> Bool {

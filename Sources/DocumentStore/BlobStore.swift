@@ -55,15 +55,18 @@ public final class BlobStore: Sendable {
     }
 
     /// Streams the file at `path` into the store (a pipe or FIFO works too).
-    public func write(contentsOf path: String, progress: ((Int64) -> Void)? = nil) throws -> StoredBlob {
+    public func write(contentsOf path: String, expecting expected: BlobKey? = nil, durable: Bool = true,
+                      progress: ((Int64) -> Void)? = nil) throws -> StoredBlob {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         defer { close(fd) }
-        return try write(fromDescriptor: fd, name: path, progress: progress)
+        return try write(fromDescriptor: fd, name: path, expecting: expected, durable: durable, progress: progress)
     }
 
     /// Streams everything readable from `fd` into the store; `progress` is told the bytes so far.
-    public func write(fromDescriptor fd: Int32, name: String, progress: ((Int64) -> Void)? = nil) throws -> StoredBlob {
+    /// `expected` and `durable` are as `BlobWriter.finish` takes them.
+    public func write(fromDescriptor fd: Int32, name: String, expecting expected: BlobKey? = nil, durable: Bool = true,
+                      progress: ((Int64) -> Void)? = nil) throws -> StoredBlob {
         let writer = try makeWriter()
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
         defer { buffer.deallocate() }
@@ -77,7 +80,7 @@ public final class BlobStore: Sendable {
             try writer.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
             progress?(writer.length)
         }
-        return try writer.finish()
+        return try writer.finish(expecting: expected, durable: durable)
     }
 
     /// Opens a blob for reading. Throws if it is missing or its size is not `expectedLength`.
@@ -145,10 +148,11 @@ public final class BlobStore: Sendable {
     }
 
     /// Makes the temporary file `fd` (at `temporaryPath`) the blob `key`: fsync, make it
-    /// read-only, rename it into place and fsync the directory. Closes `fd`.
-    fileprivate func install(_ fd: Int32, at temporaryPath: String, as key: BlobKey) throws {
+    /// read-only, rename it into place and fsync the directory. Closes `fd`. Without
+    /// `durable`, both fsyncs are left to the caller (a staged copy syncs once at its end).
+    fileprivate func install(_ fd: Int32, at temporaryPath: String, as key: BlobKey, durable: Bool = true) throws {
         defer { close(fd) }
-        guard fsync(fd) == 0 else { throw SofaError.system("fsync", path: temporaryPath, errno: errno) }
+        guard !durable || fsync(fd) == 0 else { throw SofaError.system("fsync", path: temporaryPath, errno: errno) }
         fchmod(fd, 0o444)
         let finalPath = path(for: key)
         if contains(key) {
@@ -158,7 +162,7 @@ public final class BlobStore: Sendable {
             utimensat(AT_FDCWD, finalPath, nil, 0)
         } else {
             guard rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
-            try syncDirectory()
+            if durable { try syncDirectory() }
         }
     }
 
@@ -254,7 +258,8 @@ public final class BlobWriter {
 
     /// Syncs the bytes to disk and moves them under their key's name. With `expected`,
     /// bytes that hash to another key are discarded (`blobCorrupted`) and never installed.
-    public func finish(expecting expected: BlobKey? = nil) throws -> StoredBlob {
+    /// `durable: false` skips the syncs, for a store that is synced as a whole later.
+    public func finish(expecting expected: BlobKey? = nil, durable: Bool = true) throws -> StoredBlob {
         precondition(fd >= 0, "finish after finish or cancel")
         let key = BlobKey(digest: digest.finalize())
         if let expected, expected != key {
@@ -264,7 +269,7 @@ public final class BlobWriter {
         do {
             let descriptor = fd
             fd = -1
-            try store.install(descriptor, at: temporaryPath, as: key)
+            try store.install(descriptor, at: temporaryPath, as: key, durable: durable)
         } catch {
             cancel()
             throw error

@@ -540,6 +540,11 @@ public final class Database: @unchecked Sendable {
 
     // MARK: - Local documents
 
+    /// The ids of every `_local` document (checkpoints, among others), sorted.
+    public func localDocumentIDs() throws -> [String] {
+        try read { connection in try connection.query("SELECT doc_id FROM local_docs ORDER BY doc_id") { $0.text(0) } }
+    }
+
     /// A `_local` document's revision (`0-N`) and body; nil if there is none.
     public func localDocument(withID id: String) throws -> (rev: String, body: JSONObject)? {
         try read { connection in
@@ -590,7 +595,7 @@ public final class Database: @unchecked Sendable {
         }
     }
 
-    // MARK: - Copies
+    // MARK: - Copies (Copies.swift)
 
     /// The private UUIDs this database had before it was copied, newest first: a copy's
     /// replications find the checkpoints its originals left (`Database.copy(to:)`).
@@ -600,46 +605,6 @@ public final class Database: @unchecked Sendable {
         }) ?? nil
         return text.flatMap { try? JSONParser.parse(Array($0.utf8)) }?.arrayValue?.compactMap(\.stringValue) ?? []
     }
-
-    /// A consistent copy at `destination` with new public and private UUIDs that remembers
-    /// this database's private UUID (and its predecessors), so its first pull resumes from
-    /// the checkpoints this one left instead of starting over. The SQLite file is copied
-    /// with `VACUUM INTO` (one snapshot, while others write); blobs are hard-linked where
-    /// the file system allows, copied otherwise. Nothing is left behind if it fails.
-    public func copy(to destination: String) throws -> Database {
-        let destination = Database.normalize(destination)
-        guard mkdir(destination, 0o755) == 0 else {
-            throw errno == EEXIST ? SofaError.databaseExists(path: destination) : SofaError.system("create directory", path: destination, errno: errno)
-        }
-        do {
-            let target = BlobStore(directory: "\(destination)/\(Database.attachmentsDirectoryName)")
-            try target.createDirectories()
-            // The snapshot first, then the blobs it refers to (blobs are immutable; later ones are not needed).
-            // VACUUM INTO reads one snapshot itself, outside any transaction, on a connection of its own.
-            let snapshot = try SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly)
-            try snapshot.run("VACUUM INTO ?", .text("\(destination)/\(Database.databaseFileName)"))
-            for blob in try blobs.allBlobs() {
-                let from = blobs.path(for: blob.key), to = target.path(for: blob.key)
-                if link(from, to) != 0 {
-                    guard errno == EXDEV || errno == EPERM || errno == EMLINK else { throw SofaError.system("link", path: to, errno: errno) }
-                    try FileManager.default.copyItem(atPath: from, toPath: to)
-                }
-            }
-            let copy = try SQLiteConnection(path: "\(destination)/\(Database.databaseFileName)", create: false)
-            let chain = JSONValue.array(([privateUUID] + previousPrivateUUIDs).map { .string($0) }).jsonString()
-            try copy.execute("BEGIN IMMEDIATE")
-            try copy.run("UPDATE meta SET value = ? WHERE key = 'public_uuid'", .text(Database.newUUID()))
-            try copy.run("UPDATE meta SET value = ? WHERE key = 'private_uuid'", .text(Database.newUUID()))
-            try copy.run("UPDATE meta SET value = ? WHERE key = 'previous_private_uuids'", .text(chain))
-            try copy.execute("COMMIT")
-            return try Database.open(at: destination)
-        } catch {
-            try? FileManager.default.removeItem(atPath: destination)
-            throw error
-        }
-    }
-
-    static func newUUID() -> String { UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "") }
 
     // MARK: - Info
 

@@ -1,4 +1,4 @@
-import CZlib
+import CGzip
 import DocumentModel
 
 /// Decodes a gzip (or zlib) stream piece by piece: CouchDB sends `text/*`

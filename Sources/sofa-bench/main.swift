@@ -21,7 +21,7 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync": suite = argument
+            case "storage", "mount", "serve", "sync", "copy": suite = argument
             default:
                 FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
@@ -232,6 +232,7 @@ do {
     case "mount": try mountBenchmark(options)
     case "serve": try serveBenchmark(options)
     case "sync": try syncBenchmark(options)
+    case "copy": try copyBenchmark(options)
     default: try storage(options)
     }
 } catch {

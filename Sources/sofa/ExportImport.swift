@@ -15,8 +15,29 @@ struct Export: SofaCommand {
     @Flag(help: "Write attachment stubs (metadata only) instead of inline base64 bodies.") var noAttachments = false
 
     func execute() throws {
-        let database = try db.open()
-        let output = try BufferedOutput(path: file)
+        _ = try JSONLines.export(try db.open(), to: file, attachments: !noAttachments)
+    }
+}
+
+struct Import: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Read documents from JSON lines (as written by export).",
+        discussion: "Lines with _rev keep their revision ids and history; lines without become new revisions.")
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "The input file, or - (the default) for standard input.") var file = "-"
+
+    func execute() throws {
+        let count = try JSONLines.import(from: file, into: try db.open())
+        Output.line("imported \(count) documents")
+    }
+}
+
+/// The JSON lines format of export and import (and of `sofa cp` with a `.jsonl` file).
+enum JSONLines {
+    /// Writes every document of `database` to `path` (- for standard output); returns how many.
+    static func export(_ database: Database, to path: String, attachments: Bool) throws -> Int {
+        let output = try BufferedOutput(path: path)
         var progress = Progress("exported")
         var count = 0
         var after: String?
@@ -28,7 +49,7 @@ struct Export: SofaCommand {
                 let tree = try database.revisionTree(of: summary.docID)
                 for leaf in tree.leaves {
                     let revision = try database.revision(leaf.id, of: summary.docID)
-                    try write(revision, history: tree.history(of: leaf.id), database: database, to: output)
+                    try write(revision, history: tree.history(of: leaf.id), attachments: attachments, database: database, to: output)
                 }
                 count += 1
                 progress.update(count, unit: "documents")
@@ -36,11 +57,13 @@ struct Export: SofaCommand {
         }
         try output.close()
         progress.finish()
+        return count
     }
 
-    private func write(_ revision: Revision, history: [RevisionID], database: Database, to output: BufferedOutput) throws {
+    private static func write(_ revision: Revision, history: [RevisionID], attachments: Bool, database: Database,
+                              to output: BufferedOutput) throws {
         var head = revision.couchJSON(includeRevisions: history)
-        let inline = noAttachments ? [] : revision.attachments.filter(\.contentAvailable)
+        let inline = attachments ? revision.attachments.filter(\.contentAvailable) : []
         if inline.isEmpty {
             try output.write(JSONValue.object(head).serialized() + [0x0A])
             return
@@ -67,7 +90,7 @@ struct Export: SofaCommand {
         try output.write(Array("}}\n".utf8))
     }
 
-    private func streamBase64(_ reader: BlobReader, to output: BufferedOutput) throws {
+    private static func streamBase64(_ reader: BlobReader, to output: BufferedOutput) throws {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 3 << 18, alignment: 16)
         defer { buffer.deallocate() }
         var pending: [UInt8] = []
@@ -79,18 +102,9 @@ struct Export: SofaCommand {
         }
         try output.write(Array(Data(pending).base64EncodedString().utf8))
     }
-}
 
-struct Import: SofaCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Read documents from JSON lines (as written by export).",
-        discussion: "Lines with _rev keep their revision ids and history; lines without become new revisions.")
-
-    @OptionGroup var db: DatabaseArgument
-    @Argument(help: "The input file, or - (the default) for standard input.") var file = "-"
-
-    func execute() throws {
-        let database = try db.open()
+    /// Reads JSON lines from `file` (- for standard input) into `database`; returns how many documents.
+    static func `import`(from file: String, into database: Database) throws -> Int {
         guard let stream = file == "-" ? fdopen(dup(STDIN_FILENO), "r") : fopen(file, "r") else {
             throw SofaError.system("open", path: file, errno: errno)
         }
@@ -125,12 +139,25 @@ struct Import: SofaCommand {
         }
         try flush()
         progress.finish()
-        Output.line("imported \(count) documents")
+        return count
     }
 
     /// Returns the revision to insert with history, or nil when the line was saved directly.
-    private func importLine(_ bytes: [UInt8], into database: Database, flush: () throws -> Void) throws -> ReplicatedRevision? {
-        var object = try parseJSONObject(bytes, what: "each line")
+    private static func importLine(_ bytes: [UInt8], into database: Database, flush: () throws -> Void) throws -> ReplicatedRevision? {
+        try importDocument(try parseJSONObject(bytes, what: "each line"), into: database, flush: flush) { name, meta, generation in
+            try importAttachment(name, meta, generation: generation, database: database)
+        }
+    }
+
+    /// One document as CouchDB shows it (`_id`, `_rev`, `_revisions`, `_deleted`, `_attachments`):
+    /// with `_rev`, the revision to insert with its history (returned); without, a new revision
+    /// saved on top of the current one (nil returned, after `flush`), which keeps the current
+    /// attachments unless `replacingAttachments`. `attachment` makes each entry of
+    /// `_attachments` an `Attachment`, storing its body.
+    static func importDocument(_ document: JSONObject, into database: Database, replacingAttachments: Bool = false,
+                               flush: () throws -> Void,
+                               attachment: (_ name: String, _ meta: JSONValue, _ generation: Int) throws -> Attachment) throws -> ReplicatedRevision? {
+        var object = document
         guard let id = object["_id"]?.stringValue else { throw SofaError.invalidDocument(reason: "missing _id") }
         try DocumentID.validate(id)
         if DocumentID.isLocal(id) {
@@ -145,7 +172,9 @@ struct Import: SofaCommand {
         let generation = rev?.generation ?? 1
         var attachments: [Attachment] = []
         for (name, meta) in object["_attachments"]?.objectValue ?? [:] {
-            attachments.append(try importAttachment(name, meta, generation: generation, database: database))
+            try AttachmentName.validate(name)
+            guard case .object = meta else { throw SofaError.invalidDocument(reason: "attachment \(name) is not an object") }
+            attachments.append(try attachment(name, meta, generation))
         }
         let history = object["_revisions"]
         object = object.filter { !$0.hasPrefix("_") }
@@ -154,7 +183,17 @@ struct Import: SofaCommand {
             var draft = try database.newRevision(of: id)
             draft.properties = object
             draft.deleted = deleted
+            if replacingAttachments { for name in Array(draft.attachments.keys) { try draft.removeAttachment(name) } }
             for attachment in attachments { try draft.setAttachment(attachment) }
+            // What is already the current revision is not saved again: reading the same file
+            // twice makes one revision, not two.
+            func fingerprint(_ attachments: some Sequence<Attachment>) -> [String] {
+                attachments.map { "\($0.name) \($0.contentType) \($0.blobKey?.hex ?? $0.digest)" }.sorted()
+            }
+            if let current = try database.currentRevision(of: id), current.deleted == deleted, current.properties == object,
+               fingerprint(current.attachments) == fingerprint(draft.attachments.values) {
+                return nil
+            }
             try database.save(draft)
             return nil
         }
@@ -170,9 +209,7 @@ struct Import: SofaCommand {
                                   attachments: attachments)
     }
 
-    private func importAttachment(_ name: String, _ meta: JSONValue, generation: Int, database: Database) throws -> Attachment {
-        try AttachmentName.validate(name)
-        guard case .object = meta else { throw SofaError.invalidDocument(reason: "attachment \(name) is not an object") }
+    private static func importAttachment(_ name: String, _ meta: JSONValue, generation: Int, database: Database) throws -> Attachment {
         let contentType = meta["content_type"]?.stringValue ?? MIMEType.forFileName(name)
         let revpos = meta["revpos"]?.int64Value.map(Int.init) ?? generation
         let digest = meta["digest"]?.stringValue
@@ -200,10 +237,13 @@ struct Import: SofaCommand {
 final class BufferedOutput {
     private let fd: Int32
     private let path: String
+    private let sync: Bool
     private var buffer: [UInt8] = []
 
-    init(path: String) throws {
+    /// `sync: false` leaves the fsync at close to the caller (many small files synced at once).
+    init(path: String, sync: Bool = true) throws {
         self.path = path == "-" ? "standard output" : path
+        self.sync = sync
         if path == "-" {
             fd = STDOUT_FILENO
         } else {
@@ -234,7 +274,7 @@ final class BufferedOutput {
     func close() throws {
         try flush()
         if fd != STDOUT_FILENO {
-            guard fsync(fd) == 0, Glibc.close(fd) == 0 else { throw SofaError.system("close", path: path, errno: errno) }
+            guard !sync || fsync(fd) == 0, Glibc.close(fd) == 0 else { throw SofaError.system("close", path: path, errno: errno) }
         }
     }
 }

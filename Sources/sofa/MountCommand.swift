@@ -30,6 +30,8 @@ struct Mount: SofaCommand {
     @Flag(help: "With --remote: pull and push.") var sync = false
     @Flag(help: "Keep replicating while mounted; edits made offline go out when the remote returns.") var continuous = false
     @Flag(help: "With --pull or --sync: store attachment bodies as metadata only; reads fetch them.") var noDownloadAttachments = false
+    @Option(help: "When the database does not exist, create it from this snapshot (.zip) or database, as `sofa copy` does.")
+    var seed: String?
 
     var directions: [Replicator.Direction] {
         (pull || sync ? [.pull] : []) + (push || sync ? [.push] : [])
@@ -48,6 +50,10 @@ struct Mount: SofaCommand {
         }
         guard !MountTable.contains(mountPoint) else {
             throw SofaError.invalidArgument("\(mountPoint) is already a mount point (unmount it with fusermount3 -u)")
+        }
+        if let seed, access(db.database, F_OK) != 0 {
+            let copy = try copyDatabase(from: seed, to: db.database, replacing: false)
+            Output.error("created \(copy.path) from \(seed)")
         }
         _ = try db.open()  // a bad database fails here, in the foreground, with its reason
         if !foreground { return try daemonize(mountPoint) }

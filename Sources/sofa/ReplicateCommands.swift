@@ -4,14 +4,8 @@ import DocumentStore
 import Foundation
 import Replicator
 
-/// Options shared by pull, push and sync.
-struct ReplicationOptions: ParsableArguments {
-    @Argument(help: "The local database.")
-    var database: String
-
-    @Argument(help: "The remote database, http(s)://[user:password@]host[:port]/db")
-    var url: String
-
+/// How to reach and replicate with a remote: shared by pull, push, sync and cp.
+struct RemoteOptions: ParsableArguments {
     @Option(help: "User name for the remote (instead of user:password@ in the URL).")
     var user: String?
 
@@ -41,9 +35,6 @@ struct ReplicationOptions: ParsableArguments {
 
     @Option(help: .hidden)
     var batchSize = 200
-
-    @Flag(help: "Keep replicating until Ctrl-C or SIGTERM; ride out the remote going away.")
-    var continuous = false
 
     /// What `--doc-ids`, `--selector` and `--channels` ask for.
     struct Filters: Sendable {
@@ -75,12 +66,14 @@ struct ReplicationOptions: ParsableArguments {
         return retry
     }
 
-    /// `--continuous`: runs the directions until a signal, printing what moves.
-    func runContinuously(_ directions: [Replicator.Direction], database: Database, downloads: DownloadPolicy) throws {
+    func remote(_ url: String) throws -> RemoteDatabase {
+        try RemoteDatabase(url, user: user, password: try passwordFile.map { try readPassword($0) })
+    }
+
+    /// Runs the directions until a signal, printing what moves.
+    func runContinuously(_ directions: [Replicator.Direction], database: Database, url: String, downloads: DownloadPolicy) throws {
         let signals = SignalWatcher([SIGINT, SIGTERM])  // before the session's threads start
-        let password = try passwordFile.map { try readPassword($0) }
-        let session = ReplicationSession(database: database, remote: try RemoteDatabase(url, user: user, password: password),
-                                         directions: directions, continuous: true)
+        let session = ReplicationSession(database: database, remote: try remote(url), directions: directions, continuous: true)
         session.downloads = downloads
         session.retry = retryPolicy
         session.caFile = cacert
@@ -106,13 +99,35 @@ struct ReplicationOptions: ParsableArguments {
         }
     }
 
-    func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
-        let password = try passwordFile.map { try readPassword($0) }
-        let remote = try RemoteDatabase(url, user: user, password: password)
-        let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: cacert, retry: retryPolicy)
+    func makeReplicator(_ direction: Replicator.Direction, database: Database, url: String) throws -> Replicator {
+        let replicator = try Replicator(database: database, remote: try remote(url), direction: direction, caFile: cacert, retry: retryPolicy)
         replicator.batchSize = max(1, batchSize)
         try filters().apply(to: replicator)
         return replicator
+    }
+}
+
+/// The arguments of pull, push and sync.
+struct ReplicationOptions: ParsableArguments {
+    @Argument(help: "The local database.")
+    var database: String
+
+    @Argument(help: "The remote database, http(s)://[user:password@]host[:port]/db")
+    var url: String
+
+    @OptionGroup var remote: RemoteOptions
+
+    @Flag(help: "Keep replicating until Ctrl-C or SIGTERM; ride out the remote going away.")
+    var continuous = false
+
+    var json: Bool { remote.json }
+
+    func runContinuously(_ directions: [Replicator.Direction], database: Database, downloads: DownloadPolicy) throws {
+        try remote.runContinuously(directions, database: database, url: url, downloads: downloads)
+    }
+
+    func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
+        try remote.makeReplicator(direction, database: database, url: url)
     }
 }
 
@@ -294,25 +309,5 @@ struct PurgeAttachment: SofaCommand {
         }
         let freed = try db.purgeBody(digest: attachment.digest)
         Output.line("purged the body of \(name) (\(freed) bytes freed); its metadata stays")
-    }
-}
-
-struct Copy: SofaCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Copy a database with a new identity that remembers the old one (pre-built databases).",
-        discussion: "The copy's first pull resumes from the checkpoints the original left, so it fetches only newer changes.")
-
-    @Argument(help: "The database to copy.") var source: String
-    @Argument(help: "Where the copy goes (must not exist unless --force).") var destination: String
-    @Flag(help: "Replace an existing database at the destination.") var force = false
-
-    func execute() throws {
-        let db = try Database.open(at: source)
-        if force, FileManager.default.fileExists(atPath: destination) {
-            _ = try Database.open(at: destination)  // only ever replace a database
-            try FileManager.default.removeItem(atPath: destination)
-        }
-        let copy = try db.copy(to: destination)
-        Output.line("copied \(db.path) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)")
     }
 }

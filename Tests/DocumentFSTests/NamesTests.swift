@@ -1,3 +1,4 @@
+import DocumentModel
 @testable import DocumentFS
 import Testing
 

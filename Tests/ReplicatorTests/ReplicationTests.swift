@@ -704,42 +704,6 @@ import TestSupport
     }
 }
 
-/// Pre-built databases: a copy resumes from its original's checkpoints, also copied twice.
-@Suite struct CopiedDatabaseTests {
-    let directory = TemporaryDirectory()
-
-    @Test func aCopyOfACopyPullsOnlyNewerChanges() throws {
-        let source = try ReplicationTests().makeSource(in: directory)
-        let server = try ServedDatabases([source.path])
-        let url = "http://127.0.0.1:\(server.port)/source"
-        let snapshot = directory.appending("snapshot.sofa")
-        #expect(try sofa("create", snapshot).succeeded)
-        #expect(try sofa("pull", snapshot, url).succeeded)
-
-        let first = directory.appending("first.sofa"), second = directory.appending("second.sofa")
-        #expect(try sofa("copy", snapshot, first).succeeded)
-        #expect(try sofa("copy", first, second).succeeded)
-        let exists = try sofa("copy", snapshot, first)
-        #expect(exists.status == 1 && exists.stderr.contains("already exists"), "\(exists.stderr)")
-        let copies = try [snapshot, first, second].map { try Database.open(at: $0) }
-        #expect(Set(copies.map(\.privateUUID)).count == 3 && Set(copies.map(\.publicUUID)).count == 3, "each copy has its own identity")
-        #expect(copies[2].previousPrivateUUIDs == [copies[1].privateUUID, copies[0].privateUUID], "the chain survives a second copy")
-        #expect(try ReplicationTests().snapshot(copies[2]) == ReplicationTests().snapshot(source))
-        #expect(try copies[2].check().isEmpty)
-
-        // Two new documents on the server: each copy's first pull reads just those.
-        let http = try server.connect()
-        #expect(try http.json("PUT", "/source/later-1", ["n": 1]).status == 201)
-        #expect(try http.json("PUT", "/source/later-2", ["n": 2]).status == 201)
-        for copy in [second, first] {
-            let pulled = try sofa("pull", copy, url, "--json")
-            #expect(pulled.succeeded, "\(pulled.stderr)")
-            let summary = try JSONParser.parse(Array(pulled.stdout.split(separator: "\n").last!.utf8))
-            #expect(summary["docs_read"] == 2, "\(copy): \(summary)")
-        }
-    }
-}
-
 /// The normalised remote URL that replication ids are made from.
 @Suite struct RemoteURLTests {
     @Test func defaultPortsAreExplicitAndCredentialsGone() throws {

@@ -9,15 +9,16 @@ public final class ServedDatabases: @unchecked Sendable {
     private let outputPath: String
     private var result: ProcessResult?
 
-    public init(_ arguments: [String], logLevel: String = "warning") throws {
+    /// Serves on `port`, or on a free one with 0.
+    public init(_ arguments: [String], port requested: Int = 0, logLevel: String = "warning") throws {
         outputPath = "/tmp/sofa-serve-\(UUID().uuidString).out"
-        process = try ChildProcess([sofaBinary, "serve", "--port", "0"] + arguments, stdout: outputPath,
+        process = try ChildProcess([sofaBinary, "serve", "--port", String(requested)] + arguments, stdout: outputPath,
                                    environment: ["SOFA_LOG_LEVEL": logLevel])
         let deadline = Date().addingTimeInterval(15)
         while true {
             let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
             if let range = text.range(of: #"127\.0\.0\.1:(\d+)/"#, options: .regularExpression) {
-                port = Int(text[range].dropFirst("127.0.0.1:".count).dropLast())!
+                self.port = Int(text[range].dropFirst("127.0.0.1:".count).dropLast())!
                 break
             }
             var status: Int32 = 0

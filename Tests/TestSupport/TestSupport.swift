@@ -125,6 +125,11 @@ public final class ChildProcess: @unchecked Sendable {
 /// Runs `sofa` with `arguments` and waits for it.
 @discardableResult
 public func sofa(_ arguments: String..., stdin: String = "/dev/null", stdout: String? = nil) throws -> ProcessResult {
+    try sofa(arguments, stdin: stdin, stdout: stdout)
+}
+
+@discardableResult
+public func sofa(_ arguments: [String], stdin: String = "/dev/null", stdout: String? = nil) throws -> ProcessResult {
     try ChildProcess([sofaBinary] + arguments, stdin: stdin, stdout: stdout).wait()
 }
 

@@ -1,0 +1,336 @@
+import CLinux
+import DocumentModel
+import Foundation
+import ZIPFoundation
+
+// Copies of a database: `copy(to:)` beside it, `writeSnapshot(to:)` into a zip to ship, and
+// `install(snapshot:at:)` from such a zip. Every copy is built in a hidden staging directory
+// next to its destination and renamed into place once complete and synced, so a failure or a
+// killed process never leaves a half-made database under the destination's name.
+
+extension Database {
+    /// A consistent copy at `destination` with new public and private UUIDs that remembers
+    /// this database's private UUID (and its predecessors), so its first pull resumes from
+    /// the checkpoints this one left instead of starting over. The SQLite file is copied
+    /// with `VACUUM INTO` (one snapshot, while others write); the blobs that snapshot
+    /// refers to are hard-linked where the file system allows, copied otherwise.
+    /// `replacing` allows an existing database at `destination` to be replaced.
+    public func copy(to destination: String, replacing: Bool = false) throws -> Database {
+        let stage = try StagedDirectory(for: destination, replacing: replacing)
+        do {
+            let target = BlobStore(directory: "\(stage.path)/\(Database.attachmentsDirectoryName)")
+            try target.createDirectories()
+            let file = "\(stage.path)/\(Database.databaseFileName)"
+            try vacuum(into: file)
+            do {  // the connection closes before the directory moves
+                let copy = try SQLiteConnection(path: file, create: false)
+                for key in try Database.referencedBlobKeys(in: copy) where blobs.contains(key) {
+                    let from = blobs.path(for: key), to = target.path(for: key)
+                    guard link(from, to) != 0 else { continue }
+                    guard errno == EXDEV || errno == EPERM || errno == EMLINK else { throw SofaError.system("link", path: to, errno: errno) }
+                    _ = try target.write(contentsOf: from, expecting: key, durable: false)
+                }
+                try Database.renewIdentity(copy)
+            }
+            return try stage.install()
+        } catch {
+            stage.discard()
+            throw error
+        }
+    }
+
+    /// Writes a consistent snapshot of this database into a new zip at `path`: the SQLite
+    /// file (one `VACUUM INTO` snapshot, deflated) and the blobs it refers to, under
+    /// `NAME.sofa/`. It keeps this database's identity and checkpoints; `install(snapshot:at:)`
+    /// gives each installed copy its own identity. Bodies that are not here (deferred) stay
+    /// metadata only. Text-like bodies are deflated, others stored as they are.
+    public func writeSnapshot(to path: String, replacing: Bool = false,
+                              progress: ((_ done: Int64, _ total: Int64) -> Void)? = nil) throws -> SnapshotReport {
+        let output = Database.normalize(path)
+        if !replacing, access(output, F_OK) == 0 { throw SofaError.databaseExists(path: output) }
+        let parent = (output as NSString).deletingLastPathComponent.isEmpty ? "." : (output as NSString).deletingLastPathComponent
+        let prefix = ".\((output as NSString).lastPathComponent).partial-"
+        StagedDirectory.removeAbandoned(in: parent, prefix: prefix)
+        let partial = "\(parent)/\(prefix)\(getpid())"
+        let vacuumed = partial + ".sqlite3"
+        defer { unlink(vacuumed) }
+        do {
+            try vacuum(into: vacuumed)
+            let snapshot = try SQLiteConnection(path: vacuumed, create: false)
+            var bodies: [(key: BlobKey, compress: Bool, size: Int64)] = []
+            var report = SnapshotReport(path: output)
+            try snapshot.forEach("""
+                SELECT blob_key, MAX(content_type) FROM rev_attachments WHERE blob_key IS NOT NULL GROUP BY blob_key
+                """) { row in
+                guard let key = BlobKey(hex: row.text(0)) else { return }
+                var info = stat()
+                guard stat(blobs.path(for: key), &info) == 0 else {
+                    report.bodiesNotPresent += 1
+                    return
+                }
+                bodies.append((key, MIMEType.isCompressible(row.text(1)), Int64(info.st_size)))
+            }
+            report.documentCount = try snapshot.query("SELECT COUNT(*) FROM docs WHERE deleted = 0") { $0.int(0) }[0]
+            report.privateUUID = try snapshot.query("SELECT value FROM meta WHERE key = 'private_uuid'") { $0.text(0) }[0]
+            unlink(partial)
+            let archive = try Archive(url: URL(fileURLWithPath: partial), accessMode: .create)
+            let root = "\(Database.baseName(of: self.path)).sofa/"
+            var databaseInfo = stat()
+            stat(vacuumed, &databaseInfo)
+            let total = Int64(databaseInfo.st_size) + bodies.reduce(0) { $0 + $1.size }
+            try archive.addEntry(with: root + Database.databaseFileName, fileURL: URL(fileURLWithPath: vacuumed),
+                                 compressionMethod: .deflate, bufferSize: BlobStore.chunkSize)
+            var done = Int64(databaseInfo.st_size)
+            progress?(done, total)
+            for body in bodies {
+                try archive.addEntry(with: "\(root)\(Database.attachmentsDirectoryName)/\(body.key.hex).blob",
+                                     fileURL: URL(fileURLWithPath: blobs.path(for: body.key)),
+                                     compressionMethod: body.compress ? .deflate : .none, bufferSize: BlobStore.chunkSize)
+                done += body.size
+                progress?(done, total)
+            }
+            try syncFile(partial)
+            guard rename(partial, output) == 0 else { throw SofaError.system("rename", path: output, errno: errno) }
+            report.bodyCount = bodies.count
+            report.bodyBytes = bodies.reduce(0) { $0 + $1.size }
+            var zipInfo = stat()
+            if stat(output, &zipInfo) == 0 { report.zipBytes = Int64(zipInfo.st_size) }
+            return report
+        } catch {
+            unlink(partial)
+            throw Database.describeZipError(error, path: output)
+        }
+    }
+
+    /// Unpacks a snapshot zip (as `writeSnapshot` makes, or any zip of a database folder)
+    /// into a new database at `destination`: every entry is checked (paths stay inside the
+    /// database, bodies hash to their names, CRCs match, the SQLite file passes its
+    /// integrity check), then it gets a new identity that remembers the snapshot's, as
+    /// `copy(to:)` gives.
+    public static func install(snapshot zip: String, at destination: String, replacing: Bool = false) throws -> Database {
+        let archive: Archive
+        do {
+            archive = try Archive(url: URL(fileURLWithPath: zip), accessMode: .read)
+        } catch {
+            var info = stat()
+            guard stat(zip, &info) == 0 else { throw SofaError.system("open", path: zip, errno: errno) }
+            throw SofaError.notADatabase(path: zip, reason: "it is not a zip archive, or it is truncated")
+        }
+        let entries = Array(archive)
+        let roots = entries.filter { $0.type == .file && ($0.path as NSString).lastPathComponent == databaseFileName }
+            .map { String($0.path.dropLast(databaseFileName.count)) }
+        guard roots.count == 1, let root = roots.first else {
+            throw SofaError.notADatabase(path: zip, reason: roots.isEmpty
+                ? "the archive holds no \(databaseFileName)" : "the archive holds \(roots.count) databases")
+        }
+        let stage = try StagedDirectory(for: destination, replacing: replacing)
+        do {
+            let blobs = BlobStore(directory: "\(stage.path)/\(attachmentsDirectoryName)")
+            try blobs.createDirectories()
+            for entry in entries where entry.type != .directory {
+                guard entry.path.hasPrefix(root) else {
+                    throw SofaError.notADatabase(path: zip, reason: "\(entry.path) lies outside the database folder \(root)")
+                }
+                let relative = String(entry.path.dropFirst(root.count))
+                guard entry.type == .file else { throw SofaError.notADatabase(path: zip, reason: "\(entry.path) is not a regular file") }
+                if relative == databaseFileName || relative == databaseFileName + "-wal" {
+                    try extract(entry, from: archive, toFile: "\(stage.path)/\(relative)")
+                } else if relative.hasPrefix("\(attachmentsDirectoryName)/tmp/") || relative.hasSuffix("-shm") {
+                    continue  // another process's unfinished write, or SQLite's shared memory: never needed
+                } else if relative.hasPrefix("\(attachmentsDirectoryName)/"), relative.hasSuffix(".blob"),
+                          let key = BlobKey(hex: String(relative.dropFirst(attachmentsDirectoryName.count + 1).dropLast(5))) {
+                    let writer = try blobs.makeWriter()
+                    _ = try archive.extract(entry, bufferSize: BlobStore.chunkSize) { data in
+                        try data.withUnsafeBytes { try writer.write($0) }
+                    }
+                    do {
+                        _ = try writer.finish(expecting: key, durable: false)
+                    } catch SofaError.blobCorrupted {
+                        throw SofaError.notADatabase(path: zip, reason: "\(entry.path) does not hash to its name (the zip is damaged)")
+                    }
+                } else {
+                    throw SofaError.notADatabase(path: zip, reason: "\(entry.path) is not part of a Sofa database")
+                }
+            }
+            do {  // the connection closes before the directory moves
+                let connection = try SQLiteConnection(path: "\(stage.path)/\(databaseFileName)", create: false)
+                let problems: [String]
+                do {
+                    try Schema.check(connection, path: zip, readOnly: false)
+                    problems = try connection.query("PRAGMA integrity_check") { $0.text(0) }.filter { $0 != "ok" }
+                } catch SofaError.sqlite(_, let message, _) {
+                    throw SofaError.notADatabase(path: zip, reason: "its \(databaseFileName) is not a SQLite database (\(message))")
+                }
+                guard problems.isEmpty else {
+                    throw SofaError.notADatabase(path: zip, reason: "its SQLite file is damaged: \(problems.prefix(3).joined(separator: "; "))")
+                }
+                try renewIdentity(connection)
+                try connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            }
+            return try stage.install()
+        } catch {
+            stage.discard()
+            throw describeZipError(error, path: zip)
+        }
+    }
+
+    /// The SQLite file as one consistent snapshot, written by a connection of its own
+    /// (VACUUM INTO reads outside any transaction, while others write).
+    private func vacuum(into file: String) throws {
+        let snapshot = try SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly)
+        try snapshot.run("VACUUM INTO ?", .text(file))
+    }
+
+    /// The blobs the revisions in `connection`'s database refer to.
+    static func referencedBlobKeys(in connection: SQLiteConnection) throws -> [BlobKey] {
+        try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { row in
+            BlobKey(hex: row.text(0))
+        }.compactMap { $0 }
+    }
+
+    /// New public and private UUIDs for a copied SQLite file; the old private UUID joins
+    /// the front of `previous_private_uuids`, so replications can find its checkpoints.
+    static func renewIdentity(_ connection: SQLiteConnection) throws {
+        try connection.execute("BEGIN IMMEDIATE")
+        do {
+            let meta = Dictionary(try connection.query("SELECT key, value FROM meta") { ($0.text(0), $0.optionalText(1) ?? "") },
+                                  uniquingKeysWith: { $1 })
+            guard let old = meta["private_uuid"] else { throw SofaError.notADatabase(path: connection.path, reason: "its identity is missing") }
+            let earlier = meta["previous_private_uuids"].flatMap { try? JSONParser.parse(Array($0.utf8)) }?.arrayValue ?? []
+            let chain = JSONValue.array([.string(old)] + earlier).jsonString()
+            try connection.run("UPDATE meta SET value = ? WHERE key = 'public_uuid'", .text(Schema.newUUID()))
+            try connection.run("UPDATE meta SET value = ? WHERE key = 'private_uuid'", .text(Schema.newUUID()))
+            try connection.run("INSERT OR REPLACE INTO meta (key, value) VALUES ('previous_private_uuids', ?)", .text(chain))
+            try connection.execute("COMMIT")
+        } catch {
+            try? connection.execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Streams one zip entry into a new file.
+    private static func extract(_ entry: Entry, from archive: Archive, toFile path: String) throws {
+        let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
+        defer { close(fd) }
+        _ = try archive.extract(entry, bufferSize: BlobStore.chunkSize) { data in
+            try data.withUnsafeBytes { bytes in
+                var offset = 0
+                while offset < bytes.count {
+                    let count = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+                    if count < 0 {
+                        if errno == EINTR { continue }
+                        throw SofaError.system("write", path: path, errno: errno)
+                    }
+                    offset += count
+                }
+            }
+        }
+    }
+
+    /// ZIPFoundation's errors, said the way a user can act on.
+    private static func describeZipError(_ error: Error, path: String) -> Error {
+        guard let failure = error as? Archive.ArchiveError else { return error }
+        switch failure {
+        case .invalidCRC32: return SofaError.notADatabase(path: path, reason: "an entry fails its CRC check (the zip is damaged)")
+        case .unreadableArchive, .missingEndOfCentralDirectoryRecord, .invalidLocalHeaderDataOffset,
+             .invalidLocalHeaderSize, .invalidCentralDirectoryOffset, .invalidCentralDirectorySize,
+             .invalidCentralDirectoryEntryCount, .invalidEntrySize, .invalidCompressionMethod:
+            return SofaError.notADatabase(path: path, reason: "the zip is damaged or truncated (\(failure))")
+        default: return SofaError.invalidArgument("\(path): zip error \(failure)")
+        }
+    }
+
+    /// `notes` for `/x/notes.sofa`.
+    static func baseName(of path: String) -> String {
+        let name = (path as NSString).lastPathComponent
+        return name.hasSuffix(".sofa") ? String(name.dropLast(5)) : name
+    }
+}
+
+/// What `writeSnapshot` wrote.
+public struct SnapshotReport: Sendable {
+    public var path: String
+    public var privateUUID = ""
+    public var documentCount = 0
+    public var bodyCount = 0
+    public var bodyBytes: Int64 = 0
+    /// Attachments whose bodies were deferred in the source: the snapshot has their metadata only.
+    public var bodiesNotPresent = 0
+    public var zipBytes: Int64 = 0
+}
+
+/// A directory built as `.NAME.partial-PID` beside `destination` and renamed to it when
+/// complete. Stale staging directories of processes that no longer run are removed first.
+struct StagedDirectory {
+    let destination: String
+    let path: String
+    let replacing: Bool
+
+    init(for destination: String, replacing: Bool) throws {
+        let destination = Database.normalize(destination)
+        self.destination = destination
+        self.replacing = replacing
+        var info = stat()
+        if stat(destination, &info) == 0 {
+            guard replacing else { throw SofaError.databaseExists(path: destination) }
+            // Only ever replace a database, never some other folder.
+            guard info.st_mode & S_IFMT == S_IFDIR, access("\(destination)/\(Database.databaseFileName)", F_OK) == 0 else {
+                throw SofaError.notADatabase(path: destination, reason: "refusing to replace something that is not a database")
+            }
+        }
+        let parent = (destination as NSString).deletingLastPathComponent
+        let directory = parent.isEmpty ? "." : parent
+        let prefix = ".\((destination as NSString).lastPathComponent).partial-"
+        StagedDirectory.removeAbandoned(in: directory, prefix: prefix)
+        path = "\(directory)/\(prefix)\(getpid())"
+        try? FileManager.default.removeItem(atPath: path)
+        guard mkdir(path, 0o755) == 0 else { throw SofaError.system("create directory", path: path, errno: errno) }
+    }
+
+    /// Syncs what was written, renames it into place and opens it.
+    func install() throws -> Database {
+        try syncFile(path)  // syncfs: every file staged on that file system
+        if replacing, access(destination, F_OK) == 0 {
+            let aside = path + ".replaced"
+            guard rename(destination, aside) == 0 else { throw SofaError.system("rename", path: destination, errno: errno) }
+            guard rename(path, destination) == 0 else {
+                let code = errno
+                rename(aside, destination)
+                throw SofaError.system("rename", path: destination, errno: code)
+            }
+            try? FileManager.default.removeItem(atPath: aside)
+        } else {
+            // rename(2) would replace an empty directory made meanwhile; link-free check instead.
+            guard access(destination, F_OK) != 0 else { throw SofaError.databaseExists(path: destination) }
+            guard rename(path, destination) == 0 else { throw SofaError.system("rename", path: destination, errno: errno) }
+        }
+        try syncFile((destination as NSString).deletingLastPathComponent.isEmpty ? "." : (destination as NSString).deletingLastPathComponent)
+        return try Database.open(at: destination)
+    }
+
+    func discard() {
+        try? FileManager.default.removeItem(atPath: path)
+    }
+
+    /// Removes what `prefix`PID names (files or folders) for processes that no longer run.
+    static func removeAbandoned(in directory: String, prefix: String) {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
+        for name in names where name.hasPrefix(prefix) {
+            let rest = name.dropFirst(prefix.count)
+            guard let pid = pid_t(rest.prefix { $0.isNumber }), kill(pid, 0) != 0, errno == ESRCH else { continue }
+            try? FileManager.default.removeItem(atPath: "\(directory)/\(name)")
+        }
+    }
+}
+
+/// `syncfs` for a directory (the whole file system it is on), `fsync` for a file.
+private func syncFile(_ path: String) throws {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+    defer { close(fd) }
+    var info = stat()
+    fstat(fd, &info)
+    let result = info.st_mode & S_IFMT == S_IFDIR ? syncfs(fd) : fsync(fd)
+    guard result == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
+}

@@ -1,0 +1,166 @@
+import ArgumentParser
+import DocumentModel
+import DocumentStore
+import Foundation
+import Replicator
+
+/// Opens a database copied from `source`: a database folder or a snapshot zip.
+func copyDatabase(from source: String, to destination: String, replacing: Bool) throws -> Database {
+    var info = stat()
+    guard stat(source, &info) == 0 else { throw SofaError.notADatabase(path: source, reason: "no such file or directory") }
+    if info.st_mode & S_IFMT == S_IFREG { return try Database.install(snapshot: source, at: destination, replacing: replacing) }
+    return try Database.open(at: source).copy(to: destination, replacing: replacing)
+}
+
+struct Copy: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Copy a database (or a snapshot zip) with a new identity that remembers the old one.",
+        discussion: """
+            The copy's first pull resumes from the checkpoints the original left, so it fetches only \
+            newer changes. A copy of a copy keeps the chain. SRC may be a zip made by `sofa snapshot`: \
+            it is unpacked beside DST, checked (CRCs, every body's SHA-1, SQLite's integrity check) and \
+            renamed into place.
+            """)
+
+    @Argument(help: "The database to copy, or a snapshot .zip.") var source: String
+    @Argument(help: "Where the copy goes (must not exist unless --force).") var destination: String
+    @Flag(help: "Replace an existing database at the destination.") var force = false
+
+    func execute() throws {
+        let copy = try copyDatabase(from: source, to: destination, replacing: force)
+        Output.line("copied \(source) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)")
+    }
+}
+
+struct Snapshot: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Write a consistent snapshot of a database into a zip, to ship with an application.",
+        discussion: """
+            Install it with `sofa copy SNAPSHOT.zip DB` or `sofa mount --seed SNAPSHOT.zip DB MNT --remote URL`: \
+            each installed copy gets its own identity and its first pull fetches only what changed since the \
+            snapshot. The database may be in use (even mounted) while the snapshot is taken.
+            """)
+
+    @OptionGroup var db: DatabaseArgument
+    @Argument(help: "The zip file to write.") var output: String
+    @Flag(help: "Replace an existing file.") var force = false
+
+    func execute() throws {
+        let database = try db.open()
+        var progress = Progress("snapshot")
+        let report = try database.writeSnapshot(to: output, replacing: force) { done, _ in progress.update(bytes: done) }
+        progress.finish()
+        var line = "wrote \(report.path): \(report.documentCount) documents, \(report.bodyCount) attachment bodies "
+            + "(\(formatBytes(report.bodyBytes))), \(formatBytes(report.zipBytes)) zipped"
+        if report.bodiesNotPresent > 0 {
+            line += "; \(report.bodiesNotPresent) bodies are not in \(database.path) (deferred) and are fetched when read"
+        }
+        Output.line(line)
+    }
+}
+
+struct Cp: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Copy between a database and another database, a snapshot zip, a server, JSON lines or a folder.",
+        discussion: """
+            One side is a database (NAME.sofa); the other is picked by its form:
+              DB.sofa             a copy with a new identity (as `sofa copy`)
+              FILE.zip            a snapshot (as `sofa snapshot`; from a zip, as `sofa copy`)
+              http(s)://host/db   push to it, or pull from it (a new DB is created)
+              FILE.jsonl          one document per line (as `sofa export` / `sofa import`)
+              DIR/                one JSON file per document, attachments beside it in DIR/<id>/
+            """)
+
+    @Argument(help: "What to copy from.") var source: String
+    @Argument(help: "What to copy to.") var destination: String
+    @Flag(help: "Replace an existing database, zip or JSON lines file at the destination.") var force = false
+    @OptionGroup var remote: RemoteOptions
+    @OptionGroup var downloads: DownloadOptions
+
+    enum Endpoint {
+        case database(String), zip(String), url(String), jsonLines(String), directory(String)
+
+        init(_ text: String) {
+            let lower = text.lowercased()
+            var isDirectory: ObjCBool = false
+            let exists = FileManager.default.fileExists(atPath: text, isDirectory: &isDirectory)
+            let isDatabase = exists && isDirectory.boolValue && access("\(text)/db.sqlite3", F_OK) == 0
+            if lower.hasPrefix("http://") || lower.hasPrefix("https://") {
+                self = .url(text)
+            } else if lower.hasSuffix(".zip") {
+                self = .zip(text)
+            } else if lower.hasSuffix(".jsonl") || lower.hasSuffix(".ndjson") {
+                self = .jsonLines(text)
+            } else if isDatabase || lower.hasSuffix(".sofa") || lower.hasSuffix(".sofa/") {
+                self = .database(text)
+            } else if text.hasSuffix("/") || (exists && isDirectory.boolValue) {
+                self = .directory(text)
+            } else {
+                self = .database(text)
+            }
+        }
+    }
+
+    func execute() throws {
+        switch (Endpoint(source), Endpoint(destination)) {
+        case (.database(let from), .database(let to)), (.zip(let from), .database(let to)):
+            let copy = try copyDatabase(from: from, to: to, replacing: force)
+            Output.line("copied \(from) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)")
+        case (.database(let from), .zip(let to)):
+            let report = try Database.open(at: from).writeSnapshot(to: to, replacing: force)
+            Output.line("wrote \(report.path): \(report.documentCount) documents, \(report.bodyCount) attachment bodies")
+        case (.url(let url), .database(let to)):
+            let (database, created) = try openOrCreate(to)
+            do {
+                let replicator = try remote.makeReplicator(.pull, database: database, url: url)
+                replicator.downloads = try downloads.policy()
+                report([("pull", try replicate(replicator, json: remote.json))], json: remote.json)
+            } catch {
+                // A new database that received nothing is removed; one that received some keeps
+                // it, and running the same command again resumes from its checkpoint.
+                if created, (try? database.counts().lastSequence) == 0 { try? FileManager.default.removeItem(atPath: database.path) }
+                throw error
+            }
+        case (.database(let from), .url(let url)):
+            let replicator = try remote.makeReplicator(.push, database: try Database.open(at: from), url: url)
+            report([("push", try replicate(replicator, json: remote.json))], json: remote.json)
+        case (.jsonLines(let file), .database(let to)):
+            let count = try importing(into: to) { try JSONLines.import(from: file, into: $0) }
+            Output.line("copied \(count) documents from \(file) to \(to)")
+        case (.database(let from), .jsonLines(let file)):
+            if !force, access(file, F_OK) == 0 { throw SofaError.invalidArgument("\(file) already exists (--force replaces it)") }
+            let count = try JSONLines.export(try Database.open(at: from), to: file, attachments: true)
+            Output.line("copied \(count) documents from \(from) to \(file)")
+        case (.directory(let folder), .database(let to)):
+            let count = try importing(into: to) { try DocumentDirectory.import(from: folder, into: $0) }
+            Output.line("copied \(count) documents from \(folder) to \(to)")
+        case (.database(let from), .directory(let folder)):
+            let summary = try DocumentDirectory.export(try Database.open(at: from), to: folder)
+            var line = "copied \(summary.documents) documents and \(summary.attachments) attachments from \(from) to \(folder)"
+            if summary.bodiesNotPresent > 0 { line += "; \(summary.bodiesNotPresent) attachment bodies were not here (deferred): metadata only" }
+            Output.line(line)
+        default:
+            throw SofaError.invalidArgument("""
+                cp copies between a database and a database, a .zip, an http(s) URL, a .jsonl file or a dir/; \
+                neither \(source) nor \(destination) is a database
+                """)
+        }
+    }
+
+    /// Opens `path`, creating an empty database there when nothing is; true if created.
+    private func openOrCreate(_ path: String) throws -> (Database, Bool) {
+        if access(path, F_OK) == 0 { return (try Database.open(at: path), false) }
+        return (try Database.create(at: path), true)
+    }
+
+    /// Runs an import into `path`; a database created for it is removed again if it fails.
+    private func importing(into path: String, _ work: (Database) throws -> Int) throws -> Int {
+        let (database, created) = try openOrCreate(path)
+        do {
+            return try work(database)
+        } catch {
+            if created { try? FileManager.default.removeItem(atPath: database.path) }
+            throw error
+        }
+    }
+}
