@@ -117,8 +117,8 @@ import TestSupport
             try ChildProcess(["/bin/sh", "-c", """
                 ok=0; conflicts=0
                 for i in $(seq 1 40); do
-                  if \(sofaBinary) put \(db) shared '{"writer":\(index),"i":'$i'}' >/dev/null 2>err-\(index); then ok=$((ok+1));
-                  elif grep -q conflict err-\(index); then conflicts=$((conflicts+1)); else cat err-\(index) >&2; fi
+                  if \(sofaBinary) put \(db) shared '{"writer":\(index),"i":'$i'}' >/dev/null 2>\(directory.path)/err-\(index); then ok=$((ok+1));
+                  elif grep -q conflict \(directory.path)/err-\(index); then conflicts=$((conflicts+1)); else cat \(directory.path)/err-\(index) >&2; fi
                 done
                 echo $ok $conflicts
                 """])
