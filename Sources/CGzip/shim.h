@@ -1,9 +1,14 @@
-#ifndef SOFA_CZLIB_SHIM_H
-#define SOFA_CZLIB_SHIM_H
+#ifndef SOFA_CGZIP_SHIM_H
+#define SOFA_CGZIP_SHIM_H
 #include <zlib.h>
 
-// inflateInit2 is a macro; Swift cannot call it directly.
+// inflateInit2 and deflateInit2 are macros; Swift cannot call them directly.
 static inline int cz_inflate_init_gzip(z_stream *stream) {
     return inflateInit2(stream, 15 + 32);  // gzip or zlib, detected from the header
+}
+
+// Raw deflate (no zlib or gzip header), as zip entries hold it.
+static inline int cz_deflate_init_raw(z_stream *stream, int level) {
+    return deflateInit2(stream, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
 }
 #endif

@@ -83,6 +83,27 @@ func copyBenchmark(_ options: Options) throws {
     row("sofa snapshot", String(format: "%6.2f s", snapshot), String(format: "zip -r -n .blob && sync %6.2f s", zip),
         "ratio " + ratio(zip / snapshot), String(format: "peak RSS %.0f MB", Double(snapshotRSS) / 1e6))
 
+    // Many small bodies: one zip entry each, the case a zip writer must not be quadratic in
+    // (binary, so both sides store them).
+    let many = try Database.create(at: "\(work)/many.sofa")
+    try many.inBatch { batch in
+        for i in 0..<20_000 {
+            var draft = try many.newRevision(of: String(format: "small-%05d", i))
+            try draft.setAttachment("small.bin", data: Array(#"{"i":\#(i),"pad":"\#(String(repeating: "x", count: 900))"}"#.utf8))
+            try batch.save(draft)
+        }
+    }
+    let manySnapshot = try three { _ in
+        clean("\(work)/many.zip")
+        return try timeWithRSS([sofa, "snapshot", "\(work)/many.sofa", "\(work)/many.zip"]).seconds
+    }
+    let manyZip = try three { _ in
+        clean("\(work)/many-plain.zip")
+        return try timeShell("cd \(work) && zip -q -r -n .blob many-plain.zip many.sofa && sync")
+    }
+    row("sofa snapshot, 20,000 bodies of 1 KB", String(format: "%6.2f s", manySnapshot),
+        String(format: "zip -r -n .blob && sync %6.2f s", manyZip), "ratio " + ratio(manyZip / manySnapshot))
+
     // Installing it: unpack, hash every body, integrity check, new identity, sync.
     var installRSS = 0
     let install = try three { _ in

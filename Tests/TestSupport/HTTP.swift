@@ -35,12 +35,14 @@ public final class ServedDatabases: @unchecked Sendable {
 
     public func connect() throws -> HTTPConnection { try HTTPConnection(port: port) }
 
-    /// SIGTERM, then what the process did.
+    /// SIGTERM, then what the process did; `maxRSS` is its peak (VmHWM) just before.
     @discardableResult
     public func stop() -> ProcessResult {
         if let result { return result }
+        let peak = peakRSS(of: process.pid) ?? 0
         process.kill(SIGTERM)
-        let finished = process.wait()
+        var finished = process.wait()
+        finished.maxRSS = peak
         unlink(outputPath)
         result = finished
         recordSanitizerReports(finished, from: "sofa serve")

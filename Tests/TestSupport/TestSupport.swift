@@ -46,8 +46,10 @@ public struct ProcessResult: Sendable {
     public let signal: Int32?
     public let stdout: String
     public let stderr: String
-    /// Peak resident set size in bytes (from wait4's rusage).
-    public let maxRSS: Int
+    /// Peak resident set size in bytes, when it was measured (`measureMemory`, or
+    /// `ServedDatabases.stop()`), else 0. Not from the rusage of wait4: Linux starts a spawned
+    /// child's peak at its parent's (the test runner's), which says nothing about the child.
+    public var maxRSS: Int = 0
 
     public var succeeded: Bool { status == 0 && signal == nil }
 }
@@ -59,10 +61,17 @@ public final class ChildProcess: @unchecked Sendable {
     private let errorPath: String
     private let keepOutput: Bool
 
+    /// Where GNU time writes the peak RSS of a measured command.
+    private let memoryReport: String?
+
     /// Starts `arguments[0]` (a path) with `arguments`. `stdin` is a path (default /dev/null);
-    /// `stdout` a path to write to (default: captured).
-    public init(_ arguments: [String], stdin: String = "/dev/null", stdout: String? = nil, environment: [String: String] = [:]) throws {
+    /// `stdout` a path to write to (default: captured). With `measureMemory` the command runs
+    /// under GNU time, which reports its true peak RSS (signals then reach time, not the command).
+    public init(_ arguments: [String], stdin: String = "/dev/null", stdout: String? = nil, environment: [String: String] = [:],
+                measureMemory: Bool = false) throws {
         let scratch = TemporaryDirectory("sofa-child")
+        memoryReport = measureMemory ? scratch.appending("rss") : nil
+        let arguments = memoryReport.map { ["/usr/bin/time", "-f", "%M", "-o", $0] + arguments } ?? arguments
         outputPath = stdout ?? scratch.appending("out")
         errorPath = "/tmp/sofa-child-err-\(UUID().uuidString)"
         keepOutput = stdout == nil
@@ -111,26 +120,41 @@ public final class ChildProcess: @unchecked Sendable {
     /// Waits for the process to end.
     public func wait() -> ProcessResult {
         var status: Int32 = 0
-        var usage = rusage()
-        while wait4(pid, &status, 0, &usage) < 0 && errno == EINTR {}
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         let signaled = (status & 0x7F) != 0 && (status & 0x7F) != 0x7F
         let output = keepOutput ? ((try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "") : ""
         let error = (try? String(contentsOfFile: errorPath, encoding: .utf8)) ?? ""
         unlink(errorPath)
-        return ProcessResult(status: signaled ? -1 : (status >> 8) & 0xFF, signal: signaled ? status & 0x7F : nil,
-                             stdout: output, stderr: error, maxRSS: usage.ru_maxrss * 1024)
+        var result = ProcessResult(status: signaled ? -1 : (status >> 8) & 0xFF, signal: signaled ? status & 0x7F : nil,
+                                   stdout: output, stderr: error)
+        if let memoryReport {
+            // The last line: GNU time writes "Command exited with non-zero status N" before it.
+            let kilobytes = (try? String(contentsOfFile: memoryReport, encoding: .utf8))?.split(separator: "\n").last.flatMap { Int($0) }
+            result.maxRSS = (kilobytes ?? 0) * 1024
+        }
+        return result
     }
 }
 
 /// Runs `sofa` with `arguments` and waits for it.
 @discardableResult
-public func sofa(_ arguments: String..., stdin: String = "/dev/null", stdout: String? = nil) throws -> ProcessResult {
-    try sofa(arguments, stdin: stdin, stdout: stdout)
+public func sofa(_ arguments: String..., stdin: String = "/dev/null", stdout: String? = nil,
+                 measureMemory: Bool = false) throws -> ProcessResult {
+    try sofa(arguments, stdin: stdin, stdout: stdout, measureMemory: measureMemory)
 }
 
 @discardableResult
-public func sofa(_ arguments: [String], stdin: String = "/dev/null", stdout: String? = nil) throws -> ProcessResult {
-    try ChildProcess([sofaBinary] + arguments, stdin: stdin, stdout: stdout).wait()
+public func sofa(_ arguments: [String], stdin: String = "/dev/null", stdout: String? = nil,
+                 measureMemory: Bool = false) throws -> ProcessResult {
+    try ChildProcess([sofaBinary] + arguments, stdin: stdin, stdout: stdout, measureMemory: measureMemory).wait()
+}
+
+/// A running process's peak RSS in bytes (VmHWM), or nil once it is gone.
+public func peakRSS(of pid: pid_t) -> Int? {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+          let kilobytes = Int(line.dropFirst(6).trimmingCharacters(in: .whitespaces).split(separator: " ")[0]) else { return nil }
+    return kilobytes * 1024
 }
 
 /// Runs a shell command line (for mount, dd and friends) and waits.
