@@ -242,16 +242,11 @@ public final class BlobWriter {
     public func write(_ bytes: UnsafeRawBufferPointer) throws {
         precondition(fd >= 0, "write after finish or cancel")
         digest.update(bytes)
-        var offset = 0
-        while offset < bytes.count {
-            let written = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-            if written < 0 {
-                if errno == EINTR { continue }
-                let error = SofaError.system("write", path: temporaryPath, errno: errno)
-                cancel()
-                throw error
-            }
-            offset += written
+        do {
+            try writeFully(fd, bytes, path: temporaryPath)
+        } catch {
+            cancel()
+            throw error
         }
         length += Int64(bytes.count)
     }

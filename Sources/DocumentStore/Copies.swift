@@ -218,17 +218,7 @@ extension Database {
         guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
         defer { close(fd) }
         _ = try archive.extract(entry, bufferSize: BlobStore.chunkSize) { data in
-            try data.withUnsafeBytes { bytes in
-                var offset = 0
-                while offset < bytes.count {
-                    let count = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-                    if count < 0 {
-                        if errno == EINTR { continue }
-                        throw SofaError.system("write", path: path, errno: errno)
-                    }
-                    offset += count
-                }
-            }
+            try data.withUnsafeBytes { try writeFully(fd, $0, path: path) }
         }
     }
 

@@ -188,15 +188,7 @@ final class ZipWriter {
     }
 
     private func flush() throws {
-        var done = 0
-        while done < buffer.count {
-            let count = buffer.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + done, $0.count - done) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw SofaError.system("write", path: path, errno: errno)
-            }
-            done += count
-        }
+        try buffer.withUnsafeBytes { try writeFully(fd, $0, path: path) }
         bufferStart += UInt64(buffer.count)
         buffer.removeAll(keepingCapacity: true)
     }

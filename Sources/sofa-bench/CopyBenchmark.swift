@@ -17,23 +17,7 @@ func copyBenchmark(_ options: Options) throws {
     print("Sofa copy benchmark: \(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment, one of \(options.attachmentMiB) MiB; in \(work)")
     print(String(repeating: "-", count: 104))
 
-    let source = try Database.create(at: "\(work)/source.sofa")
-    var state: UInt64 = 0x9E37_79B9_7F4A_7C15
-    try source.inBatch { batch in
-        for i in 0..<documents {
-            var draft = try source.newRevision(of: String(format: "doc-%05d", i))
-            draft.properties = ["n": .integer(Int64(i)), "title": .string("Document \(i)"), "tags": ["copy", "bench"]]
-            if i % 10 == 0 {
-                var body = [UInt8](repeating: 0, count: attachmentSize)
-                for index in body.indices {
-                    state ^= state << 13; state ^= state >> 7; state ^= state << 17
-                    body[index] = UInt8(truncatingIfNeeded: state)
-                }
-                try draft.setAttachment("data.bin", data: body)
-            }
-            try batch.save(draft)
-        }
-    }
+    let source = try makeReplicationSource(at: "\(work)/source.sofa", documents: documents, attachmentSize: attachmentSize)
     let big = "\(work)/big.bin"
     try writeSource(big, size: size)
     var draft = try source.newRevision(of: "big")

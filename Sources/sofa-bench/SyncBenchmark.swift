@@ -29,22 +29,9 @@ func timeWithRSS(_ arguments: [String]) throws -> (seconds: Double, maxRSS: Int)
     return (elapsed, kilobytes * 1024)
 }
 
-/// `sofa-bench sync`: pull and push of 10,000 documents (1,000 with a 100 KB attachment)
-/// against `sofa serve` on 127.0.0.1, and a 1 GiB deferred attachment read through the
-/// mount against curl downloading it from the same server.
-func syncBenchmark(_ options: Options) throws {
-    let work = "\(options.directory)/sofa-bench-sync-\(getpid())"
-    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
-    defer { try? FileManager.default.removeItem(atPath: work) }
-    let sofa = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
-    let documents = min(options.documents, 10_000)
-    let withAttachment = documents / 10
-    let attachmentSize = 100_000
-    let size = Int64(options.attachmentMiB) << 20
-    print("Sofa sync benchmark: \(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment; \(options.attachmentMiB) MiB deferred attachment; in \(work)")
-    print(String(repeating: "-", count: 104))
-
-    let source = try Database.create(at: "\(work)/source.sofa")
+/// `documents` small documents, every tenth with an attachment of `attachmentSize` random bytes.
+func makeReplicationSource(at path: String, documents: Int, attachmentSize: Int) throws -> Database {
+    let source = try Database.create(at: path)
     var state: UInt64 = 0x9E37_79B9_7F4A_7C15
     try source.inBatch { batch in
         for i in 0..<documents {
@@ -61,6 +48,25 @@ func syncBenchmark(_ options: Options) throws {
             try batch.save(draft)
         }
     }
+    return source
+}
+
+/// `sofa-bench sync`: pull and push of 10,000 documents (1,000 with a 100 KB attachment)
+/// against `sofa serve` on 127.0.0.1, and a 1 GiB deferred attachment read through the
+/// mount against curl downloading it from the same server.
+func syncBenchmark(_ options: Options) throws {
+    let work = "\(options.directory)/sofa-bench-sync-\(getpid())"
+    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: work) }
+    let sofa = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
+    let documents = min(options.documents, 10_000)
+    let withAttachment = documents / 10
+    let attachmentSize = 100_000
+    let size = Int64(options.attachmentMiB) << 20
+    print("Sofa sync benchmark: \(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment; \(options.attachmentMiB) MiB deferred attachment; in \(work)")
+    print(String(repeating: "-", count: 104))
+
+    _ = try makeReplicationSource(at: "\(work)/source.sofa", documents: documents, attachmentSize: attachmentSize)
     // The big body lives in a database of its own on the server.
     let hugeDatabase = try Database.create(at: "\(work)/huge.sofa")
     let hugeSource = "\(work)/huge.bin"

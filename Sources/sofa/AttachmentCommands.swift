@@ -62,7 +62,8 @@ struct CatAttachment: SofaCommand {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
         defer { buffer.deallocate() }
         while case let count = try reader.read(into: buffer), count > 0 {
-            Output.writeAll(STDOUT_FILENO, UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+            // A full disk or a closed pipe behind stdout is an error, not a silently short copy.
+            try writeFully(STDOUT_FILENO, UnsafeRawBufferPointer(rebasing: buffer[0..<count]), path: "standard output")
         }
     }
 }

@@ -259,15 +259,7 @@ final class BufferedOutput {
     }
 
     func flush() throws {
-        var offset = 0
-        while offset < buffer.count {
-            let count = buffer.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw SofaError.system("write", path: path, errno: errno)
-            }
-            offset += count
-        }
+        try buffer.withUnsafeBytes { try writeFully(fd, $0, path: path) }
         buffer.removeAll(keepingCapacity: true)
     }
 

@@ -90,6 +90,8 @@ extension SofaCommand {
     func run() throws {
         do {
             try execute()
+            // Output that did not arrive (a full disk, a closed pipe) fails the command too.
+            if let failure = Output.standardOutputFailure { throw failure }
         } catch let error as SofaError {
             Output.error("\(error)")
             throw ExitCode(1)
@@ -115,18 +117,20 @@ enum Output {
         bytes.withUnsafeBytes { writeAll(fd, $0) }
     }
 
-    /// Writes all of `bytes`; throws on failure (e.g. a closed pipe or a full disk).
+    /// Writes all of `bytes`. A failure on standard output is kept for the end of the
+    /// command (`standardOutputFailure`); one on standard error has nowhere to go.
     static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) {
-        var offset = 0
-        while offset < bytes.count {
-            let count = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-            if count < 0 {
-                if errno == EINTR { continue }
-                return
-            }
-            offset += count
-        }
+        do {
+            try writeFully(fd, bytes, path: fd == STDOUT_FILENO ? "standard output" : "standard error")
+        } catch let error as SofaError where fd == STDOUT_FILENO {
+            failure.withLock { $0 = $0 ?? error }
+        } catch {}
     }
+
+    private static let failure = Locked<SofaError?>(nil)
+
+    /// The first write to standard output that failed, if one did.
+    static var standardOutputFailure: SofaError? { failure.withLock { $0 } }
 
     static func json(_ value: JSONValue) {
         write(STDOUT_FILENO, value.prettyPrinted())
@@ -233,4 +237,17 @@ func formatBytes(_ bytes: Int64) -> String {
         unit += 1
     }
     return unit == 0 ? "\(bytes) B" : String(format: "%.1f", value) + " " + units[unit]
+}
+
+/// A value guarded by a lock.
+final class Locked<Value>: @unchecked Sendable {
+    // Sendable invariant: `value` is only touched under `lock`.
+    private let lock = NSLock()
+    private var value: Value
+    init(_ value: Value) { self.value = value }
+    func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body(&value)
+    }
 }

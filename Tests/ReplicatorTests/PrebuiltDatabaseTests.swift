@@ -27,18 +27,25 @@ import ZIPFoundation
         return Dictionary(uniqueKeysWithValues: try db.localDocumentIDs().map { ($0, try db.localDocument(withID: $0)?.rev ?? "") })
     }
 
-    /// Files and folders whose names say they are half-made copies.
-    func leftovers() -> [String] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []).filter { $0.contains(".partial") }
-    }
-
-    @Test func snapshotsAndCopiesOfCopiesPullOnlyWhatChangedWithoutDisturbingEachOther() throws {
+    /// A source served by `sofa serve`, and `built.sofa` pulled from it as an application's
+    /// build would make the database it ships.
+    func buildFromServer() throws -> (source: Database, server: ServedDatabases, url: String, built: String) {
         let source = try ReplicationTests().makeSource(in: directory)
         let server = try ServedDatabases([source.path])
         let url = "http://127.0.0.1:\(server.port)/source"
         let built = directory.appending("built.sofa")
         #expect(try sofa("create", built).succeeded)
         #expect(try pull(built, url) == 32)
+        return (source, server, url, built)
+    }
+
+    /// Files and folders whose names say they are half-made copies.
+    func leftovers() -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []).filter { $0.contains(".partial") }
+    }
+
+    @Test func snapshotsAndCopiesOfCopiesPullOnlyWhatChangedWithoutDisturbingEachOther() throws {
+        let (source, server, url, built) = try buildFromServer()
 
         let zip = directory.appending("app-data.zip")
         let made = try sofa("snapshot", built, zip)
@@ -281,12 +288,7 @@ import ZIPFoundation
 
     @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
     func mountWithASeedCreatesTheDatabaseFromTheSnapshotThenSyncs() throws {
-        let source = try ReplicationTests().makeSource(in: directory)
-        let server = try ServedDatabases([source.path])
-        let url = "http://127.0.0.1:\(server.port)/source"
-        let built = directory.appending("built.sofa")
-        #expect(try sofa("create", built).succeeded)
-        #expect(try pull(built, url) == 32)
+        let (source, server, url, built) = try buildFromServer()
         let zip = directory.appending("seed.zip")
         #expect(try sofa("snapshot", built, zip).succeeded)
         #expect(try server.connect().json("PUT", "/source/after-the-snapshot", ["n": 1]).status == 201)

@@ -86,6 +86,16 @@ import TestSupport
         #expect(try JSONValue(parsing: try sofa("info", db, "--json").stdout)["last_sequence"] == .integer(1))
     }
 
+    @Test func aFullDiskBehindTheOutputIsAnError() throws {
+        let db = try create()
+        #expect(try sofa("attach", db, "doc", "a.bin", "/etc/hostname").succeeded)
+        for arguments in [["cat-attachment", db, "doc", "a.bin"], ["export", db], ["cat", db, "doc"]] {
+            let result = try sofa(arguments, stdout: "/dev/full")
+            #expect(result.status == 1, "\(arguments) exited \(result.status)")
+            #expect(result.stderr.contains("no space left"), "\(arguments): \(result.stderr)")
+        }
+    }
+
     @Test func staleRevisionIsAConflict() throws {
         let db = try create()
         let rev1 = try sofa("put", db, "doc", #"{"v":1}"#).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
