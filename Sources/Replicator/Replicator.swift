@@ -63,6 +63,8 @@ public final class Replicator {
     public var channels: [String]?
     /// Changes read per batch.
     public var batchSize = 200
+    /// Pushes create the remote database when it does not exist (CouchDB's `create_target`).
+    public var createTarget = false
     /// Called after each batch with the running totals.
     public var progress: ((ReplicationResult) -> Void)?
     let client: HTTPClient
@@ -94,7 +96,11 @@ public final class Replicator {
 
     public func run() throws -> ReplicationResult {
         try client.logIn()
-        let (_, info) = try client.json("GET", "")
+        var (status, info) = try client.json("GET", "", allow: direction == .push && createTarget ? [404] : [])
+        if status == 404 {
+            _ = try client.json("PUT", "", allow: [412])  // 412: someone created it meanwhile
+            (_, info) = try client.json("GET", "")
+        }
         guard info["db_name"] != nil || info["update_seq"] != nil else {
             throw ReplicationError.protocolError("\(remote) is not a CouchDB database")
         }

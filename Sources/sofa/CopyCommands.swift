@@ -50,7 +50,7 @@ struct Snapshot: SofaCommand {
         var progress = Progress("snapshot")
         let report = try database.writeSnapshot(to: output, replacing: force) { done, _ in progress.update(bytes: done) }
         progress.finish()
-        var line = "wrote \(report.path): \(report.documentCount) documents, \(report.bodyCount) attachment bodies "
+        var line = "wrote \(report.path): \(counted(report.documentCount, "document")), \(counted(report.bodyCount, "attachment body", "attachment bodies")) "
             + "(\(formatBytes(report.bodyBytes))), \(formatBytes(report.zipBytes)) zipped"
         if report.bodiesNotPresent > 0 {
             line += "; \(report.bodiesNotPresent) bodies are not in \(database.path) (deferred) and are fetched when read"
@@ -108,7 +108,7 @@ struct Cp: SofaCommand {
             Output.line("copied \(from) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)")
         case (.database(let from), .zip(let to)):
             let report = try Database.open(at: from).writeSnapshot(to: to, replacing: force)
-            Output.line("wrote \(report.path): \(report.documentCount) documents, \(report.bodyCount) attachment bodies")
+            Output.line("wrote \(report.path): \(counted(report.documentCount, "document")), \(counted(report.bodyCount, "attachment body", "attachment bodies"))")
         case (.url(let url), .database(let to)):
             let (database, created) = try openOrCreate(to)
             do {
@@ -126,17 +126,17 @@ struct Cp: SofaCommand {
             report([("push", try replicate(replicator, json: remote.json))], json: remote.json)
         case (.jsonLines(let file), .database(let to)):
             let count = try importing(into: to) { try JSONLines.import(from: file, into: $0) }
-            Output.line("copied \(count) documents from \(file) to \(to)")
+            Output.line("copied \(counted(count, "document")) from \(file) to \(to)")
         case (.database(let from), .jsonLines(let file)):
             if !force, access(file, F_OK) == 0 { throw SofaError.invalidArgument("\(file) already exists (--force replaces it)") }
             let count = try JSONLines.export(try Database.open(at: from), to: file, attachments: true)
-            Output.line("copied \(count) documents from \(from) to \(file)")
+            Output.line("copied \(counted(count, "document")) from \(from) to \(file)")
         case (.directory(let folder), .database(let to)):
             let count = try importing(into: to) { try DocumentDirectory.import(from: folder, into: $0) }
-            Output.line("copied \(count) documents from \(folder) to \(to)")
+            Output.line("copied \(counted(count, "document")) from \(folder) to \(to)")
         case (.database(let from), .directory(let folder)):
             let summary = try DocumentDirectory.export(try Database.open(at: from), to: folder)
-            var line = "copied \(summary.documents) documents and \(summary.attachments) attachments from \(from) to \(folder)"
+            var line = "copied \(counted(summary.documents, "document")) and \(counted(summary.attachments, "attachment")) from \(from) to \(folder)"
             if summary.bodiesNotPresent > 0 { line += "; \(summary.bodiesNotPresent) attachment bodies were not here (deferred): metadata only" }
             Output.line(line)
         default:

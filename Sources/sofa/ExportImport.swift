@@ -29,7 +29,7 @@ struct Import: SofaCommand {
 
     func execute() throws {
         let count = try JSONLines.import(from: file, into: try db.open())
-        Output.line("imported \(count) documents")
+        Output.line("imported \(counted(count, "document"))")
     }
 }
 

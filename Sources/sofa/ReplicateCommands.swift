@@ -36,6 +36,9 @@ struct RemoteOptions: ParsableArguments {
     @Option(help: .hidden)
     var batchSize = 200
 
+    @Flag(help: "Pushes create the remote database if it does not exist.")
+    var createTarget = false
+
     /// What `--doc-ids`, `--selector` and `--channels` ask for.
     struct Filters: Sendable {
         let docIDs: [String]?
@@ -78,7 +81,11 @@ struct RemoteOptions: ParsableArguments {
         session.retry = retryPolicy
         session.caFile = cacert
         let filters = try filters()
-        session.configure = { filters.apply(to: $0) }
+        let createTarget = self.createTarget
+        session.configure = { replicator in
+            filters.apply(to: replicator)
+            replicator.createTarget = createTarget
+        }
         let json = self.json
         session.onResult = { direction, result in
             if json {
@@ -87,7 +94,7 @@ struct RemoteOptions: ParsableArguments {
                 event["direction"] = .string(direction.rawValue)
                 Output.line(JSONValue.object(event).jsonString())
             } else {
-                Output.line("\(direction.rawValue): \(result.docsWritten) documents written")
+                Output.line("\(direction.rawValue): \(counted(result.docsWritten, "document")) written")
             }
         }
         signals.onSignal { session.stop() }
@@ -102,6 +109,7 @@ struct RemoteOptions: ParsableArguments {
     func makeReplicator(_ direction: Replicator.Direction, database: Database, url: String) throws -> Replicator {
         let replicator = try Replicator(database: database, remote: try remote(url), direction: direction, caFile: cacert, retry: retryPolicy)
         replicator.batchSize = max(1, batchSize)
+        replicator.createTarget = createTarget
         try filters().apply(to: replicator)
         return replicator
     }
@@ -195,7 +203,7 @@ func report(_ results: [(String, ReplicationResult)], json: Bool) {
             }
             Output.line(summary.jsonString())
         } else {
-            var line = "\(direction): \(result.docsRead) documents read, \(result.docsWritten) written, \(result.docWriteFailures) failed"
+            var line = "\(direction): \(counted(result.docsRead, "document")) read, \(result.docsWritten) written, \(result.docWriteFailures) failed"
             if result.attachmentsDownloaded > 0 || result.attachmentsDeferred > 0 {
                 line += "; \(result.attachmentsDownloaded) attachment bodies downloaded (\(result.attachmentBytesDownloaded) bytes), \(result.attachmentsDeferred) deferred"
             }

@@ -228,6 +228,11 @@ func readStandardInput() -> [UInt8] {
     }
 }
 
+/// "1 document", "2 documents" (or the plural given).
+func counted(_ count: Int, _ noun: String, _ plural: String? = nil) -> String {
+    "\(count) \(count == 1 ? noun : plural ?? noun + "s")"
+}
+
 func formatBytes(_ bytes: Int64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"]
     var value = Double(bytes)

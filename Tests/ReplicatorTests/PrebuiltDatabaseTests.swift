@@ -12,8 +12,8 @@ import ZIPFoundation
     let directory = TemporaryDirectory()
 
     /// `sofa pull DB URL --json`: how many documents it read.
-    func pull(_ database: String, _ url: String) throws -> Int? {
-        let pulled = try sofa("pull", database, url, "--json")
+    func pull(_ database: String, _ url: String, _ options: String...) throws -> Int? {
+        let pulled = try sofa(["pull", database, url, "--json"] + options)
         #expect(pulled.succeeded, "\(pulled.stderr)")
         let summary = pulled.stdout.split(separator: "\n").last.flatMap { try? JSONParser.parse(Array($0.utf8)) }
         let read = summary?["docs_read"]?.int64Value.map(Int.init)
@@ -92,7 +92,7 @@ import ZIPFoundation
         #expect(try pull(built, url) == 3, "the original resumes from its own")
     }
 
-    @Test(.enabled(if: isRoot, "port 80 needs root"))
+    @Test(.enabled(if: isRoot, "ports 80 and 443 need root"))
     func theDefaultPortAndThePortWrittenOutShareACheckpoint() throws {
         let source = try ReplicationTests().makeSource(in: directory)
         let server = try ServedDatabases([source.path], port: 80)
@@ -103,6 +103,24 @@ import ZIPFoundation
         #expect(try pull(target, "http://127.0.0.1:80/source") == 1, "the same checkpoint, whichever way the URL is written")
         #expect(try pull(target, "http://127.0.0.1:80/source/") == 0)
         #expect(try checkpoints(source.path).count == 1)
+
+        // The same with https on 443, TLS ended by socat in front of the server.
+        let certificate = directory.appending("cert.pem"), key = directory.appending("key.pem")
+        let made = try shell("openssl req -x509 -newkey rsa:2048 -nodes -keyout \(key) -out \(certificate) -days 2 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 2>&1")
+        try #require(made.succeeded, "\(made.stdout)")
+        let tls = try ChildProcess(["/usr/bin/socat", "OPENSSL-LISTEN:443,bind=127.0.0.1,reuseaddr,fork,cert=\(certificate),key=\(key),verify=0",
+                                    "TCP:127.0.0.1:80"])
+        defer {
+            tls.kill(SIGTERM)
+            _ = tls.wait()
+        }
+        #expect(waitUntil { (try? HTTPConnection(port: 443)) != nil }, "socat listens on 443")
+        let secure = directory.appending("secure.sofa")
+        #expect(try sofa("create", secure).succeeded)
+        #expect(try pull(secure, "https://127.0.0.1/source", "--cacert", certificate) == 33)
+        #expect(try server.connect().json("PUT", "/source/later-2", ["n": 2]).status == 201)
+        #expect(try pull(secure, "https://127.0.0.1:443/source", "--cacert", certificate) == 1)
+        #expect(try checkpoints(source.path).count == 2, "one for each database, whichever way the URLs were written")
     }
 
     @Test func badInputGetsAClearErrorAndLeavesNothingHalfMade() throws {
@@ -226,6 +244,11 @@ import ZIPFoundation
         #expect(try sofa("put", pulled, "made-here", #"{"by":"cp"}"#).succeeded)
         #expect(try sofa("cp", pulled, url).succeeded)
         #expect(try server.connect().request("GET", "/source/made-here").json?["by"] == "cp")
+        let missing = try sofa("cp", pulled, "http://127.0.0.1:\(server.port)/fresh")
+        #expect(missing.status == 1 && missing.stderr.contains("404"), "\(missing.stderr)")
+        let created = try sofa("cp", pulled, "http://127.0.0.1:\(server.port)/fresh", "--create-target")
+        #expect(created.succeeded, "\(created.stderr)")
+        #expect(try server.connect().request("GET", "/fresh").json?["doc_count"] == 31)
 
         let withPush = try ReplicationTests().snapshot(source)
         #expect(withPush.count == expected.count + 1)
