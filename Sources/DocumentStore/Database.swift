@@ -642,7 +642,7 @@ public final class Database: @unchecked Sendable {
     /// Drops the bodies of non-leaf revisions, prunes history beyond the revs
     /// limit, deletes blobs that no revision references (keeping the metadata of
     /// referenced bodies that are not downloaded), sweeps abandoned temporary
-    /// files and vacuums the SQLite file.
+    /// files and partial downloads no revision waits for, and vacuums the SQLite file.
     ///
     /// Blobs modified in the last `Tuning.blobGracePeriod` are kept even when
     /// unreferenced: another process may have just written one for a save that
@@ -682,6 +682,9 @@ public final class Database: @unchecked Sendable {
             }
         }
         report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles()
+        // Partial downloads stay while some revision still waits for their body.
+        let deferred = try read { try $0.query("SELECT DISTINCT digest FROM rev_attachments WHERE blob_key IS NULL") { $0.text(0) } }
+        report.temporaryBytesFreed += blobs.removePartialBodies(except: Set(deferred))
         // (write() above has already refused a read-only database.)
         try writeLock.withLock {
             try writer.execute("VACUUM")

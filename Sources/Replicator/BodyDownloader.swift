@@ -16,6 +16,8 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
     private let lock = NSLock()
     private var transfers: [String: BodyTransfer] = [:]
     private let log = Logger(label: "sofa.download")
+    /// Stops every transfer; what has arrived stays for the next download of the body.
+    public let cancellation = Cancellation()
 
     public init(database: Database, remote: RemoteDatabase, retry: RetryPolicy = RetryPolicy(), caFile: String? = nil) {
         self.database = database
@@ -56,43 +58,31 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
         return transfer
     }
 
-    /// Downloads one body, blocking: retried, resumed from where an interrupted try stopped.
+    /// Stops every download under way; each keeps what arrived for the next try.
+    public func cancel() { cancellation.cancel() }
+
+    /// Downloads one body, blocking: retried, resumed from where an interrupted try stopped
+    /// (in this process or an earlier one: a partial body waits in the store under its digest).
     func download(_ attachment: Attachment, docID: String, revID: RevisionID, transfer: BodyTransfer) throws -> StoredBlob {
         let client = try HTTPClient(remote: remote)
         client.caFile = caFile
         client.retry = retry
+        client.cancellation = cancellation
         client.onRetry = { [log] error, attempt in log.warning("\(docID)/\(attachment.name): retrying after attempt \(attempt): \(error)") }
         try client.withRetry { try client.logIn() }
         let name = attachment.name.split(separator: "/", omittingEmptySubsequences: false).map { percentEncodedPathSegment(String($0)) }.joined(separator: "/")
         let url = remote.url("\(percentEncodedPathSegment(docID))/\(name)?rev=\(revID)")
-        var body = try IncomingBody(blobs: database.blobs, transfer: transfer, checkMD5: attachment.digest.hasPrefix("md5-"))
+        let body = try IncomingBody(blobs: database.blobs, transfer: transfer, digest: attachment.digest)
         defer { body.writer.cancel() }
+        if body.writer.length > 0 {
+            log.info("\(docID)/\(attachment.name): resuming after the \(body.writer.length) bytes an earlier download left")
+        }
         return try client.withRetry {
             let resumeFrom = body.writer.length
-            var headers = ["Accept": "*/*", "Accept-Encoding": "gzip"]
-            if resumeFrom > 0 { headers["Range"] = "bytes=\(resumeFrom)-" }
-            var started = false
-            let answer: HTTPAnswer
-            do {
-                answer = try client.send("GET", url, headers: headers) { bytes, status, responseHeaders in
-                    guard status < 300 else { return false }
-                    if !started {
-                        started = true
-                        let gzip = responseHeaders["content-encoding"]?.lowercased() == "gzip"
-                        // A whole body again (no 206), or a gzip stream (which cannot resume): start over.
-                        if resumeFrom > 0 && (status != 206 || gzip) || gzip && body.writer.length > 0 { try body.restart() }
-                        body.decoder = gzip ? try GzipDecoder() : nil
-                    }
-                    try body.receive(bytes)
-                    return true
-                }
-            } catch {
-                // Keep what arrived before the failure: the retry asks for the rest with a Range.
-                try? body.flush()
-                throw error
+            // Everything arrived before an earlier try stopped: only the checks are left.
+            if resumeFrom < attachment.length || resumeFrom == 0 {
+                try receive(url, into: body, from: resumeFrom, client: client)
             }
-            guard answer.status < 300 else { throw client.httpError(answer, url: url) }
-            try body.flush()
             if let decoder = body.decoder {
                 do { try decoder.finish() } catch {
                     try body.restart()
@@ -100,6 +90,8 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
                 }
             }
             guard body.writer.length == attachment.length else {
+                // Too many bytes cannot be the start of the body; too few are, and the retry asks for the rest.
+                if body.writer.length > attachment.length { try body.restart() }
                 throw ReplicationError.protocolError("\(attachment.name): \(body.writer.length) of \(attachment.length) bytes arrived")
             }
             let mismatch = ReplicationError.protocolError("\(attachment.name): the body received does not match its digest \(attachment.digest)")
@@ -116,6 +108,34 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
         }
     }
 
+    /// One GET of the body (the rest of it with a Range when `resumeFrom` > 0) into `body`.
+    private func receive(_ url: String, into body: IncomingBody, from resumeFrom: Int64, client: HTTPClient) throws {
+        var headers = ["Accept": "*/*", "Accept-Encoding": "gzip"]
+        if resumeFrom > 0 { headers["Range"] = "bytes=\(resumeFrom)-" }
+        var started = false
+        let answer: HTTPAnswer
+        do {
+            answer = try client.send("GET", url, headers: headers) { bytes, status, responseHeaders in
+                guard status < 300 else { return false }
+                if !started {
+                    started = true
+                    let gzip = responseHeaders["content-encoding"]?.lowercased() == "gzip"
+                    // A whole body again (no 206), or a gzip stream (which cannot resume): start over.
+                    if resumeFrom > 0 && (status != 206 || gzip) || gzip && body.writer.length > 0 { try body.restart() }
+                    body.decoder = gzip ? try GzipDecoder() : nil
+                }
+                try body.receive(bytes)
+                return true
+            }
+        } catch {
+            // Keep what arrived before the failure: the retry asks for the rest with a Range.
+            try? body.flush()
+            throw error
+        }
+        guard answer.status < 300 else { throw client.httpError(answer, url: url) }
+        try body.flush()
+    }
+
     /// Downloads every deferred body of the current revisions (of one document, or one
     /// attachment), one at a time; `progress` gets (done, total, bytes).
     public func downloadMissing(docID: String? = nil, name: String? = nil,
@@ -124,15 +144,17 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
             (docID == nil || entry.docID == docID) && (name == nil || entry.attachment.name == name)
         }
         var seen = Set<String>()
+        let total = Set(missing.map { $0.attachment.digest }).count
         var bytes: Int64 = 0
         var done = 0
         for (id, rev, attachment) in missing where seen.insert(attachment.digest).inserted {
+            if cancellation.isCancelled { throw ReplicationError.cancelled }
             let transfer = BodyTransfer(attachment: attachment)
             let blob = try download(attachment, docID: id, revID: rev, transfer: transfer)
             try database.attachBody(digest: attachment.digest, blob: blob)
             bytes += blob.length
             done += 1
-            progress?(done, seen.count, bytes)
+            progress?(done, total, bytes)
         }
         return (done, bytes)
     }
@@ -155,25 +177,30 @@ extension Database {
 
 /// A body arriving into a blob writer: gathered into 1 MiB writes (curl hands over
 /// 16 KiB at a time), MD5-hashed when the digest is one, decoded when gzip.
-private struct IncomingBody {
+private final class IncomingBody {
     let blobs: BlobStore
     let transfer: BodyTransfer
+    let digest: String
     let checkMD5: Bool
     var writer: BlobWriter
     var md5 = MessageDigest(.md5)
     var decoder: GzipDecoder?
     private var pending: [UInt8] = []
 
-    init(blobs: BlobStore, transfer: BodyTransfer, checkMD5: Bool) throws {
+    init(blobs: BlobStore, transfer: BodyTransfer, digest: String) throws {
         self.blobs = blobs
         self.transfer = transfer
-        self.checkMD5 = checkMD5
-        writer = try blobs.makeWriter()
+        self.digest = digest
+        checkMD5 = digest.hasPrefix("md5-")
+        // Another process fetching the same body holds its partial file: this one writes its own.
+        writer = try blobs.makeResumableWriter(digest: digest) ?? blobs.makeWriter()
+        if checkMD5 && writer.length > 0 { try writer.hashWritten(into: md5) }
         pending.reserveCapacity(1 << 20)
         transfer.started(writingTo: writer.temporaryPath)
+        if writer.length > 0 { transfer.progressed(to: writer.length) }
     }
 
-    mutating func receive(_ bytes: UnsafeRawBufferPointer) throws {
+    func receive(_ bytes: UnsafeRawBufferPointer) throws {
         if let decoder {
             if checkMD5 { md5.update(bytes) }  // the digest covers the gzip stream as sent
             var decoded: [[UInt8]] = []
@@ -184,14 +211,14 @@ private struct IncomingBody {
         }
     }
 
-    private mutating func append(_ bytes: [UInt8]) throws {
+    private func append(_ bytes: [UInt8]) throws {
         pending += bytes
         if pending.count >= 1 << 20 { try flush() }
     }
 
     /// Writes what is gathered; identity bytes are hashed here, so a resumed body's MD5
     /// covers exactly what the file holds.
-    mutating func flush() throws {
+    func flush() throws {
         guard !pending.isEmpty else { return }
         if checkMD5 && decoder == nil { md5.update(pending) }
         try pending.withUnsafeBytes { try writer.write($0) }
@@ -200,9 +227,9 @@ private struct IncomingBody {
     }
 
     /// Drops everything received and starts a new file.
-    mutating func restart() throws {
-        writer.cancel()
-        writer = try blobs.makeWriter()
+    func restart() throws {
+        writer.discard()
+        writer = try blobs.makeResumableWriter(digest: digest) ?? blobs.makeWriter()
         md5 = MessageDigest(.md5)
         pending.removeAll(keepingCapacity: true)
         transfer.started(writingTo: writer.temporaryPath)

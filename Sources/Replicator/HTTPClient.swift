@@ -50,6 +50,8 @@ public enum ReplicationError: Error, CustomStringConvertible, Sendable {
     case http(status: Int, error: String, reason: String, url: String)
     /// The answer was not what the protocol says.
     case protocolError(String)
+    /// Somebody asked to stop (`Cancellation`).
+    case cancelled
 
     public var description: String {
         switch self {
@@ -58,6 +60,7 @@ public enum ReplicationError: Error, CustomStringConvertible, Sendable {
         case .http(403, _, let reason, let url): "\(url): forbidden (\(reason))"
         case .http(let status, let error, let reason, let url): "\(url): HTTP \(status) \(error): \(reason)"
         case .protocolError(let message): "unexpected answer from the remote database: \(message)"
+        case .cancelled: "cancelled"
         }
     }
 
@@ -67,6 +70,7 @@ public enum ReplicationError: Error, CustomStringConvertible, Sendable {
         case .network: true
         case .http(let status, _, _, _): status >= 500 || status == 408 || status == 429
         case .protocolError: true
+        case .cancelled: false
         }
     }
 }
@@ -111,6 +115,34 @@ public struct RetryPolicy: Sendable {
     public init() {}
 }
 
+/// A request to stop transfers in flight (within a second, even a stalled one) and the
+/// waits between retries; shared by every client made for one job.
+public final class Cancellation: @unchecked Sendable {
+    // Sendable invariant: `cancelled` is guarded by `condition`.
+    private let condition = NSCondition()
+    private var cancelled = false
+
+    public init() {}
+
+    public var isCancelled: Bool { condition.withLock { cancelled } }
+
+    public func cancel() {
+        condition.withLock {
+            cancelled = true
+            condition.broadcast()
+        }
+    }
+
+    /// Waits `seconds` unless cancelled first; throws `.cancelled` if so.
+    func sleep(_ seconds: Double) throws {
+        let deadline = Date(timeIntervalSinceNow: seconds)
+        try condition.withLock {
+            while !cancelled && condition.wait(until: deadline) {}
+            if cancelled { throw ReplicationError.cancelled }
+        }
+    }
+}
+
 /// A blocking HTTP/1.1 client on libcurl: keep-alive on one handle, TLS with the
 /// system CAs (or `caFile`), verification on, bounded connect and stall times.
 final class HTTPClient {
@@ -123,6 +155,8 @@ final class HTTPClient {
     var retry = RetryPolicy()
     /// Called before each retry with what failed.
     var onRetry: ((ReplicationError, Int) -> Void)?
+    /// Stops requests in flight and retries with `.cancelled`.
+    var cancellation: Cancellation?
     /// `AuthSession` cookie after `_session` login; basic auth otherwise.
     private var cookie: String?
 
@@ -146,6 +180,7 @@ final class HTTPClient {
         var sink: ((UnsafeRawBufferPointer, Int, [String: String]) throws -> Bool)?
         var upload: UploadSource?
         var error: (any Error)?
+        var cancellation: Cancellation?
     }
 
     /// Sends a request. With `sink`, body bytes go there (with the status and headers) instead
@@ -156,6 +191,8 @@ final class HTTPClient {
         let transfer = Transfer()
         transfer.sink = sink
         transfer.upload = body
+        transfer.cancellation = cancellation
+        if cancellation?.isCancelled == true { throw ReplicationError.cancelled }
         let context = Unmanaged.passUnretained(transfer).toOpaque()
         ccurl_setopt_string(handle, CURLOPT_URL, url)
         ccurl_setopt_long(handle, CURLOPT_NOSIGNAL, 1)
@@ -200,6 +237,12 @@ final class HTTPClient {
             return size * count
         }
         ccurl_setopt_pointer(handle, CURLOPT_HEADERDATA, context)
+        if cancellation != nil {
+            // Called about once a second even while nothing arrives: nonzero aborts.
+            ccurl_setopt_progress(handle, { context, _, _, _, _ in
+                Unmanaged<Transfer>.fromOpaque(context!).takeUnretainedValue().cancellation?.isCancelled == true ? 1 : 0
+            }, context)
+        }
 
         var list: UnsafeMutablePointer<curl_slist>?
         var allHeaders = headers
@@ -231,6 +274,7 @@ final class HTTPClient {
             }
         }
         let code = curl_easy_perform(handle)
+        if code == CURLE_ABORTED_BY_CALLBACK || cancellation?.isCancelled == true { throw ReplicationError.cancelled }
         if let error = transfer.error { throw error }
         guard code == CURLE_OK else {
             throw ReplicationError.network("\(String(cString: curl_easy_strerror(code))) (\(method) \(RemoteDatabase.redacted(url)))")
@@ -247,7 +291,7 @@ final class HTTPClient {
                 return try operation()
             } catch let error as ReplicationError where error.isTransient && attempt < retry.attempts {
                 onRetry?(error, attempt)
-                Thread.sleep(forTimeInterval: delay)
+                if let cancellation { try cancellation.sleep(delay) } else { Thread.sleep(forTimeInterval: delay) }
                 delay = min(delay * 2, retry.maximumDelay)
             }
         }

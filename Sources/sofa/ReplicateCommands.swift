@@ -277,6 +277,8 @@ struct Download: SofaCommand {
     @Option(help: "Seconds before the first retry; each next wait doubles.") var retryDelay = 0.25
 
     func execute() throws {
+        let signals = SignalWatcher([SIGINT, SIGTERM])
+        defer { signals.cancel() }
         let db = try Database.open(at: database)
         guard let url = remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
@@ -286,15 +288,23 @@ struct Download: SofaCommand {
         retry.initialDelay = max(0, retryDelay)
         let downloader = BodyDownloader(database: db, remote: try RemoteDatabase(url, user: user, password: try passwordFile.map { try readPassword($0) }),
                                         retry: retry)
+        signals.onSignal { downloader.cancel() }
         let terminal = isatty(STDERR_FILENO) == 1
         do {
             let (count, bytes) = try downloader.downloadMissing(docID: id, name: name) { done, total, bytes in
-                if terminal { Output.write(STDERR_FILENO, "\rdownloaded \(done) bodies, \(bytes >> 20) MiB") }
+                if terminal { Output.write(STDERR_FILENO, "\rdownloaded \(done) of \(total) bodies, \(bytes >> 20) MiB") }
             }
             if terminal { Output.write(STDERR_FILENO, "\n") }
-            Output.line("downloaded \(count) attachment bodies (\(bytes) bytes)")
+            Output.line("downloaded \(counted(count, "attachment body", "attachment bodies")) (\(bytes) bytes)")
         } catch let error as ReplicationError {
-            throw SofaError.invalidArgument("download failed: \(error)")
+            if terminal { Output.write(STDERR_FILENO, "\n") }
+            let kept = db.blobs.partialBodies().reduce(0) { $0 + $1.length }
+            let resume = kept > 0 ? "; \(formatBytes(kept)) already here will not travel again when you run sofa download again" : ""
+            if case .cancelled = error {
+                Output.error("sofa: download cancelled\(resume)")
+                throw ExitCode(130)
+            }
+            throw SofaError.invalidArgument("download failed: \(error)\(resume)")
         }
     }
 }

@@ -260,7 +260,7 @@ import TestSupport
         proxy.resetNext(1, afterBytes: 1 << 20)
         let download = try ChildProcess([sofaBinary, "download", target, "files", "big.bin", "--retry-delay", "0.05"]).wait()
         #expect(download.succeeded, "\(download.stderr)")
-        #expect(download.stdout.contains("downloaded 1 attachment bodies (3145728 bytes)"))
+        #expect(download.stdout.contains("downloaded 1 attachment body (3145728 bytes)"))
         // Resumed, not restarted: less than the cut part plus the whole body again, and a Range request.
         let transferred = proxy.bytesFromServer - before
         #expect(transferred < (4 << 20), "\(transferred) bytes")
@@ -274,13 +274,75 @@ import TestSupport
         #expect(purged.stdout.contains("3145728 bytes freed"), "\(purged.stdout)\(purged.stderr)")
         #expect(try sofa("info", target).stdout.contains("Bodies not present: 1"))
         #expect(try sofa("cat-attachment", target, "files", "big.bin").status == 1)
-        #expect(try sofa("download", target).stdout.contains("downloaded 1 attachment bodies"))
+        #expect(try sofa("download", target).stdout.contains("downloaded 1 attachment body"))
         #expect(try sofa("check", target).succeeded)
         let copy = try Database.open(at: target)
         #expect(try ReplicationTests().snapshot(copy) == ReplicationTests().snapshot(source))
         let log = server.stop().stderr
         #expect(log.range(of: #"GET /source/files/big\.bin\?rev=\S+ \(bytes=[1-9]\d*-\) 206"#, options: .regularExpression) != nil,
                 "the retry asked for the rest with a Range: \(log.suffix(2000))")
+    }
+
+    /// The partial bodies waiting in `target`'s store: file name and size.
+    func partialDownloads(_ target: String) throws -> [String: Int] {
+        let folder = target + "/attachments/tmp"
+        var result: [String: Int] = [:]
+        for name in try FileManager.default.contentsOfDirectory(atPath: folder) where name.hasSuffix(".partial") {
+            result[name] = (try FileManager.default.attributesOfItem(atPath: "\(folder)/\(name)")[.size] as? Int) ?? -1
+        }
+        return result
+    }
+
+    @Test func aFailedOrCancelledDownloadResumesInTheNextRun() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        let server = try ServedDatabases([source.path], logLevel: "debug")
+        let proxy = try FaultProxy(upstreamPort: server.port)
+        let target = try deferredCopy(from: "http://127.0.0.1:\(proxy.port)/source")
+        let size = 3 << 20
+
+        // A download that runs out of tries keeps what arrived, and says so.
+        proxy.resetNext(1, afterBytes: 1 << 20)
+        let failed = try sofa("download", target, "files", "big.bin", "--retries", "1")
+        #expect(failed.status == 1 && failed.stderr.contains("download failed") && failed.stderr.contains("will not travel again"),
+                "\(failed.stderr)")
+        let afterFailure = try partialDownloads(target)
+        #expect(afterFailure.count == 1 && afterFailure.values.allSatisfy { $0 > 0 && $0 < size }, "\(afterFailure)")
+        #expect(try sofa("info", target).stdout.contains("Partial downloads: 1"))
+
+        // Compaction keeps it (a revision waits for that body) and drops one nothing waits for.
+        let stray = target + "/attachments/tmp/sha1-AAAAAAAAAAAAAAAAAAAAAAAAAAA=.partial"
+        try Data(repeating: 7, count: 1000).write(to: URL(fileURLWithPath: stray))
+        #expect(try sofa("compact", target).succeeded)
+        #expect(!FileManager.default.fileExists(atPath: stray))
+        #expect(try partialDownloads(target) == afterFailure)
+
+        // A server that goes silent partway: Ctrl-C stops the download at once and keeps every byte.
+        proxy.stallNext(1, afterBytes: 1 << 20)
+        let stalledAt = proxy.bytesFromServer
+        let download = try ChildProcess([sofaBinary, "download", target, "files", "big.bin"])
+        #expect(waitUntil(20) { proxy.bytesFromServer - stalledAt >= 1 << 20 })
+        download.kill(SIGINT)
+        let cancelled = download.wait()
+        #expect(cancelled.status == 130 && cancelled.stderr.contains("download cancelled"), "\(cancelled.status) \(cancelled.stderr)")
+        let afterCancel = try partialDownloads(target)
+        #expect(afterCancel.keys == afterFailure.keys && afterCancel.values.allSatisfy { $0 > afterFailure.values.first! }, "\(afterCancel)")
+
+        // The next run asks only for the rest.
+        proxy.behave()
+        let resumeStart = proxy.bytesFromServer
+        let resumed = try sofa("download", target, "files", "big.bin")
+        #expect(resumed.stdout.contains("downloaded 1 attachment body"), "\(resumed.stdout)\(resumed.stderr)")
+        let kept = afterCancel.values.first ?? 0
+        let transferred = proxy.bytesFromServer - resumeStart
+        #expect(transferred < size - kept + (16 << 10), "\(transferred) bytes for the \(size - kept) missing")
+        #expect(try partialDownloads(target).isEmpty)
+        #expect(try sofa("download", target).stdout.contains("downloaded 1 attachment body (19 bytes)"))
+        #expect(try sofa("check", target).succeeded)
+        let copy = try Database.open(at: target)
+        #expect(try ReplicationTests().snapshot(copy) == ReplicationTests().snapshot(source))
+        let log = server.stop().stderr
+        let ranges = log.matches(of: try Regex(#"GET /source/files/big\.bin\?rev=\S+ \(bytes=[1-9]\d*-\) 206"#)).count
+        #expect(ranges == 2, "the two later runs each asked for the rest with a Range; saw \(ranges)")
     }
 
     @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))

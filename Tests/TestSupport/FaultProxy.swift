@@ -1,15 +1,15 @@
 import Foundation
 
 /// A TCP proxy on 127.0.0.1 between a client and a server that misbehaves on
-/// demand: refuses connections, resets them partway through an answer, or
-/// rewrites bytes of answers (a lying server). Each connection gets two threads.
+/// demand: refuses connections, resets or stalls them partway through an answer,
+/// or rewrites bytes of answers (a lying server). Each connection gets two threads.
 public final class FaultProxy: @unchecked Sendable {
     public let port: Int
     private let upstreamPort: Int
     private let listener: Int32
     private let lock = NSLock()
     private var refuseCount = 0
-    private var resetAfter: (bytes: Int, count: Int)?
+    private var cut: (bytes: Int, count: Int, stall: Bool)?
     private var replacement: (from: [UInt8], to: [UInt8])?
     private var closed = false
     /// Connections accepted so far.
@@ -42,7 +42,11 @@ public final class FaultProxy: @unchecked Sendable {
     public func refuseNext(_ count: Int) { lock.withLock { refuseCount = count } }
 
     /// The next `count` connections are reset after `bytes` bytes of answers.
-    public func resetNext(_ count: Int, afterBytes bytes: Int) { lock.withLock { resetAfter = (bytes, count) } }
+    public func resetNext(_ count: Int, afterBytes bytes: Int) { lock.withLock { cut = (bytes, count, false) } }
+
+    /// The next `count` connections stop forwarding answers after `bytes` bytes and hang
+    /// (a server gone silent) until `behave()` or `close()`.
+    public func stallNext(_ count: Int, afterBytes bytes: Int) { lock.withLock { cut = (bytes, count, true) } }
 
     /// Rewrites `from` into `to` (same length) wherever it appears whole in one read of an answer.
     public func replace(_ from: String, with to: String) {
@@ -50,7 +54,8 @@ public final class FaultProxy: @unchecked Sendable {
         lock.withLock { replacement = (Array(from.utf8), Array(to.utf8)) }
     }
 
-    public func behave() { lock.withLock { refuseCount = 0; resetAfter = nil; replacement = nil } }
+    public func behave() { lock.withLock { refuseCount = 0; cut = nil; replacement = nil; stalling = false } }
+    private var stalling = false
 
     private func acceptLoop() {
         while true {
@@ -59,15 +64,16 @@ public final class FaultProxy: @unchecked Sendable {
                 if lock.withLock({ closed }) { return }
                 continue
             }
-            let (refuse, reset) = lock.withLock { () -> (Bool, Int?) in
+            let (refuse, limit) = lock.withLock { () -> (Bool, (bytes: Int, stall: Bool)?) in
                 accepted += 1
                 if refuseCount > 0 {
                     refuseCount -= 1
                     return (true, nil)
                 }
-                guard let resetAfter else { return (false, nil) }
-                self.resetAfter = resetAfter.count > 1 ? (resetAfter.bytes, resetAfter.count - 1) : nil
-                return (false, resetAfter.bytes)
+                guard let cut else { return (false, nil) }
+                self.cut = cut.count > 1 ? (cut.bytes, cut.count - 1, cut.stall) : nil
+                if cut.stall { stalling = true }
+                return (false, (cut.bytes, cut.stall))
             }
             if refuse {
                 abort(client)
@@ -92,7 +98,7 @@ public final class FaultProxy: @unchecked Sendable {
                 pair.release()
             }
             Thread.detachNewThread { [self] in
-                pump(from: upstream, to: client, limit: reset, rewrite: true)
+                pump(from: upstream, to: client, limit: limit, rewrite: true)
                 pair.release()
             }
         }
@@ -105,7 +111,7 @@ public final class FaultProxy: @unchecked Sendable {
         Glibc.close(fd)
     }
 
-    private func pump(from source: Int32, to destination: Int32, limit: Int?, rewrite: Bool) {
+    private func pump(from source: Int32, to destination: Int32, limit: (bytes: Int, stall: Bool)?, rewrite: Bool) {
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         var forwarded = 0
         while true {
@@ -115,10 +121,11 @@ public final class FaultProxy: @unchecked Sendable {
             if rewrite, let replacement = lock.withLock({ replacement }), let range = chunk.firstRange(of: replacement.from) {
                 chunk.replaceSubrange(range, with: replacement.to)
             }
-            if let limit, forwarded + chunk.count >= limit {
-                let part = Array(chunk[..<max(0, limit - forwarded)])
+            if let limit, forwarded + chunk.count >= limit.bytes {
+                let part = Array(chunk[..<max(0, limit.bytes - forwarded)])
                 _ = part.withUnsafeBytes { send(destination, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
                 lock.withLock { forwardedFromServer += part.count }
+                while limit.stall && lock.withLock({ stalling && !closed }) { usleep(20_000) }
                 var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
                 setsockopt(destination, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
                 shutdown(destination, Int32(SHUT_RDWR))
