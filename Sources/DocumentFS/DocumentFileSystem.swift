@@ -463,6 +463,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     public func extendedAttribute(_ name: String, of path: String) throws -> [UInt8] {
+        // `ls -l` asks security.selinux and the POSIX ACLs of every file: never here, and
+        // the kernel only asks about names it holds, so no lookup is needed to say so.
+        guard name.hasPrefix("user.") else { throw FileSystemError(ENODATA) }
         guard let value = try extendedAttributes(of: path)[name] else { throw FileSystemError(ENODATA) }
         return Array(value.utf8)
     }

@@ -93,6 +93,11 @@ import TestSupport
         #expect(try sh("getfattr --only-values -n user.sofa.rev \(mount.path("docs/plain"))") == plain.revID.description)
         let missing = try shell("getfattr -n user.nope \(mount.path("docs/plain/attachments/hello.txt"))")
         #expect(!missing.succeeded && missing.stderr.contains("No such attribute"))
+        // What ls -l asks of every file: absent, without a lookup.
+        for name in ["security.selinux", "system.posix_acl_access"] {
+            let absent = try shell("getfattr -n \(name) \(mount.path("docs/plain/attachments/hello.txt"))")
+            #expect(!absent.succeeded && absent.stderr.contains("No such attribute"), "\(name): \(absent.stderr)")
+        }
     }
 
     @Test func bodiesThatAreNotHereFailPromptlyWithAClearError() throws {
