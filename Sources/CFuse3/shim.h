@@ -1,14 +1,8 @@
 #ifndef SOFA_CFUSE3_SHIM_H
 #define SOFA_CFUSE3_SHIM_H
 #define FUSE_USE_VERSION 35
-#include <fuse.h>
 #include <fuse_lowlevel.h>
 #include <sys/mount.h>
-
-/* fuse_new is a macro (versioned symbols); Swift cannot call it directly. */
-static inline struct fuse *cfuse_new(struct fuse_args *args, const struct fuse_operations *op, void *user_data) {
-    return fuse_new(args, op, sizeof(struct fuse_operations), user_data);
-}
 
 /* fuse_file_info's flags are bit-fields. */
 static inline void cfuse_set_keep_cache(struct fuse_file_info *fi, int keep) { fi->keep_cache = keep ? 1 : 0; }

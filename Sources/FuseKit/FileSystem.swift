@@ -1,5 +1,7 @@
-/// FuseKit: a small bridge from libfuse3's high-level, path-based API to a Swift
-/// `FileSystem`.
+/// FuseKit: a small bridge from libfuse3's low-level API to a path-based Swift
+/// `FileSystem`. `InodeTable` keeps the kernel's inode numbers and their lookup counts;
+/// the low-level API (unlike libfuse's own path layer, which drops a directory's
+/// `cache_readdir` and `keep_cache`) lets the kernel keep listings.
 ///
 /// - **Threading.** `FuseMount` runs a fixed pool of its own worker threads, each
 ///   looping `fuse_session_receive_buf` → `fuse_session_process_buf` (libfuse's

@@ -9,8 +9,8 @@ import Foundation
 /// try mount.run()
 /// ```
 public final class FuseMount: @unchecked Sendable {
-    // Sendable invariant: `fuse` is set once in init and freed in run() after every
-    // worker has stopped; `session` likewise. Other state is immutable.
+    // Sendable invariant: `session` is set once in init and freed in run() after every
+    // worker has stopped; uses from outside the loop hold `sessionLock`. Other state is immutable.
 
     public struct Configuration: Sendable {
         /// Mount options given to libfuse (`allow_other`, `auto_unmount`, `ro`, …).
@@ -33,21 +33,18 @@ public final class FuseMount: @unchecked Sendable {
     static let maximumRequest: UInt32 = 1 << 20
 
     public let mountPoint: String
-    let fileSystem: any FileSystem
-    let configuration: Configuration
-    private let fuse: OpaquePointer
+    private let box: Box
     private let session: OpaquePointer
     private var unmounted = false
     private let unmountLock = NSLock()
-    /// Set once `run()` is about to free `fuse`; `invalidate` then does nothing. Guarded by `fuseLock`.
+    /// Set once `run()` is about to free `session`; `invalidate` then does nothing. Guarded by `sessionLock`.
     private var destroyed = false
-    /// Guards `destroyed` and every use of `fuse` from outside the loop. Lock order: a leaf.
-    private let fuseLock = NSLock()
+    /// Guards `destroyed` and every use of `session` from outside the loop. Lock order: a leaf.
+    private let sessionLock = NSLock()
 
     public init(fileSystem: any FileSystem, at mountPoint: String, configuration: Configuration = Configuration()) throws {
-        self.fileSystem = fileSystem
         self.mountPoint = mountPoint
-        self.configuration = configuration
+        box = Box(fileSystem: fileSystem, configuration: configuration)
 
         var arguments = ["sofa", "-o", "fsname=\(configuration.fileSystemName),subtype=sofa"]
         for option in configuration.options { arguments += ["-o", option] }
@@ -55,25 +52,25 @@ public final class FuseMount: @unchecked Sendable {
         defer { argv.forEach { free($0) } }
         var cArgs: [UnsafeMutablePointer<CChar>?] = argv
         var operations = FuseMount.operations()
-        let fuse: OpaquePointer? = cArgs.withUnsafeMutableBufferPointer { buffer in
+        let box = self.box
+        let session: OpaquePointer? = cArgs.withUnsafeMutableBufferPointer { buffer in
             var args = fuse_args(argc: Int32(buffer.count), argv: buffer.baseAddress, allocated: 0)
             defer { fuse_opt_free_args(&args) }
-            // The bridge outlives the mount: `run()` releases it after the loop ends.
-            return cfuse_new(&args, &operations, Unmanaged.passRetained(Box(fileSystem: fileSystem, configuration: configuration)).toOpaque())
+            // `self.box` outlives the session: `run()` destroys the session before the mount goes.
+            return fuse_session_new(&args, &operations, MemoryLayout<fuse_lowlevel_ops>.size, Unmanaged.passUnretained(box).toOpaque())
         }
-        guard let fuse else { throw FileSystemError(EINVAL) }
-        guard fuse_mount(fuse, mountPoint) == 0 else {
-            fuse_destroy(fuse)
+        guard let session else { throw FileSystemError(EINVAL) }
+        guard fuse_session_mount(session, mountPoint) == 0 else {
+            fuse_session_destroy(session)
             throw FileSystemError(errno == 0 ? EIO : errno)
         }
-        self.fuse = fuse
-        self.session = fuse_get_session(fuse)
+        self.session = session
     }
 
     /// Serves requests until the file system is unmounted.
     public func run() {
         let group = DispatchGroup()
-        for index in 0..<max(1, configuration.workers) {
+        for index in 0..<max(1, box.configuration.workers) {
             group.enter()
             let session = SessionPointer(pointer: self.session)
             let thread = Thread {
@@ -85,11 +82,9 @@ public final class FuseMount: @unchecked Sendable {
             thread.start()
         }
         group.wait()
-        fuseLock.lock()
-        destroyed = true
-        fuseLock.unlock()
-        fuse_unmount(fuse)
-        fuse_destroy(fuse)
+        sessionLock.withLock { destroyed = true }
+        fuse_session_unmount(session)
+        fuse_session_destroy(session)
     }
 
     private static func serve(_ session: OpaquePointer) {
@@ -126,13 +121,13 @@ public final class FuseMount: @unchecked Sendable {
         process.waitUntilExit()
     }
 
-    /// Drops what the kernel caches about `path` (attributes, name, data).
+    /// Drops what the kernel caches about `path` (attributes, data, a directory's listing).
     /// Safe from any thread, also while or after the loop ends.
     public func invalidate(_ path: String) {
-        fuseLock.lock()
-        defer { fuseLock.unlock() }
-        guard !destroyed else { return }
-        _ = fuse_invalidate_path(fuse, path)
+        sessionLock.lock()
+        defer { sessionLock.unlock() }
+        guard !destroyed, let ino = box.table.number(of: path) else { return }
+        _ = fuse_lowlevel_notify_inval_inode(session, ino, 0, 0)
     }
 }
 
@@ -141,33 +136,57 @@ struct SessionPointer: @unchecked Sendable {
     let pointer: OpaquePointer
 }
 
-/// What the C callbacks reach through `fuse_get_context()->private_data`.
+/// What the C callbacks reach through `fuse_req_userdata`.
 final class Box: @unchecked Sendable {
-    // Immutable after init.
+    // Immutable after init; `table` guards itself.
     let fileSystem: any FileSystem
     let configuration: FuseMount.Configuration
+    let table = InodeTable()
 
     init(fileSystem: any FileSystem, configuration: FuseMount.Configuration) {
         self.fileSystem = fileSystem
         self.configuration = configuration
     }
+
+    /// The path of `ino`, or ENOENT.
+    func path(_ ino: fuse_ino_t) throws -> String {
+        guard let path = table.path(ino) else { throw FileSystemError(ENOENT) }
+        return path
+    }
+
+    /// The path of `name` in `parent`, or ENOENT.
+    func path(_ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?) throws -> String {
+        guard let path = table.path(parent, string(name)) else { throw FileSystemError(ENOENT) }
+        return path
+    }
+
+    /// An entry for `name` in `parent`, counted as a lookup (the kernel now holds it).
+    func entry(_ parent: fuse_ino_t, _ name: String, _ attributes: FileAttributes) -> fuse_entry_param {
+        var entry = fuse_entry_param()
+        entry.ino = table.remember(parent, name)
+        fill(&entry.attr, attributes, ino: entry.ino)
+        entry.attr_timeout = configuration.attributeTimeout
+        entry.entry_timeout = configuration.entryTimeout
+        return entry
+    }
 }
 
 // MARK: - The operations table
 
-// File-scope helpers: C callbacks may not capture context, not even `Self`.
-private var fs: any FileSystem {
-    Unmanaged<Box>.fromOpaque(fuse_get_context()!.pointee.private_data).takeUnretainedValue().fileSystem
+// File-scope helpers: C callbacks may not capture context.
+private func context(_ request: fuse_req_t?) -> Box {
+    Unmanaged<Box>.fromOpaque(fuse_req_userdata(request)!).takeUnretainedValue()
 }
 
-/// Runs `body`, turning thrown errors into negative errno values.
-private func call(_ body: () throws -> Int32) -> Int32 {
+/// Runs `body`, which replies on success; a thrown error is replied as its errno.
+private func answer(_ request: fuse_req_t?, _ body: (Box, any FileSystem) throws -> Void) {
+    let box = context(request)
     do {
-        return try body()
+        try body(box, box.fileSystem)
     } catch let error as ErrnoConvertible {
-        return -error.errno
+        fuse_reply_err(request, error.errno)
     } catch {
-        return -EIO
+        fuse_reply_err(request, EIO)
     }
 }
 
@@ -175,8 +194,12 @@ private func string(_ pointer: UnsafePointer<CChar>?) -> String {
     pointer.map { String(cString: $0) } ?? ""
 }
 
-func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes) {
+/// libfuse's stand-in number for entries whose node the kernel does not get (readdir).
+private let unknownInode: fuse_ino_t = 0xffff_ffff
+
+func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes, ino: fuse_ino_t) {
     memset(buffer, 0, MemoryLayout<stat>.size)
+    buffer.pointee.st_ino = UInt(ino)
     buffer.pointee.st_mode = (attributes.kind == .directory ? Glibc.S_IFDIR : Glibc.S_IFREG) | attributes.permissions
     buffer.pointee.st_nlink = UInt(attributes.linkCount)
     buffer.pointee.st_size = Int(attributes.size)
@@ -191,163 +214,271 @@ func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes) {
     buffer.pointee.st_atim = time
 }
 
+private func replyAttributes(_ request: fuse_req_t?, _ box: Box, _ attributes: FileAttributes, ino: fuse_ino_t) {
+    var result = stat()
+    fill(&result, attributes, ino: ino)
+    fuse_reply_attr(request, &result, box.configuration.attributeTimeout)
+}
+
+/// Replies an xattr value or name list: its size when `size` is 0, else the bytes.
+private func replyXattr(_ request: fuse_req_t?, _ bytes: [UInt8], size: Int) throws {
+    if size == 0 {
+        fuse_reply_xattr(request, bytes.count)
+        return
+    }
+    guard bytes.count <= size else { throw FileSystemError(ERANGE) }
+    bytes.withUnsafeBytes { _ = fuse_reply_buf(request, $0.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count) }
+}
+
+/// Fills a readdir(plus) answer of at most `size` bytes from `offset` and sends it.
+private func replyDirectory(_ request: fuse_req_t?, _ ino: fuse_ino_t, size: Int, offset: off_t,
+                            _ info: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
+    answer(request) { box, fs in
+        let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
+        defer { buffer.deallocate() }
+        var used = 0
+        var position = offset
+        try fs.readDirectory(info!.pointee.fh, from: Int(offset)) { entry in
+            position += 1
+            let remaining = size - used
+            let isDot = entry.name == "." || entry.name == ".."
+            if plus {
+                var item = fuse_entry_param()
+                if let attributes = entry.attributes, !isDot {
+                    item = box.entry(ino, entry.name, attributes)
+                } else {
+                    item.attr.st_ino = UInt(unknownInode)
+                    item.attr.st_mode = entry.attributes?.kind == .regularFile ? Glibc.S_IFREG : Glibc.S_IFDIR
+                }
+                let needed = fuse_add_direntry_plus(request, buffer + used, remaining, entry.name, &item, position)
+                guard needed <= remaining else {
+                    if item.ino != 0 { box.table.forget(item.ino, 1) }  // not sent: not looked up
+                    return false
+                }
+                used += needed
+            } else {
+                var item = stat()
+                item.st_ino = UInt(unknownInode)
+                item.st_mode = entry.attributes?.kind == .regularFile ? Glibc.S_IFREG : Glibc.S_IFDIR
+                let needed = fuse_add_direntry(request, buffer + used, remaining, entry.name, &item, position)
+                guard needed <= remaining else { return false }
+                used += needed
+            }
+            return true
+        }
+        fuse_reply_buf(request, buffer, used)
+    }
+}
 
 extension FuseMount {
-    static func operations() -> fuse_operations {
-        var ops = fuse_operations()
-        ops.`init` = { connection, config in
-            let box = Unmanaged<Box>.fromOpaque(fuse_get_context()!.pointee.private_data).takeUnretainedValue()
-            if let connection {
-                // 1 MiB requests instead of 128 KiB: an eighth of the round trips for big files.
-                connection.pointee.max_write = FuseMount.maximumRequest
-                connection.pointee.max_readahead = FuseMount.maximumRequest
-                // open(O_TRUNC) arrives as one open, not an open and a truncate (one revision, not two).
-                connection.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC)
-            }
-            if let config {
-                config.pointee.entry_timeout = box.configuration.entryTimeout
-                config.pointee.attr_timeout = box.configuration.attributeTimeout
-                config.pointee.negative_timeout = box.configuration.negativeTimeout
-                config.pointee.hard_remove = 1  // no .fuse_hidden files: handles keep unlinked files alive
-                config.pointee.nullpath_ok = 1
-                config.pointee.use_ino = 0
-            }
-            return fuse_get_context()!.pointee.private_data
+    static func operations() -> fuse_lowlevel_ops {
+        var ops = fuse_lowlevel_ops()
+        ops.`init` = { userdata, connection in
+            guard let connection else { return }
+            // 1 MiB requests instead of 128 KiB: an eighth of the round trips for big files.
+            connection.pointee.max_write = FuseMount.maximumRequest
+            connection.pointee.max_readahead = FuseMount.maximumRequest
+            // open(O_TRUNC) arrives as one open, not an open and a truncate (one revision, not two).
+            connection.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC)
         }
-        ops.destroy = { data in
-            if let data { Unmanaged<Box>.fromOpaque(data).release() }
-        }
-        ops.getattr = { path, stat, info in
-            call {
-                let attributes = try info.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: string(path))
-                fill(stat!, attributes)
-                return 0
+        ops.lookup = { request, parent, name in
+            answer(request) { box, fs in
+                let path = try box.path(parent, name)
+                let attributes: FileAttributes
+                do {
+                    attributes = try fs.attributes(of: path)
+                } catch let error as ErrnoConvertible where error.errno == ENOENT {
+                    // A negative entry, which the kernel keeps for a short while.
+                    var entry = fuse_entry_param()
+                    entry.entry_timeout = box.configuration.negativeTimeout
+                    fuse_reply_entry(request, &entry)
+                    return
+                }
+                var entry = box.entry(parent, string(name), attributes)
+                if fuse_reply_entry(request, &entry) != 0 { box.table.forget(entry.ino, 1) }
             }
         }
-        ops.opendir = { path, info in
-            call {
-                let directory = try fs.openDirectory(string(path))
+        ops.forget = { request, ino, count in
+            context(request).table.forget(ino, count)
+            fuse_reply_none(request)
+        }
+        ops.forget_multi = { request, count, forgets in
+            let table = context(request).table
+            for index in 0..<count { table.forget(forgets![index].ino, forgets![index].nlookup) }
+            fuse_reply_none(request)
+        }
+        ops.getattr = { request, ino, info in
+            answer(request) { box, fs in
+                let attributes = try info.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: box.path(ino))
+                replyAttributes(request, box, attributes, ino: ino)
+            }
+        }
+        ops.setattr = { request, ino, attributes, toSet, info in
+            answer(request) { box, fs in
+                let set = UInt32(bitPattern: toSet)
+                let path = box.table.path(ino)
+                guard path != nil || info != nil else { throw FileSystemError(ENOENT) }
+                if set & UInt32(FUSE_SET_ATTR_SIZE) != 0 {
+                    try fs.truncate(path ?? "", to: Int64(attributes!.pointee.st_size), handle: info?.pointee.fh)
+                }
+                if set & UInt32(FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME) != 0 {
+                    func time(_ isSet: Int32, _ now: Int32, _ given: timespec) -> timespec {
+                        if set & UInt32(now) != 0 { return timespec(tv_sec: 0, tv_nsec: (1 << 30) - 1 /* UTIME_NOW */) }
+                        if set & UInt32(isSet) != 0 { return given }
+                        return timespec(tv_sec: 0, tv_nsec: (1 << 30) - 2 /* UTIME_OMIT */)
+                    }
+                    try fs.setTimes(try box.path(ino), accessed: time(FUSE_SET_ATTR_ATIME, FUSE_SET_ATTR_ATIME_NOW, attributes!.pointee.st_atim),
+                                    modified: time(FUSE_SET_ATTR_MTIME, FUSE_SET_ATTR_MTIME_NOW, attributes!.pointee.st_mtim))
+                }
+                // Ownership and modes are not stored: accepted so that cp -a and rsync -a work.
+                let current = try info.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: box.path(ino))
+                replyAttributes(request, box, current, ino: ino)
+            }
+        }
+        ops.opendir = { request, ino, info in
+            answer(request) { box, fs in
+                let directory = try fs.openDirectory(box.path(ino))
                 info!.pointee.fh = directory.handle
                 cfuse_set_cache_readdir(info, directory.keepCache ? 1 : 0)
                 cfuse_set_keep_cache(info, directory.keepCache ? 1 : 0)
-                return 0
+                if fuse_reply_open(request, info) != 0 { fs.releaseDirectory(directory.handle) }
             }
         }
-        ops.readdir = { _, buffer, filler, offset, info, flags in
-            call {
-                let plus = flags.rawValue & FUSE_READDIR_PLUS.rawValue != 0
-                var position = offset
-                try fs.readDirectory(info!.pointee.fh, from: offset) { entry in
-                    position += 1
-                    if plus, let attributes = entry.attributes {
-                        let stat = UnsafeMutablePointer<stat>.allocate(capacity: 1)
-                        defer { stat.deallocate() }
-                        fill(stat, attributes)
-                        return filler!(buffer, entry.name, stat, position, FUSE_FILL_DIR_PLUS) == 0
-                    }
-                    return filler!(buffer, entry.name, nil, position, fuse_fill_dir_flags(rawValue: 0)) == 0
-                }
-                return 0
-            }
+        ops.readdir = { request, ino, size, offset, info in
+            replyDirectory(request, ino, size: size, offset: offset, info, plus: false)
         }
-        ops.releasedir = { _, info in
-            fs.releaseDirectory(info!.pointee.fh)
-            return 0
+        ops.readdirplus = { request, ino, size, offset, info in
+            replyDirectory(request, ino, size: size, offset: offset, info, plus: true)
         }
-        ops.open = { path, info in
-            call {
-                let file = try fs.open(string(path), flags: info!.pointee.flags)
+        ops.releasedir = { request, _, info in
+            context(request).fileSystem.releaseDirectory(info!.pointee.fh)
+            fuse_reply_err(request, 0)
+        }
+        ops.open = { request, ino, info in
+            answer(request) { box, fs in
+                let file = try fs.open(box.path(ino), flags: info!.pointee.flags)
                 info!.pointee.fh = file.handle
                 cfuse_set_keep_cache(info, file.keepCache ? 1 : 0)
                 cfuse_set_direct_io(info, file.directIO ? 1 : 0)
                 cfuse_set_noflush(info, file.noFlush ? 1 : 0)
-                return 0
+                if fuse_reply_open(request, info) != 0 { fs.release(file.handle) }
             }
         }
-        ops.create = { path, mode, info in
-            call {
-                let file = try fs.create(string(path), permissions: mode & 0o7777, flags: info!.pointee.flags)
+        ops.create = { request, parent, name, mode, info in
+            answer(request) { box, fs in
+                let file = try fs.create(box.path(parent, name), permissions: mode & 0o7777, flags: info!.pointee.flags)
                 info!.pointee.fh = file.handle
                 cfuse_set_direct_io(info, file.directIO ? 1 : 0)
-                return 0
+                let attributes: FileAttributes
+                do {
+                    attributes = try fs.attributes(ofHandle: file.handle)
+                } catch {
+                    fs.release(file.handle)
+                    throw error
+                }
+                var entry = box.entry(parent, string(name), attributes)
+                if fuse_reply_create(request, &entry, info) != 0 {
+                    box.table.forget(entry.ino, 1)
+                    fs.release(file.handle)
+                }
             }
         }
-        ops.read = { _, buffer, size, offset, info in
-            call {
-                Int32(try fs.read(info!.pointee.fh, into: UnsafeMutableRawBufferPointer(start: buffer, count: size), at: Int64(offset)))
+        ops.read = { request, _, size, offset, info in
+            answer(request) { _, fs in
+                let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
+                defer { buffer.deallocate() }
+                let count = try fs.read(info!.pointee.fh, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), at: Int64(offset))
+                fuse_reply_buf(request, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
             }
         }
-        ops.write = { _, buffer, size, offset, info in
-            call {
-                Int32(try fs.write(info!.pointee.fh, UnsafeRawBufferPointer(start: buffer, count: size), at: Int64(offset)))
+        ops.write = { request, _, bytes, size, offset, info in
+            answer(request) { _, fs in
+                let count = try fs.write(info!.pointee.fh, UnsafeRawBufferPointer(start: bytes, count: size), at: Int64(offset))
+                fuse_reply_write(request, count)
             }
         }
-        ops.flush = { _, info in call { try fs.flush(info!.pointee.fh); return 0 } }
-        ops.fsync = { _, _, info in call { try fs.fsync(info!.pointee.fh); return 0 } }
-        ops.release = { _, info in
-            fs.release(info!.pointee.fh)
-            return 0
-        }
-        ops.truncate = { path, size, info in
-            call {
-                try fs.truncate(string(path), to: Int64(size), handle: info?.pointee.fh)
-                return 0
+        ops.flush = { request, _, info in
+            answer(request) { _, fs in
+                try fs.flush(info!.pointee.fh)
+                fuse_reply_err(request, 0)
             }
         }
-        ops.mkdir = { path, _ in call { try fs.makeDirectory(string(path)); return 0 } }
-        ops.rmdir = { path in call { try fs.removeDirectory(string(path)); return 0 } }
-        ops.unlink = { path in call { try fs.unlink(string(path)); return 0 } }
-        ops.rename = { from, to, flags in call { try fs.rename(string(from), to: string(to), flags: flags); return 0 } }
-        ops.statfs = { path, result in
-            call {
-                result!.pointee = try fs.statistics(of: string(path))
-                return 0
+        ops.fsync = { request, _, _, info in
+            answer(request) { _, fs in
+                try fs.fsync(info!.pointee.fh)
+                fuse_reply_err(request, 0)
             }
         }
-        ops.getxattr = { path, name, value, size in
-            call {
-                let bytes = try fs.extendedAttribute(string(name), of: string(path))
-                if size == 0 { return Int32(bytes.count) }
-                guard bytes.count <= size else { return -ERANGE }
-                bytes.withUnsafeBytes { UnsafeMutableRawPointer(value!).copyMemory(from: $0.baseAddress!, byteCount: bytes.count) }
-                return Int32(bytes.count)
+        ops.release = { request, _, info in
+            context(request).fileSystem.release(info!.pointee.fh)
+            fuse_reply_err(request, 0)
+        }
+        ops.mkdir = { request, parent, name, _ in
+            answer(request) { box, fs in
+                let path = try box.path(parent, name)
+                try fs.makeDirectory(path)
+                var entry = box.entry(parent, string(name), try fs.attributes(of: path))
+                if fuse_reply_entry(request, &entry) != 0 { box.table.forget(entry.ino, 1) }
             }
         }
-        ops.listxattr = { path, list, size in
-            call {
+        ops.rmdir = { request, parent, name in
+            answer(request) { box, fs in
+                try fs.removeDirectory(box.path(parent, name))
+                box.table.removed(parent, string(name))
+                fuse_reply_err(request, 0)
+            }
+        }
+        ops.unlink = { request, parent, name in
+            answer(request) { box, fs in
+                try fs.unlink(box.path(parent, name))
+                box.table.removed(parent, string(name))
+                fuse_reply_err(request, 0)
+            }
+        }
+        ops.rename = { request, parent, name, newParent, newName, flags in
+            answer(request) { box, fs in
+                try fs.rename(box.path(parent, name), to: box.path(newParent, newName), flags: flags)
+                box.table.renamed(parent, string(name), to: newParent, string(newName), exchange: flags & 2 /* RENAME_EXCHANGE */ != 0)
+                fuse_reply_err(request, 0)
+            }
+        }
+        ops.statfs = { request, ino in
+            answer(request) { box, fs in
+                var result = try fs.statistics(of: box.table.path(ino) ?? "/")
+                fuse_reply_statfs(request, &result)
+            }
+        }
+        ops.getxattr = { request, ino, name, size in
+            answer(request) { box, fs in
+                try replyXattr(request, fs.extendedAttribute(string(name), of: box.path(ino)), size: size)
+            }
+        }
+        ops.listxattr = { request, ino, size in
+            answer(request) { box, fs in
                 // Names, each followed by a NUL.
-                let bytes: [UInt8] = try fs.extendedAttributeNames(of: string(path)).reduce(into: []) { list, name in
+                let bytes: [UInt8] = try fs.extendedAttributeNames(of: box.path(ino)).reduce(into: []) { list, name in
                     list += name.utf8
                     list.append(0)
                 }
-                if size == 0 { return Int32(bytes.count) }
-                guard bytes.count <= size else { return -ERANGE }
-                if !bytes.isEmpty {
-                    bytes.withUnsafeBytes { UnsafeMutableRawPointer(list!).copyMemory(from: $0.baseAddress!, byteCount: bytes.count) }
-                }
-                return Int32(bytes.count)
+                try replyXattr(request, bytes, size: size)
             }
         }
-        ops.setxattr = { path, name, value, size, flags in
-            call {
+        ops.setxattr = { request, ino, name, value, size, flags in
+            answer(request) { box, fs in
                 let bytes = Array(UnsafeRawBufferPointer(start: value, count: size))
-                try fs.setExtendedAttribute(string(name), of: string(path), to: bytes, flags: flags)
-                return 0
+                try fs.setExtendedAttribute(string(name), of: box.path(ino), to: bytes, flags: flags)
+                fuse_reply_err(request, 0)
             }
         }
-        ops.removexattr = { path, name in call { try fs.removeExtendedAttribute(string(name), of: string(path)); return 0 } }
-        ops.utimens = { path, times, _ in
-            call {
-                try fs.setTimes(string(path), accessed: times?[0], modified: times?[1])
-                return 0
+        ops.removexattr = { request, ino, name in
+            answer(request) { box, fs in
+                try fs.removeExtendedAttribute(string(name), of: box.path(ino))
+                fuse_reply_err(request, 0)
             }
         }
-        // Ownership and modes are not stored; accept them so that cp -a and rsync -a work.
-        ops.chmod = { path, _, _ in call { _ = try fs.attributes(of: string(path)); return 0 } }
-        ops.chown = { path, _, _, _ in call { _ = try fs.attributes(of: string(path)); return 0 } }
-        ops.link = { _, _ in -EPERM }
-        ops.symlink = { _, _ in -EPERM }
-        ops.mknod = { _, _, _ in -EPERM }
+        ops.link = { request, _, _, _ in fuse_reply_err(request, EPERM) }
+        ops.symlink = { request, _, _, _ in fuse_reply_err(request, EPERM) }
+        ops.mknod = { request, _, _, _, _ in fuse_reply_err(request, EPERM) }
         return ops
     }
 }

@@ -113,6 +113,28 @@ import TestSupport
         #expect(seen && elapsed <= 1.5, "seen: \(seen), after \(elapsed) s")
         #expect(try waitUntil(3) { try sh("ls \(mount.path("docs"))").contains("other") })
     }
+
+    @Test func unchangedFoldersAreListedFromTheKernelsCache() throws {
+        // libfuse's debug log shows every request the kernel sends.
+        let mount = try MountedDatabase(db.path, arguments: ["-o", "debug"])
+        let folder = mount.path("docs/doc/attachments")
+        func listings() -> Int { mount.log.components(separatedBy: "opcode: READDIR").count - 1 }
+        #expect(try sh("ls \(folder)") == "keep.txt\n")
+        let first = listings()
+        #expect(first > 0)
+        #expect(try sh("ls \(folder)") == "keep.txt\n")
+        #expect(listings() == first, "a second listing of an unchanged folder asks nothing")
+
+        // What changes shows: through the mount at once, from another process within a second.
+        try sh("echo b > \(folder)/b.txt")
+        #expect(try sh("ls \(folder)") == "b.txt\nkeep.txt\n")
+        let file = directory.appending("c.txt")
+        try "c\n".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect(try sofa("attach", db.path, "doc", "c.txt", file).succeeded)
+        #expect(try waitUntil(3) { try sh("ls \(folder)") == "b.txt\nc.txt\nkeep.txt\n" })
+        #expect(try sofa("rm", db.path, "doc").succeeded)
+        #expect(try waitUntil(3) { !(try sh("ls \(mount.path("docs"))").contains("doc\n")) })
+    }
 }
 
 @Suite struct MountWriteAttachmentTests {
