@@ -230,6 +230,11 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         /// For /docs: where the last page stopped (position of the next entry, id of the last one).
         var cursorOffset = 0
         var cursorAfter: String?
+        /// For /docs: the id to continue after, for each position the last reply sent. The
+        /// kernel drops the entries of a reply that do not fit the caller's buffer and asks
+        /// again from the last one it used, which need not be where the cursor stopped;
+        /// without these, that costs an OFFSET query.
+        var resumePoints: [Int: String] = [:]
 
         init(node: Node, path: String) {
             self.node = node
@@ -274,9 +279,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         var after: String?
         if position == listing.cursorOffset {
             after = listing.cursorAfter
+        } else if let known = listing.resumePoints[position] {
+            after = known
         } else if position > entries.count {
             after = try database.documents(offset: position - entries.count - 1, limit: 1).first?.docID
         }
+        var points: [Int: String] = [:]
+        defer { listing.resumePoints = points }
         while true {
             let page = try database.documents(after: after, limit: 256)
             guard !page.isEmpty else { return }
@@ -286,6 +295,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 guard add(entry) else { return }
                 position += 1
                 after = summary.docID
+                points[position] = after
                 listing.cursorOffset = position
                 listing.cursorAfter = after
             }
