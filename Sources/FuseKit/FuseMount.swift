@@ -197,7 +197,7 @@ private func string(_ pointer: UnsafePointer<CChar>?) -> String {
 /// libfuse's stand-in number for entries whose node the kernel does not get (readdir).
 private let unknownInode: fuse_ino_t = 0xffff_ffff
 
-func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes, ino: fuse_ino_t) {
+private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes, ino: fuse_ino_t) {
     memset(buffer, 0, MemoryLayout<stat>.size)
     buffer.pointee.st_ino = UInt(ino)
     buffer.pointee.st_mode = (attributes.kind == .directory ? Glibc.S_IFDIR : Glibc.S_IFREG) | attributes.permissions
@@ -230,6 +230,16 @@ private func replyXattr(_ request: fuse_req_t?, _ bytes: [UInt8], size: Int) thr
     bytes.withUnsafeBytes { _ = fuse_reply_buf(request, $0.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count) }
 }
 
+/// The type bits of a listed entry; 0 (DT_UNKNOWN: the caller stats it) when not given.
+private func fileType(_ entry: DirectoryEntry) -> mode_t {
+    if entry.name == "." || entry.name == ".." { return Glibc.S_IFDIR }
+    switch entry.attributes?.kind {
+    case .directory: return Glibc.S_IFDIR
+    case .regularFile: return Glibc.S_IFREG
+    case nil: return 0
+    }
+}
+
 /// Fills a readdir(plus) answer of at most `size` bytes from `offset` and sends it.
 private func replyDirectory(_ request: fuse_req_t?, _ ino: fuse_ino_t, size: Int, offset: off_t,
                             _ info: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
@@ -248,7 +258,7 @@ private func replyDirectory(_ request: fuse_req_t?, _ ino: fuse_ino_t, size: Int
                     item = box.entry(ino, entry.name, attributes)
                 } else {
                     item.attr.st_ino = UInt(unknownInode)
-                    item.attr.st_mode = entry.attributes?.kind == .regularFile ? Glibc.S_IFREG : Glibc.S_IFDIR
+                    item.attr.st_mode = fileType(entry)
                 }
                 let needed = fuse_add_direntry_plus(request, buffer + used, remaining, entry.name, &item, position)
                 guard needed <= remaining else {
@@ -259,7 +269,7 @@ private func replyDirectory(_ request: fuse_req_t?, _ ino: fuse_ino_t, size: Int
             } else {
                 var item = stat()
                 item.st_ino = UInt(unknownInode)
-                item.st_mode = entry.attributes?.kind == .regularFile ? Glibc.S_IFREG : Glibc.S_IFDIR
+                item.st_mode = fileType(entry)
                 let needed = fuse_add_direntry(request, buffer + used, remaining, entry.name, &item, position)
                 guard needed <= remaining else { return false }
                 used += needed

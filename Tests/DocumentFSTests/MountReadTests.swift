@@ -118,6 +118,9 @@ import TestSupport
         #expect(try sh("cat \(mount.path("docs/conflicted/properties.json"))") == "{\n  \"side\": \"B\"\n}\n")
         let refused = try shell("echo '{}' > \(mount.path("docs/conflicted/conflicts/2-aaa/properties.json"))")
         #expect(!refused.succeeded && refused.stderr.contains("Read-only file system"), "\(refused.stderr)")
+        // Listed as a file: the type a listing gives (d_type) is what scandir and file managers trust.
+        let types = try sh("python3 -c 'import os; print([(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(\"\(mount.path(".sofa"))\")])'")
+        #expect(types == "[('status.json', False)]\n", "\(types)")
         let status = try JSONValue(parsing: try sh("cat \(mount.path(".sofa/status.json"))"))
         #expect(status["last_sequence"] == .integer(try db.lastSequence))
         #expect(!(try shell("touch \(mount.path(".sofa/x"))")).succeeded)
