@@ -68,11 +68,8 @@ public final class BlobStore: Sendable {
 
     /// Partial bodies waiting for their remaining bytes: (digest, bytes so far).
     public func partialBodies() -> [(digest: String, length: Int64)] {
-        guard let dir = opendir(temporaryDirectory) else { return [] }
-        defer { closedir(dir) }
         var result: [(String, Int64)] = []
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        for name in BlobStore.names(in: temporaryDirectory) ?? [] {
             guard name.hasSuffix(BlobStore.partialSuffix) else { continue }
             var info = stat()
             guard stat("\(temporaryDirectory)/\(name)", &info) == 0 else { continue }
@@ -167,11 +164,9 @@ public final class BlobStore: Sendable {
 
     /// The keys of every blob on disk, with their sizes.
     func allBlobs() throws -> [(key: BlobKey, size: Int64)] {
-        guard let dir = opendir(directory) else { throw SofaError.system("list", path: directory, errno: errno) }
-        defer { closedir(dir) }
+        guard let names = BlobStore.names(in: directory) else { throw SofaError.system("list", path: directory, errno: errno) }
         var result: [(BlobKey, Int64)] = []
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        for name in names {
             guard name.hasSuffix(".blob"), let key = BlobKey(hex: String(name.dropLast(5))) else { continue }
             var info = stat()
             guard stat(path(for: key), &info) == 0 else { continue }
@@ -183,11 +178,8 @@ public final class BlobStore: Sendable {
     /// Deletes temporary files left by processes that no longer run. Returns bytes freed.
     @discardableResult
     func removeAbandonedTemporaryFiles() -> Int64 {
-        guard let dir = opendir(temporaryDirectory) else { return 0 }
-        defer { closedir(dir) }
         var freed: Int64 = 0
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        for name in BlobStore.names(in: temporaryDirectory) ?? [] {
             guard name.hasSuffix(".tmp"), let dash = name.firstIndex(of: "-"), let pid = pid_t(name[..<dash]) else { continue }
             guard kill(pid, 0) != 0 && errno == ESRCH else { continue }
             let path = "\(temporaryDirectory)/\(name)"
@@ -195,6 +187,17 @@ public final class BlobStore: Sendable {
             if stat(path, &info) == 0, unlink(path) == 0 { freed += Int64(info.st_size) }
         }
         return freed
+    }
+
+    /// The names in `folder` (with `errno` set and nil when it cannot be read).
+    private static func names(in folder: String) -> [String]? {
+        guard let dir = opendir(folder) else { return nil }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            names.append(withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) })
+        }
+        return names
     }
 
     /// Makes the temporary file `fd` (at `temporaryPath`) the blob `key`: fsync, make it

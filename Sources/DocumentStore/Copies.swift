@@ -49,10 +49,9 @@ extension Database {
                               progress: ((_ done: Int64, _ total: Int64) -> Void)? = nil) throws -> SnapshotReport {
         let output = Database.normalize(path)
         if !replacing, access(output, F_OK) == 0 { throw SofaError.databaseExists(path: output) }
-        let parent = (output as NSString).deletingLastPathComponent.isEmpty ? "." : (output as NSString).deletingLastPathComponent
-        let prefix = ".\((output as NSString).lastPathComponent).partial-"
-        StagedDirectory.removeAbandoned(in: parent, prefix: prefix)
-        let partial = "\(parent)/\(prefix)\(getpid())"
+        let staging = stagingLocation(for: output)
+        StagedDirectory.removeAbandoned(in: staging.directory, prefix: staging.prefix)
+        let partial = staging.path
         let vacuumed = partial + ".sqlite3"
         defer { unlink(vacuumed) }
         do {
@@ -273,11 +272,9 @@ struct StagedDirectory {
                 throw SofaError.notADatabase(path: destination, reason: "refusing to replace something that is not a database")
             }
         }
-        let parent = (destination as NSString).deletingLastPathComponent
-        let directory = parent.isEmpty ? "." : parent
-        let prefix = ".\((destination as NSString).lastPathComponent).partial-"
-        StagedDirectory.removeAbandoned(in: directory, prefix: prefix)
-        path = "\(directory)/\(prefix)\(getpid())"
+        let staging = stagingLocation(for: destination)
+        StagedDirectory.removeAbandoned(in: staging.directory, prefix: staging.prefix)
+        path = staging.path
         try? FileManager.default.removeItem(atPath: path)
         guard mkdir(path, 0o755) == 0 else { throw SofaError.system("create directory", path: path, errno: errno) }
     }
@@ -299,7 +296,7 @@ struct StagedDirectory {
             guard access(destination, F_OK) != 0 else { throw SofaError.databaseExists(path: destination) }
             guard rename(path, destination) == 0 else { throw SofaError.system("rename", path: destination, errno: errno) }
         }
-        try syncFile((destination as NSString).deletingLastPathComponent.isEmpty ? "." : (destination as NSString).deletingLastPathComponent)
+        try syncFile(stagingLocation(for: destination).directory)
         return try Database.open(at: destination)
     }
 

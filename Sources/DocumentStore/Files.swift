@@ -14,3 +14,12 @@ public func writeFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, path: Strin
         offset += count
     }
 }
+
+/// Where something bound for `destination` is built before one rename puts it in place:
+/// `.NAME.partial-PID` in the same folder (`prefix` without the PID, to find stale ones).
+public func stagingLocation(for destination: String) -> (directory: String, prefix: String, path: String) {
+    let parent = (destination as NSString).deletingLastPathComponent
+    let directory = parent.isEmpty ? "." : parent
+    let prefix = ".\((destination as NSString).lastPathComponent).partial-"
+    return (directory, prefix, "\(directory)/\(prefix)\(getpid())")
+}

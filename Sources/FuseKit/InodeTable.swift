@@ -121,7 +121,4 @@ final class InodeTable: @unchecked Sendable {
         guard let ino = children.removeValue(forKey: key) else { return }
         nodes[ino]?.parent = 0
     }
-
-    /// Nodes remembered (the root included): for tests of lookup accounting.
-    var count: Int { lock.withLock { nodes.count } }
 }

@@ -6,10 +6,9 @@ import Foundation
 /// snapshot, each beside the plain tool doing the same file work (cp, zip, unzip), and the
 /// point of it all: the first pull of an installed snapshot against a full pull.
 func copyBenchmark(_ options: Options) throws {
-    let work = "\(options.directory)/sofa-bench-copy-\(getpid())"
-    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    let work = try makeWorkFolder("copy", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
-    let sofa = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
+    let sofa = sofaBinary
     let documents = min(options.documents, 10_000)
     let withAttachment = documents / 10
     let attachmentSize = 100_000
@@ -35,6 +34,18 @@ func copyBenchmark(_ options: Options) throws {
 
     func three(_ body: (Int) throws -> Double) rethrows -> Double { median(try (0..<3).map(body)) }
     func clean(_ paths: String...) { paths.forEach { try? FileManager.default.removeItem(atPath: $0) } }
+    /// `sofa ARGUMENTS` three times, its output (the last argument) removed before each:
+    /// the median time and the largest peak RSS.
+    func threeRuns(of arguments: [String]) throws -> (seconds: Double, maxRSS: Int) {
+        var maxRSS = 0
+        let seconds = try three { _ in
+            clean(arguments.last!)
+            let run = try timeWithRSS([sofa] + arguments)
+            maxRSS = max(maxRSS, run.maxRSS)
+            return run.seconds
+        }
+        return (seconds, maxRSS)
+    }
 
     // A copy beside the original: VACUUM INTO and hard links, against cp -a and cp -al.
     let copy = try three { _ in
@@ -53,13 +64,7 @@ func copyBenchmark(_ options: Options) throws {
         String(format: "cp -al && sync %6.2f s", cpLinks), "ratio to cp -al " + ratio(cpLinks / copy))
 
     // Snapshot: one zip, bodies stored (random bytes), the SQLite file deflated; zip -n .blob does the same.
-    var snapshotRSS = 0
-    let snapshot = try three { _ in
-        clean("\(work)/snapshot.zip")
-        let run = try timeWithRSS([sofa, "snapshot", "\(work)/built.sofa", "\(work)/snapshot.zip"])
-        snapshotRSS = max(snapshotRSS, run.maxRSS)
-        return run.seconds
-    }
+    let (snapshot, snapshotRSS) = try threeRuns(of: ["snapshot", "\(work)/built.sofa", "\(work)/snapshot.zip"])
     let zip = try three { _ in
         clean("\(work)/plain.zip")
         return try timeShell("cd \(work) && zip -q -r -n .blob plain.zip built.sofa && sync")
@@ -77,10 +82,7 @@ func copyBenchmark(_ options: Options) throws {
             try batch.save(draft)
         }
     }
-    let manySnapshot = try three { _ in
-        clean("\(work)/many.zip")
-        return try timeWithRSS([sofa, "snapshot", "\(work)/many.sofa", "\(work)/many.zip"]).seconds
-    }
+    let manySnapshot = try threeRuns(of: ["snapshot", "\(work)/many.sofa", "\(work)/many.zip"]).seconds
     let manyZip = try three { _ in
         clean("\(work)/many-plain.zip")
         return try timeShell("cd \(work) && zip -q -r -n .blob many-plain.zip many.sofa && sync")
@@ -89,13 +91,7 @@ func copyBenchmark(_ options: Options) throws {
         String(format: "zip -r -n .blob && sync %6.2f s", manyZip), "ratio " + ratio(manyZip / manySnapshot))
 
     // Installing it: unpack, hash every body, integrity check, new identity, sync.
-    var installRSS = 0
-    let install = try three { _ in
-        clean("\(work)/installed.sofa")
-        let run = try timeWithRSS([sofa, "copy", "\(work)/snapshot.zip", "\(work)/installed.sofa"])
-        installRSS = max(installRSS, run.maxRSS)
-        return run.seconds
-    }
+    let (install, installRSS) = try threeRuns(of: ["copy", "\(work)/snapshot.zip", "\(work)/installed.sofa"])
     let unzip = try three { _ in
         clean("\(work)/unzipped")
         return try timeShell("unzip -q \(work)/snapshot.zip -d \(work)/unzipped && sync")

@@ -5,10 +5,9 @@ import Foundation
 /// `sofa-bench mount`: the mount against direct access to the same bytes on the
 /// same disk (the blob files, and a plain directory tree of the same shape).
 func mountBenchmark(_ options: Options) throws {
-    let work = "\(options.directory)/sofa-bench-mount-\(getpid())"
-    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    let work = try makeWorkFolder("mount", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
-    let sofa = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
+    let sofa = sofaBinary
     let documents = min(options.documents, 10_000)
     let size = Int64(options.attachmentMiB) << 20
     print("Sofa mount benchmark: \(options.attachmentMiB) MiB attachment, \(documents) documents, in \(work)")

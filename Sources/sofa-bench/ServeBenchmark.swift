@@ -6,10 +6,9 @@ import Foundation
 /// done in-process on the same database (documents) or with `cat` on the blob file
 /// (attachment bodies).
 func serveBenchmark(_ options: Options) throws {
-    let work = "\(options.directory)/sofa-bench-serve-\(getpid())"
-    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    let work = try makeWorkFolder("serve", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
-    let sofa = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
+    let sofa = sofaBinary
     let documents = options.documents
     let size = Int64(options.attachmentMiB) << 20
     print("Sofa serve benchmark: \(documents) documents, \(options.attachmentMiB) MiB attachment, in \(work)")

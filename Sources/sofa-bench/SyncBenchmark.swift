@@ -55,10 +55,9 @@ func makeReplicationSource(at path: String, documents: Int, attachmentSize: Int)
 /// against `sofa serve` on 127.0.0.1, and a 1 GiB deferred attachment read through the
 /// mount against curl downloading it from the same server.
 func syncBenchmark(_ options: Options) throws {
-    let work = "\(options.directory)/sofa-bench-sync-\(getpid())"
-    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    let work = try makeWorkFolder("sync", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
-    let sofa = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
+    let sofa = sofaBinary
     let documents = min(options.documents, 10_000)
     let withAttachment = documents / 10
     let attachmentSize = 100_000

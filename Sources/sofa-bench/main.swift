@@ -77,6 +77,16 @@ func mibps(_ bytes: Int64, _ seconds: Double) -> String { String(format: "%7.0f 
 func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
 let rounds = 5
 
+/// The `sofa` binary built beside this one.
+let sofaBinary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
+
+/// A new work folder for one benchmark under `options.directory`; the caller removes it.
+func makeWorkFolder(_ benchmark: String, _ options: Options) throws -> String {
+    let work = "\(options.directory)/sofa-bench-\(benchmark)-\(getpid())"
+    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    return work
+}
+
 func ratio(_ value: Double) -> String { String(format: "%.2f×", value) }
 
 func row(_ label: String, _ values: String...) {
@@ -84,8 +94,7 @@ func row(_ label: String, _ values: String...) {
 }
 
 func storage(_ options: Options) throws {
-    let work = "\(options.directory)/sofa-bench-\(getpid())"
-    try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+    let work = try makeWorkFolder("storage", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
     let n = options.documents
     print("Sofa storage benchmark: \(n) documents, \(options.attachmentMiB) MiB attachment, in \(work)")

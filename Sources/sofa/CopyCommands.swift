@@ -12,6 +12,21 @@ func copyDatabase(from source: String, to destination: String, replacing: Bool) 
     return try Database.open(at: source).copy(to: destination, replacing: replacing)
 }
 
+/// What `sofa copy` and `sofa cp` say of a copy.
+func describeCopy(from source: String, _ copy: Database) -> String {
+    "copied \(source) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)"
+}
+
+/// What `sofa snapshot` and `sofa cp` say of a snapshot of `database`.
+func describeSnapshot(_ report: SnapshotReport, of database: Database) -> String {
+    var line = "wrote \(report.path): \(counted(report.documentCount, "document")), \(counted(report.bodyCount, "attachment body", "attachment bodies")) "
+        + "(\(formatBytes(report.bodyBytes))), \(formatBytes(report.zipBytes)) zipped"
+    if report.bodiesNotPresent > 0 {
+        line += "; \(report.bodiesNotPresent) bodies are not in \(database.path) (deferred) and are fetched when read"
+    }
+    return line
+}
+
 struct Copy: SofaCommand {
     static let configuration = CommandConfiguration(
         abstract: "Copy a database (or a snapshot zip) with a new identity that remembers the old one.",
@@ -27,8 +42,7 @@ struct Copy: SofaCommand {
     @Flag(help: "Replace an existing database at the destination.") var force = false
 
     func execute() throws {
-        let copy = try copyDatabase(from: source, to: destination, replacing: force)
-        Output.line("copied \(source) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)")
+        Output.line(describeCopy(from: source, try copyDatabase(from: source, to: destination, replacing: force)))
     }
 }
 
@@ -50,12 +64,7 @@ struct Snapshot: SofaCommand {
         var progress = Progress("snapshot")
         let report = try database.writeSnapshot(to: output, replacing: force) { done, _ in progress.update(bytes: done) }
         progress.finish()
-        var line = "wrote \(report.path): \(counted(report.documentCount, "document")), \(counted(report.bodyCount, "attachment body", "attachment bodies")) "
-            + "(\(formatBytes(report.bodyBytes))), \(formatBytes(report.zipBytes)) zipped"
-        if report.bodiesNotPresent > 0 {
-            line += "; \(report.bodiesNotPresent) bodies are not in \(database.path) (deferred) and are fetched when read"
-        }
-        Output.line(line)
+        Output.line(describeSnapshot(report, of: database))
     }
 }
 
@@ -104,11 +113,10 @@ struct Cp: SofaCommand {
     func execute() throws {
         switch (Endpoint(source), Endpoint(destination)) {
         case (.database(let from), .database(let to)), (.zip(let from), .database(let to)):
-            let copy = try copyDatabase(from: from, to: to, replacing: force)
-            Output.line("copied \(from) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)")
+            Output.line(describeCopy(from: from, try copyDatabase(from: from, to: to, replacing: force)))
         case (.database(let from), .zip(let to)):
-            let report = try Database.open(at: from).writeSnapshot(to: to, replacing: force)
-            Output.line("wrote \(report.path): \(counted(report.documentCount, "document")), \(counted(report.bodyCount, "attachment body", "attachment bodies"))")
+            let database = try Database.open(at: from)
+            Output.line(describeSnapshot(try database.writeSnapshot(to: to, replacing: force), of: database))
         case (.url(let url), .database(let to)):
             let (database, created) = try openOrCreate(to)
             do {

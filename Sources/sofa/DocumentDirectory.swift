@@ -27,8 +27,7 @@ enum DocumentDirectory {
         if let names = try? FileManager.default.contentsOfDirectory(atPath: directory), !names.isEmpty {
             throw SofaError.invalidArgument("\(directory) is not empty; give an empty or new directory")
         }
-        let parent = (directory as NSString).deletingLastPathComponent
-        let staging = "\(parent.isEmpty ? "." : parent)/.\((directory as NSString).lastPathComponent).partial-\(getpid())"
+        let staging = stagingLocation(for: directory).path
         try? FileManager.default.removeItem(atPath: staging)
         try makeDirectory(staging)
         var summary = Summary()
