@@ -4,18 +4,6 @@ import Foundation
 import FuseKit
 
 /// What makes two attachments the same in a revision.
-private struct AttachmentIdentity: Hashable {
-    let name: String
-    let digest: String
-    let contentType: String
-
-    init(_ attachment: Attachment) {
-        name = attachment.name
-        digest = attachment.digest
-        contentType = attachment.contentType
-    }
-}
-
 /// renameat2(2) flags (not exported by Glibc's module).
 private let renameNoReplace: UInt32 = 1
 private let renameExchange: UInt32 = 2
@@ -291,8 +279,7 @@ extension DocumentFileSystem {
                 for name in removal.attachments where draft.attachments[name] != nil { try draft.removeAttachment(name) }
             }
             try apply(&draft)
-            if !allowConflict, let live, live.revID == draft.parent, !draft.deleted, draft.properties == live.properties,
-               Set(draft.attachments.values.map(AttachmentIdentity.init)) == Set(live.attachments.map(AttachmentIdentity.init)) {
+            if !allowConflict, let live, live.revID == draft.parent, draft.repeats(live) {
                 return live  // nothing changed (rsync rewriting a file with the same bytes): no new revision
             }
             do {

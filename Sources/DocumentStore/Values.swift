@@ -166,6 +166,17 @@ public struct RevisionDraft: Sendable {
         self.blobs = blobs
     }
 
+    /// Whether saving this draft would repeat `revision`: the same deletion, properties and
+    /// attachments (by name, type and body; a body known here by its bytes, else by digest).
+    /// Rewriting a file with the bytes it has, or reading a folder twice, then saves nothing.
+    public func repeats(_ revision: Revision) -> Bool {
+        func identities(_ attachments: some Sequence<Attachment>) -> Set<[String]> {
+            Set(attachments.map { [$0.name, $0.contentType, $0.blobKey?.hex ?? $0.digest] })
+        }
+        return deleted == revision.deleted && properties == revision.properties
+            && identities(attachments.values) == identities(revision.attachments)
+    }
+
     /// Sets an attachment to a body already in the blob store.
     public mutating func setAttachment(_ name: String, blob: StoredBlob, contentType: String? = nil) throws {
         try AttachmentName.validate(name)

@@ -187,13 +187,7 @@ enum JSONLines {
             for attachment in attachments { try draft.setAttachment(attachment) }
             // What is already the current revision is not saved again: reading the same file
             // twice makes one revision, not two.
-            func fingerprint(_ attachments: some Sequence<Attachment>) -> [String] {
-                attachments.map { "\($0.name) \($0.contentType) \($0.blobKey?.hex ?? $0.digest)" }.sorted()
-            }
-            if let current = try database.currentRevision(of: id), current.deleted == deleted, current.properties == object,
-               fingerprint(current.attachments) == fingerprint(draft.attachments.values) {
-                return nil
-            }
+            if let current = try database.currentRevision(of: id), draft.repeats(current) { return nil }
             try database.save(draft)
             return nil
         }
