@@ -22,8 +22,7 @@ struct Mount: SofaCommand {
     @Option(name: .short, help: "FUSE mount options, comma-separated (allow_other, auto_unmount, …).") var options: [String] = []
     @Option(help: "Fetch bodies that are not here from this database URL (default: where the database last pulled from).")
     var remote: String?
-    @Option(help: "User name for the remote.") var user: String?
-    @Option(help: "A file whose first line is the remote password.") var passwordFile: String?
+    @OptionGroup var connection: ConnectionOptions
     @Option(help: "Seconds a read waits for a body being downloaded before failing with EIO.") var fetchTimeout = 30.0
     @Flag(help: "With --remote: pull from it when mounted (continuously with --continuous).") var pull = false
     @Flag(help: "With --remote: push the revisions made here to it.") var push = false
@@ -63,12 +62,13 @@ struct Mount: SofaCommand {
         var downloader: BodyDownloader?
         var session: ReplicationSession?
         if let url = remote ?? database.rememberedRemote {
-            let password = try passwordFile.map { try readPassword($0) }
-            let remoteDatabase = try RemoteDatabase(url, user: user, password: password)
-            downloader = BodyDownloader(database: database, remote: remoteDatabase)
+            let remoteDatabase = try connection.remote(url)
+            downloader = BodyDownloader(database: database, remote: remoteDatabase, retry: connection.retryPolicy, caFile: connection.cacert)
             if !directions.isEmpty {
                 session = ReplicationSession(database: database, remote: remoteDatabase, directions: directions, continuous: continuous)
                 session?.downloads.enabled = !noDownloadAttachments
+                session?.retry = connection.retryPolicy
+                session?.caFile = connection.cacert
             }
         }
         let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: downloader, fetchTimeout: fetchTimeout)
@@ -116,8 +116,7 @@ struct Mount: SofaCommand {
         if readOnly { arguments.append("--read-only") }
         for option in options { arguments += ["-o", option] }
         if let remote { arguments += ["--remote", remote] }
-        if let user { arguments += ["--user", user] }
-        if let passwordFile { arguments += ["--password-file", URL(fileURLWithPath: passwordFile).standardizedFileURL.path] }
+        arguments += connection.arguments
         arguments += ["--fetch-timeout", String(fetchTimeout)]
         if pull { arguments.append("--pull") }
         if push { arguments.append("--push") }

@@ -4,8 +4,9 @@ import DocumentStore
 import Foundation
 import Replicator
 
-/// How to reach and replicate with a remote: shared by pull, push, sync and cp.
-struct RemoteOptions: ParsableArguments {
+/// How to reach a remote: credentials, TLS trust and retries. Shared by pull, push, sync,
+/// cp, download and mount.
+struct ConnectionOptions: ParsableArguments {
     @Option(help: "User name for the remote (instead of user:password@ in the URL).")
     var user: String?
 
@@ -14,6 +15,38 @@ struct RemoteOptions: ParsableArguments {
 
     @Option(help: "CA certificates (PEM) to verify the remote with, instead of the system's.")
     var cacert: String?
+
+    @Option(help: "Tries per request when the remote fails in a way that may pass (refused, reset, 5xx, bad digest).")
+    var retries = 6
+
+    @Option(help: "Seconds before the first retry; each next wait doubles, up to 30 s.")
+    var retryDelay = 0.25
+
+    var retryPolicy: RetryPolicy {
+        var retry = RetryPolicy()
+        retry.attempts = max(1, retries)
+        retry.initialDelay = max(0, retryDelay)
+        return retry
+    }
+
+    func remote(_ url: String) throws -> RemoteDatabase {
+        try RemoteDatabase(url, user: user, password: try passwordFile.map { try readPassword($0) })
+    }
+
+    /// These options as arguments again (paths made absolute), for a child process.
+    var arguments: [String] {
+        func absolute(_ path: String) -> String { URL(fileURLWithPath: path).standardizedFileURL.path }
+        var arguments = ["--retries", String(retries), "--retry-delay", String(retryDelay)]
+        if let user { arguments += ["--user", user] }
+        if let passwordFile { arguments += ["--password-file", absolute(passwordFile)] }
+        if let cacert { arguments += ["--cacert", absolute(cacert)] }
+        return arguments
+    }
+}
+
+/// How to replicate with a remote: shared by pull, push, sync and cp.
+struct RemoteOptions: ParsableArguments {
+    @OptionGroup var connection: ConnectionOptions
 
     @Option(name: .customLong("doc-ids"), help: "Replicate only these documents (comma-separated ids).")
     var docIDs: String?
@@ -26,12 +59,6 @@ struct RemoteOptions: ParsableArguments {
 
     @Flag(help: "Print JSON events and a final summary with PouchDB's result fields.")
     var json = false
-
-    @Option(help: "Tries per request when the remote fails in a way that may pass (refused, reset, 5xx, bad digest).")
-    var retries = 6
-
-    @Option(help: "Seconds before the first retry; each next wait doubles, up to 30 s.")
-    var retryDelay = 0.25
 
     @Option(help: .hidden)
     var batchSize = 200
@@ -62,24 +89,13 @@ struct RemoteOptions: ParsableArguments {
                        channels: channels?.split(separator: ",").map(String.init))
     }
 
-    var retryPolicy: RetryPolicy {
-        var retry = RetryPolicy()
-        retry.attempts = max(1, retries)
-        retry.initialDelay = max(0, retryDelay)
-        return retry
-    }
-
-    func remote(_ url: String) throws -> RemoteDatabase {
-        try RemoteDatabase(url, user: user, password: try passwordFile.map { try readPassword($0) })
-    }
-
     /// Runs the directions until a signal, printing what moves.
     func runContinuously(_ directions: [Replicator.Direction], database: Database, url: String, downloads: DownloadPolicy) throws {
         let signals = SignalWatcher([SIGINT, SIGTERM])  // before the session's threads start
-        let session = ReplicationSession(database: database, remote: try remote(url), directions: directions, continuous: true)
+        let session = ReplicationSession(database: database, remote: try connection.remote(url), directions: directions, continuous: true)
         session.downloads = downloads
-        session.retry = retryPolicy
-        session.caFile = cacert
+        session.retry = connection.retryPolicy
+        session.caFile = connection.cacert
         let filters = try filters()
         let createTarget = self.createTarget
         session.configure = { replicator in
@@ -107,7 +123,8 @@ struct RemoteOptions: ParsableArguments {
     }
 
     func makeReplicator(_ direction: Replicator.Direction, database: Database, url: String) throws -> Replicator {
-        let replicator = try Replicator(database: database, remote: try remote(url), direction: direction, caFile: cacert, retry: retryPolicy)
+        let replicator = try Replicator(database: database, remote: try connection.remote(url), direction: direction,
+                                        caFile: connection.cacert, retry: connection.retryPolicy)
         replicator.batchSize = max(1, batchSize)
         replicator.createTarget = createTarget
         try filters().apply(to: replicator)
@@ -271,10 +288,7 @@ struct Download: SofaCommand {
     @Argument(help: "Only this document.") var id: String?
     @Argument(help: "Only this attachment of it.") var name: String?
     @Option(help: "The remote database URL.") var remote: String?
-    @Option(help: "User name for the remote.") var user: String?
-    @Option(help: "A file whose first line is the remote password.") var passwordFile: String?
-    @Option(help: "Tries per body when the remote fails in a way that may pass.") var retries = 6
-    @Option(help: "Seconds before the first retry; each next wait doubles.") var retryDelay = 0.25
+    @OptionGroup var connection: ConnectionOptions
 
     func execute() throws {
         let signals = SignalWatcher([SIGINT, SIGTERM])
@@ -283,11 +297,8 @@ struct Download: SofaCommand {
         guard let url = remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
         }
-        var retry = RetryPolicy()
-        retry.attempts = max(1, retries)
-        retry.initialDelay = max(0, retryDelay)
-        let downloader = BodyDownloader(database: db, remote: try RemoteDatabase(url, user: user, password: try passwordFile.map { try readPassword($0) }),
-                                        retry: retry)
+        let downloader = BodyDownloader(database: db, remote: try connection.remote(url), retry: connection.retryPolicy,
+                                        caFile: connection.cacert)
         signals.onSignal { downloader.cancel() }
         let terminal = isatty(STDERR_FILENO) == 1
         do {

@@ -645,8 +645,24 @@ import TestSupport
         let untrusted = try sofa("pull", target, url, "--retries", "1")
         #expect(untrusted.status == 1)
         #expect(untrusted.stderr.lowercased().contains("certificate"), "\(untrusted.stderr)")
-        let trusted = try sofa("pull", target, url, "--cacert", certificate)
+        let trusted = try sofa("pull", target, url, "--cacert", certificate, "--no-download-attachments")
         #expect(trusted.succeeded, "\(trusted.stderr)")
+
+        // Deferred bodies come over the same TLS: sofa download, and reads in a (background) mount.
+        let untrustedDownload = try sofa("download", target, "--retries", "1")
+        #expect(untrustedDownload.status == 1 && untrustedDownload.stderr.lowercased().contains("certificate"), "\(untrustedDownload.stderr)")
+        #expect(try sofa("download", target, "files", "notes/readme.txt", "--cacert", certificate).succeeded)
+        if isRoot {
+            let mountPoint = directory.appending("mnt")
+            try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+            let mounted = try sofa("mount", target, mountPoint, "--remote", url, "--cacert", certificate)
+            #expect(mounted.succeeded, "\(mounted.stderr)")
+            let expected = try #require(try source.document(withID: "files")?.attachment(named: "big.bin")?.blobKey?.hex)
+            let read = try shell("sha1sum \(mountPoint)/docs/files/attachments/big.bin")
+            _ = try shell("fusermount3 -u \(mountPoint)")
+            #expect(read.stdout.hasPrefix(expected), "\(read.stdout)\(read.stderr)")
+        }
+        #expect(try sofa("download", target, "--cacert", certificate).succeeded)
         #expect(try ReplicationTests().snapshot(Database.open(at: target)) == ReplicationTests().snapshot(source))
     }
 }
