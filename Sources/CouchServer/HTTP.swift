@@ -299,3 +299,72 @@ func headerParameter(_ value: String, _ name: String) -> String? {
     }
     return nil
 }
+
+/// Ends a connection gently after a request that could not be parsed (oversized headers,
+/// garbage): NIO answers it with 400 and closes, and closing a socket that still holds
+/// unread bytes makes the kernel reset the connection, which can drop the 400 before it
+/// leaves (it did, on a busy machine). Here that close becomes a half-close (FIN after the
+/// answer), what the client still sends is read and dropped, and the socket closes at the
+/// client's end of input or after `linger`.
+final class LingeringClose: ChannelDuplexHandler, @unchecked Sendable {
+    // Sendable invariant: used on its channel's event loop only.
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    static let linger = TimeAmount.seconds(5)
+    /// Set when a parse error has been seen: the close that follows lingers.
+    var lingerOnClose = false
+    private var lingering = false
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !lingering else { return }
+        context.fireChannelRead(data)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        // The handlers after this one no longer ask for reads: keep reading until the end.
+        guard !lingering else { return context.read() }
+        context.fireChannelReadComplete()
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        if lingering {
+            // Closes asked meanwhile (the request loop ending) wait for the lingering one.
+            context.channel.closeFuture.cascade(to: promise)
+            return
+        }
+        guard mode == .all, lingerOnClose, context.channel.isActive else {
+            context.close(mode: mode, promise: promise)
+            return
+        }
+        lingering = true
+        context.channel.closeFuture.cascade(to: promise)
+        let halfClosed = context.eventLoop.makePromise(of: Void.self)
+        context.close(mode: .output, promise: halfClosed)
+        halfClosed.futureResult.whenFailure { _ in context.close(promise: nil) }
+        let deadline = context.eventLoop.scheduleTask(in: LingeringClose.linger) { context.close(promise: nil) }
+        context.channel.closeFuture.whenComplete { _ in deadline.cancel() }
+        context.read()
+    }
+}
+
+/// Tells `LingeringClose` that the request could not be parsed (placed after the decoder).
+final class ParseErrorWatcher: ChannelInboundHandler, @unchecked Sendable {
+    // Sendable invariant: used on its channel's event loop only.
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    private let closer: LingeringClose
+
+    init(_ closer: LingeringClose) { self.closer = closer }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        context.fireChannelRead(data)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        if error is HTTPParserError { closer.lingerOnClose = true }
+        context.fireErrorCaught(error)
+    }
+}

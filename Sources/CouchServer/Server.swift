@@ -68,7 +68,12 @@ public final class CouchServer: @unchecked Sendable {
             .childChannelOption(.maxMessagesPerRead, value: 4)
             .bind(host: configuration.host, port: configuration.port) { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    let closer = LingeringClose()
+                    try channel.pipeline.syncOperations.addHandler(closer)
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    // Before NIO's error handler (which answers 400), after the decoder.
+                    try channel.pipeline.syncOperations.addHandler(ParseErrorWatcher(closer), position: .after(
+                        try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)))
                     return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel)
                 }
             }
