@@ -343,8 +343,9 @@ final class LingeringClose: ChannelDuplexHandler, @unchecked Sendable {
         context.channel.closeFuture.cascade(to: promise)
         let halfClosed = context.eventLoop.makePromise(of: Void.self)
         context.close(mode: .output, promise: halfClosed)
-        halfClosed.futureResult.whenFailure { _ in context.close(promise: nil) }
-        let deadline = context.eventLoop.scheduleTask(in: LingeringClose.linger) { context.close(promise: nil) }
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)  // the callbacks run on that loop
+        halfClosed.futureResult.whenFailure { _ in loopBound.value.close(promise: nil) }
+        let deadline = context.eventLoop.scheduleTask(in: LingeringClose.linger) { loopBound.value.close(promise: nil) }
         context.channel.closeFuture.whenComplete { _ in deadline.cancel() }
         context.read()
     }
