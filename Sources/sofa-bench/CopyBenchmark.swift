@@ -9,14 +9,12 @@ func copyBenchmark(_ options: Options) throws {
     let work = try makeWorkFolder("copy", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
     let sofa = sofaBinary
-    let documents = min(options.documents, 10_000)
-    let withAttachment = documents / 10
-    let attachmentSize = 100_000
+    let dataset = ReplicationDataset(options)
     let size = Int64(options.attachmentMiB) << 20
-    print("Sofa copy benchmark: \(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment, one of \(options.attachmentMiB) MiB; in \(work)")
+    print("Sofa copy benchmark: \(dataset.summary), one of \(options.attachmentMiB) MiB; in \(work)")
     print(String(repeating: "-", count: 104))
 
-    let source = try makeReplicationSource(at: "\(work)/source.sofa", documents: documents, attachmentSize: attachmentSize)
+    let source = try dataset.makeSource(at: "\(work)/source.sofa")
     let big = "\(work)/big.bin"
     try writeSource(big, size: size)
     var draft = try source.newRevision(of: "big")

@@ -29,26 +29,37 @@ func timeWithRSS(_ arguments: [String]) throws -> (seconds: Double, maxRSS: Int)
     return (elapsed, kilobytes * 1024)
 }
 
-/// `documents` small documents, every tenth with an attachment of `attachmentSize` random bytes.
-func makeReplicationSource(at path: String, documents: Int, attachmentSize: Int) throws -> Database {
-    let source = try Database.create(at: path)
-    var state: UInt64 = 0x9E37_79B9_7F4A_7C15
-    try source.inBatch { batch in
-        for i in 0..<documents {
-            var draft = try source.newRevision(of: String(format: "doc-%05d", i))
-            draft.properties = ["n": .integer(Int64(i)), "title": .string("Document \(i)"), "tags": ["sync", "bench"]]
-            if i % 10 == 0 {
-                var body = [UInt8](repeating: 0, count: attachmentSize)
-                for index in body.indices {
-                    state ^= state << 13; state ^= state >> 7; state ^= state << 17
-                    body[index] = UInt8(truncatingIfNeeded: state)
+/// What the sync and copy benchmarks replicate: at most 10,000 small documents, every
+/// tenth with a 100 KB attachment.
+struct ReplicationDataset {
+    let documents: Int
+    let attachmentSize = 100_000
+    var withAttachment: Int { documents / 10 }
+    var summary: String { "\(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment" }
+
+    init(_ options: Options) { documents = min(options.documents, 10_000) }
+
+    /// The dataset in a new database at `path`: random attachment bytes, so nothing compresses.
+    func makeSource(at path: String) throws -> Database {
+        let source = try Database.create(at: path)
+        var state: UInt64 = 0x9E37_79B9_7F4A_7C15
+        try source.inBatch { batch in
+            for i in 0..<documents {
+                var draft = try source.newRevision(of: String(format: "doc-%05d", i))
+                draft.properties = ["n": .integer(Int64(i)), "title": .string("Document \(i)"), "tags": ["sync", "bench"]]
+                if i % 10 == 0 {
+                    var body = [UInt8](repeating: 0, count: attachmentSize)
+                    for index in body.indices {
+                        state ^= state << 13; state ^= state >> 7; state ^= state << 17
+                        body[index] = UInt8(truncatingIfNeeded: state)
+                    }
+                    try draft.setAttachment("data.bin", data: body)
                 }
-                try draft.setAttachment("data.bin", data: body)
+                try batch.save(draft)
             }
-            try batch.save(draft)
         }
+        return source
     }
-    return source
 }
 
 /// `sofa-bench sync`: pull and push of 10,000 documents (1,000 with a 100 KB attachment)
@@ -58,14 +69,13 @@ func syncBenchmark(_ options: Options) throws {
     let work = try makeWorkFolder("sync", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
     let sofa = sofaBinary
-    let documents = min(options.documents, 10_000)
-    let withAttachment = documents / 10
-    let attachmentSize = 100_000
+    let dataset = ReplicationDataset(options)
+    let (documents, withAttachment, attachmentSize) = (dataset.documents, dataset.withAttachment, dataset.attachmentSize)
     let size = Int64(options.attachmentMiB) << 20
-    print("Sofa sync benchmark: \(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment; \(options.attachmentMiB) MiB deferred attachment; in \(work)")
+    print("Sofa sync benchmark: \(dataset.summary); \(options.attachmentMiB) MiB deferred attachment; in \(work)")
     print(String(repeating: "-", count: 104))
 
-    _ = try makeReplicationSource(at: "\(work)/source.sofa", documents: documents, attachmentSize: attachmentSize)
+    _ = try dataset.makeSource(at: "\(work)/source.sofa")
     // The big body lives in a database of its own on the server.
     let hugeDatabase = try Database.create(at: "\(work)/huge.sofa")
     let hugeSource = "\(work)/huge.bin"
