@@ -41,8 +41,6 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var emptyFolders: Set<FolderKey> = []
     /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
     var openedDigests: [String: String] = [:]
-    private var listings: [UInt64: Listing] = [:]
-    private var nextListing: UInt64 = 1
     /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).
     private let stateLock = NSLock()
 
@@ -221,121 +219,71 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     // MARK: - Directories
 
-    /// An open directory: a fixed list of entries, or the paged listing of /docs.
-    /// Built on the first readdir: when the kernel lists from its cache, never.
-    final class Listing {
-        let node: Node
-        let path: String
-        var entries: [DirectoryEntry]?
-        /// For /docs: where the last page stopped (position of the next entry, id of the last one).
-        var cursorOffset = 0
-        var cursorAfter: String?
-        /// For /docs: the id to continue after, for each position the last reply sent. The
-        /// kernel drops the entries of a reply that do not fit the caller's buffer and asks
-        /// again from the last one it used, which need not be where the cursor stopped;
-        /// without these, that costs an OFFSET query.
-        var resumePoints: [Int: String] = [:]
-
-        init(node: Node, path: String) {
-            self.node = node
-            self.path = path
-        }
-    }
-
-    public func openDirectory(_ path: String) throws -> OpenFile {
+    /// Lists a folder. The kernel opens folders itself and keeps their listings (the change
+    /// watcher drops those another process changes), so nothing is held between calls: each
+    /// entry's position says where to go on. "." and ".." come first; then, in /docs, the
+    /// documents a page at a time in the order they were first stored (constant memory for
+    /// any number of them); then every other entry by a hash of its name, as ext4 lists.
+    public func readDirectory(_ path: String, after position: UInt64, add: (DirectoryEntry) -> Bool) throws {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
-        let attributes = try attributes(of: path)
-        guard attributes.kind == .directory else { throw FileSystemError(ENOTDIR) }
-        let number = withState {
-            let number = nextListing
-            nextListing += 1
-            listings[number] = Listing(node: node, path: path)
-            return number
+        guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
+        for entry in [DirectoryEntry(name: ".", position: ListingPosition.dot),
+                      DirectoryEntry(name: "..", position: ListingPosition.dotDot)] where entry.position > position {
+            guard add(entry) else { return }
         }
-        // The kernel may keep listings: it drops them itself when something changes through the
-        // mount, and the change watcher invalidates them when another process changes a document.
-        // Scratch folders and status change behind its back, so those are listed afresh.
-        switch node {
-        case .scratch, .statusDirectory: return OpenFile(handle: number)
-        default: return OpenFile(handle: number, keepCache: true)
-        }
-    }
-
-    public func releaseDirectory(_ handle: UInt64) {
-        _ = withState { listings.removeValue(forKey: handle) }
-    }
-
-    public func readDirectory(_ handle: UInt64, from offset: Int, add: (DirectoryEntry) -> Bool) throws {
-        guard let listing = withState({ listings[handle] }) else { throw FileSystemError(EBADF) }
-        // One readdir at a time per open directory (the kernel serialises them).
-        let entries = try listing.entries ?? listEntries(listing.node, path: listing.path)
-        listing.entries = entries
-        if offset < entries.count {
-            for entry in entries[offset...] where !add(entry) { return }
-        }
-        guard listing.node == .docs else { return }
-        // The documents, a page at a time, so that huge databases list in constant memory.
-        var position = max(offset, entries.count)
-        var after: String?
-        if position == listing.cursorOffset {
-            after = listing.cursorAfter
-        } else if let known = listing.resumePoints[position] {
-            after = known
-        } else if position > entries.count {
-            after = try database.documents(offset: position - entries.count - 1, limit: 1).first?.docID
-        }
-        var points: [Int: String] = [:]
-        defer { listing.resumePoints = points }
-        while true {
-            let page = try database.documents(after: after, limit: 256)
-            guard !page.isEmpty else { return }
-            for summary in page {
-                let entry = DirectoryEntry(name: FileNames.escape(summary.docID),
-                                           attributes: directory(summary.modified.timeIntervalSince1970))
-                guard add(entry) else { return }
-                position += 1
-                after = summary.docID
-                points[position] = after
-                listing.cursorOffset = position
-                listing.cursorAfter = after
+        if node == .docs, position < ListingPosition.firstName {
+            var after = ListingPosition.documentKey(after: position)
+            while true {
+                let page = try database.documentsInStorageOrder(afterKey: after, limit: 64)
+                for document in page {
+                    let entry = DirectoryEntry(name: FileNames.escape(document.docID),
+                                               attributes: directory(document.modified.timeIntervalSince1970),
+                                               position: ListingPosition.document(key: document.key))
+                    guard add(entry) else { return }
+                    after = document.key
+                }
+                if page.count < 64 { break }
             }
         }
+        for entry in try listEntries(node).sorted(by: { $0.position < $1.position }) where entry.position > position {
+            guard add(entry) else { return }
+        }
     }
 
-    private func listEntries(_ node: Node, path: String) throws -> [DirectoryEntry] {
-        let dots = [DirectoryEntry(name: "."), DirectoryEntry(name: "..")]
+    private func listEntries(_ node: Node) throws -> [DirectoryEntry] {
         switch node {
         case .root:
-            return dots + [DirectoryEntry(name: "docs", attributes: directory(mountTime)),
-                           DirectoryEntry(name: Node.statusDirectoryName, attributes: directory(mountTime, writable: false))]
+            return [named("docs", attributes: directory(mountTime)),
+                    named(Node.statusDirectoryName, attributes: directory(mountTime, writable: false))]
         case .docs:
-            // Documents that exist only as folders (mkdir, nothing saved yet) come first; the rest is paged.
-            let pending = ((try? FileManager.default.contentsOfDirectory(atPath: scratchRoot)) ?? []).sorted().filter {
+            // Documents that exist only as folders (mkdir, nothing saved yet); the others are paged.
+            let pending = ((try? FileManager.default.contentsOfDirectory(atPath: scratchRoot)) ?? []).filter {
                 (try? liveRevision(FileNames.unescape($0))) == nil
             }
-            return dots + pending.map { DirectoryEntry(name: $0, attributes: directory(mountTime)) }
+            return pending.map { named($0, attributes: directory(mountTime)) }
         case .statusDirectory:
-            return dots + ["status.json"].map { DirectoryEntry(name: $0) }
+            return ["status.json"].map { named($0) }
         case .document(let id):
-            var entries = dots
+            var entries: [DirectoryEntry] = []
             let entry = try cached(id)
             if let revision = entry.revision {
                 let modified = revision.savedAt.timeIntervalSince1970
                 // properties.json first, so that `rm -r` starts the removal before it empties attachments/.
                 if removal(id)?.properties != true {
-                    entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: file(Int64(entry.rendered.count), modified)))
+                    entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: file(Int64(entry.rendered.count), modified),
+                                                  position: ListingPosition.first))
                 }
-                entries.append(DirectoryEntry(name: Node.attachmentsDirectoryName, attributes: directory(modified)))
+                entries.append(named(Node.attachmentsDirectoryName, attributes: directory(modified)))
                 if entry.hasConflicts {
-                    entries.append(DirectoryEntry(name: Node.conflictsDirectoryName, attributes: directory(modified, writable: false)))
+                    entries.append(named(Node.conflictsDirectoryName, attributes: directory(modified, writable: false)))
                 }
             } else {
-                entries.append(DirectoryEntry(name: Node.attachmentsDirectoryName, attributes: directory(mountTime)))
+                entries.append(named(Node.attachmentsDirectoryName, attributes: directory(mountTime)))
             }
             entries += scratchEntries(scratchDirectory(id)).filter { $0.name != Node.attachmentsDirectoryName }
             return entries
         case .attachment(let id, let folder):
-            var entries = dots
+            var entries: [DirectoryEntry] = []
             var seen = Set<String>()
             let revision = try liveRevision(id)
             let attachments = revision.map(visibleAttachments) ?? []
@@ -349,9 +297,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                     .filter { !$0.isEmpty }
                 guard let first = components.first, seen.insert(first).inserted else { continue }
                 if components.count == 1, let attachment {
-                    entries.append(DirectoryEntry(name: first, attributes: file(attachment.length, modified)))
+                    entries.append(named(first, attributes: file(attachment.length, modified)))
                 } else {
-                    entries.append(DirectoryEntry(name: first, attributes: components.count == 1 ? nil : directory(modified)))
+                    entries.append(named(first, attributes: components.count == 1 ? nil : directory(modified)))
                 }
             }
             if folder.isEmpty {
@@ -359,33 +307,38 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             return entries
         case .conflicts(let id):
-            return dots + (try database.revisionTree(of: id).conflicts.map { DirectoryEntry(name: $0.id.description) })
+            return (try database.revisionTree(of: id).conflicts.map { named($0.id.description) })
         case .conflict(let id, let rev):
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
             let modified = conflict.savedAt.timeIntervalSince1970
-            return dots + [DirectoryEntry(name: Node.propertiesFileName,
-                                          attributes: file(Int64(render(conflict.properties).count), modified, writable: false)),
-                           DirectoryEntry(name: Node.attachmentsDirectoryName, attributes: directory(modified, writable: false))]
+            return [named(Node.propertiesFileName,
+                          attributes: file(Int64(render(conflict.properties).count), modified, writable: false)),
+                    named(Node.attachmentsDirectoryName, attributes: directory(modified, writable: false))]
         case .conflictAttachment(let id, let rev, let folder):
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
             let prefix = folder.isEmpty ? "" : folder + "/"
             var seen = Set<String>()
-            return dots + conflict.attachments.filter { $0.name.hasPrefix(prefix) }.compactMap { attachment in
+            return conflict.attachments.filter { $0.name.hasPrefix(prefix) }.compactMap { attachment in
                 let components = FileNames.attachmentComponents(String(attachment.name.dropFirst(prefix.count)))
                 guard let first = components.first, seen.insert(first).inserted else { return nil }
-                return DirectoryEntry(name: first)
+                return named(first)
             }
         case .scratch(let id, let relative):
-            return dots + scratchEntries(scratchPath(id, relative))
+            return scratchEntries(scratchPath(id, relative))
         case .properties, .statusFile, .conflictProperties:
             throw FileSystemError(ENOTDIR)
         }
     }
 
     private func scratchEntries(_ directory: String) -> [DirectoryEntry] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted().map { name in
-            DirectoryEntry(name: name, attributes: try? scratchAttributes("\(directory)/\(name)"))
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).map { name in
+            named(name, attributes: try? scratchAttributes("\(directory)/\(name)"))
         }
+    }
+
+    /// An entry of a folder but "." and "..", at the position of its name.
+    private func named(_ name: String, attributes: FileAttributes? = nil) -> DirectoryEntry {
+        DirectoryEntry(name: name, attributes: attributes, position: ListingPosition.name(name))
     }
 
     // MARK: - Status
@@ -505,5 +458,30 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     public func removeExtendedAttribute(_ name: String, of path: String) throws {
         _ = try attributes(of: path)
         throw FileSystemError(ENOTSUP)
+    }
+}
+
+/// Where entries sit in a listing (`DirectoryEntry.position`), so that a listing can go on
+/// from any entry without state, and entries that come and go meanwhile move no other one.
+enum ListingPosition {
+    static let dot: UInt64 = 1
+    static let dotDot: UInt64 = 2
+    /// An entry listed before the others (properties.json in a document folder).
+    static let first: UInt64 = 3
+    /// Documents in /docs: after "." and "..", by their storage key (a new document comes last).
+    static func document(key: Int64) -> UInt64 { 3 + UInt64(key) }
+    /// The storage key to list documents after, for a listing that goes on after `position`.
+    static func documentKey(after position: UInt64) -> Int64 { position > 3 ? Int64(position - 3) : 0 }
+    /// Every other entry: a hash of its name (64-bit FNV-1a), from 2^62 to 2^63 - 1, above any
+    /// storage key and below the sign bit of the kernel's offsets. Two names of one folder share
+    /// a position once in 2^62 / n² folders of n names.
+    static let firstName: UInt64 = 1 << 62
+    static func name(_ name: String) -> UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in name.utf8 {
+            hash ^= UInt64(byte)
+            hash &*= 0x100_0000_01b3
+        }
+        return firstName | hash >> 2
     }
 }

@@ -220,6 +220,21 @@ public final class Database: @unchecked Sendable {
         }
     }
 
+    /// Live documents in the order they were first stored, from the one after `key`: a
+    /// position that holds while documents come and go (the mount lists /docs this way).
+    public func documentsInStorageOrder(afterKey key: Int64, limit: Int) throws -> [StoredDocument] {
+        try read { connection in
+            try connection.query("""
+                SELECT d.doc_key, d.doc_id, r.saved_at
+                FROM docs d JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
+                WHERE d.doc_key > ? AND d.deleted = 0 ORDER BY d.doc_key LIMIT ?
+                """, .integer(key), SQLValue(limit)
+            ) { row in
+                StoredDocument(key: row.int64(0), docID: row.text(1), modified: Date(timeIntervalSince1970: row.double(2)))
+            }
+        }
+    }
+
     /// The documents changed after `sequence`, each once at its latest change, oldest first.
     public func changes(since sequence: Int64 = 0, limit: Int = Int.max) throws -> [Change] {
         try read { connection in

@@ -82,6 +82,15 @@ public struct DocumentSummary: Hashable, Sendable {
     public let modified: Date
 }
 
+/// A live document as a listing in storage order sees it (`Database.documentsInStorageOrder`).
+public struct StoredDocument: Hashable, Sendable {
+    /// Its row's key: documents stored later have higher keys, and a key stays with its document.
+    public let key: Int64
+    public let docID: String
+    /// When the current revision was saved.
+    public let modified: Date
+}
+
 /// What `sofa info` shows.
 public struct DatabaseInfo: Hashable, Sendable {
     public let path: String

@@ -11,9 +11,10 @@
 /// - **Errors.** A method throws; the bridge turns the error into an errno with
 ///   `ErrnoConvertible` (anything else is `EIO`). Nothing is asserted on worker
 ///   threads.
-/// - **Handles.** `open`/`create`/`openDirectory` return a 64-bit handle that the
-///   kernel hands back with every later call on that open file; paths are only
-///   for namespace operations.
+/// - **Handles.** `open`/`create` return a 64-bit handle that the kernel hands back
+///   with every later call on that open file; paths are only for namespace
+///   operations. Directories have no handles: the kernel opens them itself (no
+///   OPENDIR round trip) and keeps their listings.
 /// - **Caching.** The kernel caches attributes and entries for the timeouts given
 ///   in `FuseMount.Configuration`, and file data when `open` says `keepCache`;
 ///   `FuseMount.invalidate(_:)` drops what it holds for a path changed behind its back.
@@ -48,10 +49,15 @@ public struct DirectoryEntry: Sendable {
     public let name: String
     /// Attributes, when cheap to give: the kernel then needs no `stat` per entry (readdirplus).
     public let attributes: FileAttributes?
+    /// Where the listing resumes after this entry (`readDirectory(_:after:add:)`): never 0,
+    /// increasing along the listing, and tied to the entry rather than to its index, so that
+    /// entries added or removed between two reads neither hide nor repeat the others.
+    public let position: UInt64
 
-    public init(name: String, attributes: FileAttributes? = nil) {
+    public init(name: String, attributes: FileAttributes? = nil, position: UInt64) {
         self.name = name
         self.attributes = attributes
+        self.position = position
     }
 }
 
@@ -92,13 +98,12 @@ public protocol FileSystem: AnyObject, Sendable {
     /// Attributes of an open file (it may have been unlinked or renamed since).
     func attributes(ofHandle handle: UInt64) throws -> FileAttributes
 
-    /// Opens a directory; `keepCache` lets the kernel keep its cached listing
-    /// (drop it with `FuseMount.invalidate` when the directory changes behind its back).
-    func openDirectory(_ path: String) throws -> OpenFile
-    /// Lists entries from position `offset` on; `add` returns false when the kernel's
-    /// buffer is full. An entry's position is its index in the listing plus one.
-    func readDirectory(_ handle: UInt64, from offset: Int, add: (DirectoryEntry) -> Bool) throws
-    func releaseDirectory(_ handle: UInt64)
+    /// Lists the directory at `path`, in order of `position`, from the first entry whose
+    /// position is above `after` (0: from the start); `add` returns false when the kernel's
+    /// buffer is full. Directories are never opened: the kernel keeps listings (drop one with
+    /// `FuseMount.invalidate` when the directory changes behind its back), so a listing
+    /// carries no state between calls.
+    func readDirectory(_ path: String, after position: UInt64, add: (DirectoryEntry) -> Bool) throws
 
     func open(_ path: String, flags: Int32) throws -> OpenFile
     func create(_ path: String, permissions: UInt32, flags: Int32) throws -> OpenFile

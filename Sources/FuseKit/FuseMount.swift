@@ -1,5 +1,6 @@
 @preconcurrency import CFuse3
 import Foundation
+import Synchronization
 
 /// A mounted `FileSystem`: create it, `run()` it (blocks until unmounted), and
 /// `unmount()` it from any thread (or let `fusermount3 -u` do so).
@@ -138,10 +139,16 @@ struct SessionPointer: @unchecked Sendable {
 
 /// What the C callbacks reach through `fuse_req_userdata`.
 final class Box: @unchecked Sendable {
-    // Immutable after init; `table` guards itself.
+    // Immutable after init but for an atomic; `table` guards itself.
     let fileSystem: any FileSystem
     let configuration: FuseMount.Configuration
     let table = InodeTable()
+    /// Whether the kernel opens directories without asking (set at INIT, read by every worker).
+    private let kernelOpensDirectories = Atomic<Bool>(false)
+    var openDirectoryInKernel: Bool {
+        get { kernelOpensDirectories.load(ordering: .acquiring) }
+        set { kernelOpensDirectories.store(newValue, ordering: .releasing) }
+    }
 
     init(fileSystem: any FileSystem, configuration: FuseMount.Configuration) {
         self.fileSystem = fileSystem
@@ -247,9 +254,8 @@ private func replyDirectory(_ request: fuse_req_t?, _ ino: fuse_ino_t, size: Int
         let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
         defer { buffer.deallocate() }
         var used = 0
-        var position = offset
-        try fs.readDirectory(info!.pointee.fh, from: Int(offset)) { entry in
-            position += 1
+        try fs.readDirectory(box.path(ino), after: UInt64(bitPattern: Int64(offset))) { entry in
+            let position = off_t(bitPattern: UInt(entry.position))
             let remaining = size - used
             let isDot = entry.name == "." || entry.name == ".."
             if plus {
@@ -290,6 +296,8 @@ extension FuseMount {
             connection.pointee.max_readahead = FuseMount.maximumRequest
             // open(O_TRUNC) arrives as one open, not an open and a truncate (one revision, not two).
             connection.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC)
+            let box = Unmanaged<Box>.fromOpaque(userdata!).takeUnretainedValue()
+            box.openDirectoryInKernel = connection.pointee.capable & UInt32(FUSE_CAP_NO_OPENDIR_SUPPORT) != 0
         }
         ops.lookup = { request, parent, name in
             answer(request) { box, fs in
@@ -345,13 +353,16 @@ extension FuseMount {
                 replyAttributes(request, box, current, ino: ino)
             }
         }
-        ops.opendir = { request, ino, info in
-            answer(request) { box, fs in
-                let directory = try fs.openDirectory(box.path(ino))
-                info!.pointee.fh = directory.handle
-                cfuse_set_cache_readdir(info, directory.keepCache ? 1 : 0)
-                cfuse_set_keep_cache(info, directory.keepCache ? 1 : 0)
-                if fuse_reply_open(request, info) != 0 { fs.releaseDirectory(directory.handle) }
+        ops.opendir = { request, _, info in
+            // ENOSYS tells the kernel (Linux 5.1 and later) to open directories itself from now on,
+            // keeping their listings, without asking: one round trip less for every folder
+            // `ls -R` or `find` enters. Older kernels take ENOSYS as an error: open with the same flags.
+            if context(request).openDirectoryInKernel {
+                fuse_reply_err(request, ENOSYS)
+            } else {
+                cfuse_set_cache_readdir(info, 1)
+                cfuse_set_keep_cache(info, 1)
+                fuse_reply_open(request, info)
             }
         }
         ops.readdir = { request, ino, size, offset, info in
@@ -359,10 +370,6 @@ extension FuseMount {
         }
         ops.readdirplus = { request, ino, size, offset, info in
             replyDirectory(request, ino, size: size, offset: offset, info, plus: true)
-        }
-        ops.releasedir = { request, _, info in
-            context(request).fileSystem.releaseDirectory(info!.pointee.fh)
-            fuse_reply_err(request, 0)
         }
         ops.open = { request, ino, info in
             answer(request) { box, fs in

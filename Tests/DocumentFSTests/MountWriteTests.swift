@@ -124,6 +124,16 @@ import TestSupport
         #expect(first > 0)
         #expect(try sh("ls \(folder)") == "keep.txt\n")
         #expect(listings() == first, "a second listing of an unchanged folder asks nothing")
+        // The first OPENDIR is answered ENOSYS: from then on the kernel opens folders itself.
+        #expect(mount.log.components(separatedBy: "opcode: OPENDIR").count - 1 == 1, "\(mount.log.suffix(3000))")
+        #expect(!mount.log.contains("opcode: RELEASEDIR"))
+
+        // ls -l asks security.selinux and the POSIX ACL of each file until a file system says
+        // it supports neither: once per listing, not once per file.
+        for name in ["a", "b", "c", "d"] { try sh("echo \(name) > \(mount.path("docs/doc"))/\(name).swp") }
+        let before = mount.log.components(separatedBy: "opcode: GETXATTR").count
+        #expect(try sh("ls -lR \(mount.path("docs")) | grep -c swp") == "4\n")
+        #expect(mount.log.components(separatedBy: "opcode: GETXATTR").count - before <= 2, "\(mount.log.suffix(3000))")
 
         // What changes shows: through the mount at once, from another process within a second.
         try sh("echo b > \(folder)/b.txt")
