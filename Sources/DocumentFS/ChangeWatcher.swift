@@ -8,7 +8,7 @@ import Foundation
 public final class ChangeWatcher: @unchecked Sendable {
     // Sendable invariant: `lastSequence` and `stopped` are only touched on the watcher thread or under `lock`.
     private let database: Database
-    private let invalidate: @Sendable (String) -> Void
+    private let invalidate: @Sendable (_ path: String, _ descendants: Bool) -> Void
     private let documentChanged: @Sendable (String) -> Void
     private let interval: Double
     private var lastSequence: Int64
@@ -16,9 +16,10 @@ public final class ChangeWatcher: @unchecked Sendable {
     private let lock = NSLock()
 
     /// `documentChanged` receives each changed document's id first (to drop what the
-    /// file system caches), then `invalidate` the mount paths that show it.
+    /// file system caches), then `invalidate` the mount path that shows it.
     public init(database: Database, interval: Double = Tuning.changePollInterval,
-                documentChanged: @escaping @Sendable (String) -> Void, invalidate: @escaping @Sendable (String) -> Void) throws {
+                documentChanged: @escaping @Sendable (String) -> Void,
+                invalidate: @escaping @Sendable (_ path: String, _ descendants: Bool) -> Void) throws {
         self.database = database
         self.documentChanged = documentChanged
         self.invalidate = invalidate
@@ -49,27 +50,15 @@ public final class ChangeWatcher: @unchecked Sendable {
         return stopped
     }
 
-    /// Invalidates the paths of documents changed since the last poll.
+    /// Invalidates the folders of documents changed since the last poll, with all the kernel
+    /// holds below them (attachments that are gone included), and the listing of /docs.
     public func poll() {
         guard let changes = try? database.changes(since: lastSequence), let last = changes.last else { return }
         lastSequence = last.sequence
         for change in changes {
             documentChanged(change.docID)
-            let folder = String.documentPath(change.docID)
-            var paths = [folder, folder + "/" + Node.propertiesFileName, folder + "/" + Node.attachmentsDirectoryName,
-                         folder + "/" + Node.conflictsDirectoryName]
-            if let revision = try? database.currentRevision(of: change.docID) {
-                for attachment in revision.attachments {
-                    // The file, and every folder above it (their cached listings).
-                    var components = FileNames.attachmentComponents(attachment.name)
-                    while !components.isEmpty {
-                        paths.append(folder + "/" + Node.attachmentsDirectoryName + "/" + components.joined(separator: "/"))
-                        components.removeLast()
-                    }
-                }
-            }
-            Set(paths).forEach(invalidate)
+            invalidate(String.documentPath(change.docID), true)
         }
-        invalidate("/docs")
+        invalidate("/docs", false)
     }
 }

@@ -122,13 +122,17 @@ public final class FuseMount: @unchecked Sendable {
         process.waitUntilExit()
     }
 
-    /// Drops what the kernel caches about `path` (attributes, data, a directory's listing).
+    /// Drops what the kernel caches about `path` (attributes, data, a directory's listing) and,
+    /// with `descendants`, about every node it knows below it, also those whose names are gone
+    /// (a `stat` of one then asks, instead of showing a removed file until the timeout).
     /// Safe from any thread, also while or after the loop ends.
-    public func invalidate(_ path: String) {
+    public func invalidate(_ path: String, descendants: Bool = false) {
         sessionLock.lock()
         defer { sessionLock.unlock() }
         guard !destroyed, let ino = box.table.number(of: path) else { return }
-        _ = fuse_lowlevel_notify_inval_inode(session, ino, 0, 0)
+        for node in [ino] + (descendants ? box.table.descendants(of: ino) : []) {
+            _ = fuse_lowlevel_notify_inval_inode(session, node, 0, 0)
+        }
     }
 }
 

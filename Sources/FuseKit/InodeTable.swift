@@ -14,15 +14,11 @@ final class InodeTable: @unchecked Sendable {
         var lookups: UInt64
     }
 
-    private struct Key: Hashable {
-        let parent: fuse_ino_t
-        let name: String
-    }
-
     static let root: fuse_ino_t = 1
     private let lock = NSLock()
     private var nodes: [fuse_ino_t: Node] = [InodeTable.root: Node(parent: 0, name: "", lookups: 1)]
-    private var children: [Key: fuse_ino_t] = [:]
+    /// The named nodes of each directory node.
+    private var children: [fuse_ino_t: [String: fuse_ino_t]] = [:]
     private var next: fuse_ino_t = 2
 
     /// The path of `ino`; nil for a node that has none any more (or is unknown).
@@ -49,15 +45,14 @@ final class InodeTable: @unchecked Sendable {
     /// Counts one lookup of `name` in `parent` and returns its number (a new node if needed).
     func remember(_ parent: fuse_ino_t, _ name: String) -> fuse_ino_t {
         lock.withLock {
-            let key = Key(parent: parent, name: name)
-            if let ino = children[key] {
+            if let ino = children[parent]?[name] {
                 nodes[ino]!.lookups += 1
                 return ino
             }
             let ino = next
             next += 1
             nodes[ino] = Node(parent: parent, name: name, lookups: 1)
-            children[key] = ino
+            children[parent, default: [:]][name] = ino
             return ino
         }
     }
@@ -72,35 +67,30 @@ final class InodeTable: @unchecked Sendable {
                 return
             }
             nodes[ino] = nil
-            let key = Key(parent: node.parent, name: node.name)
-            if children[key] == ino { children[key] = nil }
+            if children[node.parent]?[node.name] == ino { take(node.parent, node.name) }
         }
     }
 
     /// `name` in `parent` is gone (unlink, rmdir).
     func removed(_ parent: fuse_ino_t, _ name: String) {
-        lock.withLock { detach(Key(parent: parent, name: name)) }
+        lock.withLock { _ = detach(parent, name) }
     }
 
     /// `name` in `parent` is now `newName` in `newParent` (swapped with it for an exchange).
     func renamed(_ parent: fuse_ino_t, _ name: String, to newParent: fuse_ino_t, _ newName: String, exchange: Bool) {
         lock.withLock {
-            let from = Key(parent: parent, name: name), to = Key(parent: newParent, name: newName)
-            let moving = children.removeValue(forKey: from)
-            let replaced = children.removeValue(forKey: to)
-            if let replaced {
-                if exchange {
-                    nodes[replaced]?.parent = parent
-                    nodes[replaced]?.name = name
-                    children[from] = replaced
-                } else {
-                    nodes[replaced]?.parent = 0
-                }
+            let moving = take(parent, name)
+            if exchange, let replaced = take(newParent, newName) {
+                nodes[replaced]?.parent = parent
+                nodes[replaced]?.name = name
+                children[parent, default: [:]][name] = replaced
+            } else {
+                detach(newParent, newName)
             }
             if let moving {
                 nodes[moving]?.parent = newParent
                 nodes[moving]?.name = newName
-                children[to] = moving
+                children[newParent, default: [:]][newName] = moving
             }
         }
     }
@@ -110,15 +100,39 @@ final class InodeTable: @unchecked Sendable {
         lock.withLock {
             var ino = InodeTable.root
             for name in path.split(separator: "/") {
-                guard let child = children[Key(parent: ino, name: String(name))] else { return nil }
+                guard let child = children[ino]?[String(name)] else { return nil }
                 ino = child
             }
             return ino
         }
     }
 
-    private func detach(_ key: Key) {
-        guard let ino = children.removeValue(forKey: key) else { return }
+    /// Every node the kernel knows below `ino`.
+    func descendants(of ino: fuse_ino_t) -> [fuse_ino_t] {
+        lock.withLock {
+            var found: [fuse_ino_t] = [], pending = [ino]
+            while let next = pending.popLast() {
+                let below = Array((children[next] ?? [:]).values)
+                found += below
+                pending += below
+            }
+            return found
+        }
+    }
+
+    /// Removes `name` from `parent`'s children and returns its node.
+    @discardableResult
+    private func take(_ parent: fuse_ino_t, _ name: String) -> fuse_ino_t? {
+        guard let ino = children[parent]?.removeValue(forKey: name) else { return nil }
+        if children[parent]?.isEmpty == true { children[parent] = nil }
+        return ino
+    }
+
+    /// `name` in `parent` is gone: its node lives on without a path while the kernel holds it.
+    @discardableResult
+    private func detach(_ parent: fuse_ino_t, _ name: String) -> fuse_ino_t? {
+        guard let ino = take(parent, name) else { return nil }
         nodes[ino]?.parent = 0
+        return ino
     }
 }

@@ -95,7 +95,7 @@ struct Mount: SofaCommand {
             throw SofaError.invalidArgument("cannot mount on \(mountPoint): \(error)")
         }
         let watcher = try ChangeWatcher(database: database, documentChanged: { [fileSystem] id in fileSystem.documentChanged(id) },
-                                        invalidate: { [mount] path in mount.invalidate(path) })
+                                        invalidate: { [mount] path, descendants in mount.invalidate(path, descendants: descendants) })
         watcher.start()
 
         // Ctrl-C, SIGTERM, SIGHUP: unmount lazily; open files finish their saves, then run() returns.

@@ -112,6 +112,14 @@ import TestSupport
         let elapsed = Date().timeIntervalSince(start)
         #expect(seen && elapsed <= 1.5, "seen: \(seen), after \(elapsed) s")
         #expect(try waitUntil(3) { try sh("ls \(mount.path("docs"))").contains("other") })
+
+        // A removal too: `stat` of the removed attachment, which the kernel held, fails within a second.
+        let kept = mount.path("docs/doc/attachments/keep.txt")
+        #expect(try sh("stat -c %s \(kept)") == "4\n")
+        #expect(try sofa("detach", db.path, "doc", "keep.txt").succeeded)
+        let removedAt = Date()
+        let gone = try waitUntil(3) { !FileManager.default.fileExists(atPath: kept) }
+        #expect(gone && Date().timeIntervalSince(removedAt) <= 1.5, "gone: \(gone) after \(Date().timeIntervalSince(removedAt)) s")
     }
 
     @Test func unchangedFoldersAreListedFromTheKernelsCache() throws {
