@@ -246,16 +246,44 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
-        try writableFile().write(bytes, at: offset)
+        if let lost { throw lost }
+        do {
+            try writableFile().write(bytes, at: offset)
+        } catch {
+            lose(error)
+            throw error
+        }
         dirty = true
         failed = false
         return bytes.count
     }
 
     override func truncate(to size: Int64) throws {
-        try writableFile().truncate(to: size)
+        if size == 0 { lost = nil }
+        if let lost { throw lost }
+        do {
+            try writableFile().truncate(to: size)
+        } catch {
+            lose(error)
+            throw error
+        }
         dirty = true
         failed = false
+    }
+
+    /// Set when a write could not be stored (a full disk): the body has a gap, so nothing of
+    /// it is saved; every later write and flush fails with the same error, and its bytes are
+    /// dropped at once (room for whatever comes next). Only emptying the file starts afresh.
+    private var lost: Error?
+
+    private func lose(_ error: Error) {
+        lost = error
+        file?.discard()
+        file = nil
+        failed = true
+        lastError = error
+        dirty = false
+        emptiedAtOpen = false
     }
 
     override var size: Int64 { file?.size ?? saved?.length ?? 0 }

@@ -1,0 +1,62 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// The disk under a mounted database fills up (a small tmpfs): writers get ENOSPC,
+/// nothing half-written is saved, and the mount goes on working once there is room.
+@Suite struct MountFailureTests {
+    let directory = TemporaryDirectory()
+
+    @Test func fullDiskFailsTheWriteAndSavesNothing() throws {
+        #expect(isRoot, "this test mounts a tmpfs and needs root")
+        let small = directory.appending("small")
+        try FileManager.default.createDirectory(atPath: small, withIntermediateDirectories: false)
+        let tmpfs = try shell("mount -t tmpfs -o size=4m tmpfs \(small)")
+        #expect(tmpfs.succeeded, "\(tmpfs.stderr)")
+        defer { _ = try? shell("umount -l \(small)") }
+        let db = try Database.create(at: small + "/full.sofa")
+        let before = try db.put("doc", ["n": 1], attachments: ["keep.txt": Array("kept\n".utf8)])
+        let source = directory.appending("big.bin")
+        try writePatternFile(source, count: 8 << 20)
+
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc/attachments")
+        // cp streams into the blob store until the disk is full; its write fails.
+        let copy = try shell("cp \(source) \(folder)/big.bin")
+        #expect(!copy.succeeded && copy.stderr.contains("No space left on device"), "\(copy.stderr)")
+        #expect(try db.document(withID: "doc") == before, "no revision from a body that did not fit")
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory + "/tmp")
+        #expect(leftovers.isEmpty, "the half body is gone: \(leftovers)")
+        let blobs = try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory).filter { $0.hasSuffix(".blob") }
+        #expect(blobs.count == 1, "no blob of the half body: \(blobs)")
+        #expect(!FileManager.default.fileExists(atPath: "\(folder)/big.bin"))
+
+        // A writer that carries on after ENOSPC must not save a body with a gap in it.
+        let retry = try shell("""
+            python3 -c '
+            import os, sys
+            fd = os.open("\(folder)/retry.bin", os.O_WRONLY | os.O_CREAT)
+            try:
+                for i in range(64): os.write(fd, b"x" * 131072)
+                sys.exit("the disk never filled")
+            except OSError as e: print("full:", e.strerror)
+            try: os.write(fd, b"tail"); print("wrote after the error")
+            except OSError as e: print("later write:", e.strerror)
+            try: os.close(fd); print("closed")
+            except OSError as e: print("close:", e.strerror)
+            '
+            """)
+        #expect(retry.stdout == "full: No space left on device\nlater write: No space left on device\nclose: No space left on device\n",
+                "\(retry.stdout) \(retry.stderr)")
+        #expect(try db.document(withID: "doc") == before)
+        // Once there is room again, work goes on.
+        let echo = try shell("echo fits > \(folder)/small.txt")
+        let state = try sh("df -k \(small); ls -la \(db.path) \(db.path)/attachments/tmp")
+        #expect(echo.succeeded, "\(echo.stderr) \(state)\n\(mount.log)")
+        #expect(try db.document(withID: "doc")?.attachmentNames == ["keep.txt", "small.txt"])
+        #expect(try sh("cat \(folder)/keep.txt") == "kept\n")
+        #expect(mount.unmount().succeeded)
+    }
+}
