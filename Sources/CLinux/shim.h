@@ -4,3 +4,7 @@
 // Flushes every file of the file system that holds `fd` (one journal commit instead of one
 // per file): a staged copy of a database is made durable this way before it is renamed.
 extern int syncfs(int fd);
+
+// Starts writing a file's dirty pages in a range to disk without waiting (flags:
+// SYNC_FILE_RANGE_WRITE = 2), so that a later fsync finds little left to do.
+extern int sync_file_range(int fd, long long offset, long long count, unsigned int flags);

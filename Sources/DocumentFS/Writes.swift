@@ -40,7 +40,7 @@ extension DocumentFileSystem {
                                                        contentType: attachment.contentType, blobs: database.blobs,
                                                        initialContent: truncating ? nil : attachment.blobKey)
                 handle.emptiedAtOpen = truncating
-                return OpenFile(handle: handles.add(handle))
+                return OpenFile(handle: handles.add(handle), directIO: flags & O_ACCMODE == O_WRONLY)
             }
             return try openForReading(attachment, docID: id, path: path)
         case .conflictProperties(let id, let rev):
@@ -107,7 +107,7 @@ extension DocumentFileSystem {
                                                    contentType: existing?.contentType ?? MIMEType.forFileName(name),
                                                    blobs: database.blobs, initialContent: nil)
             handle.emptiedAtOpen = true
-            return OpenFile(handle: handles.add(handle))
+            return OpenFile(handle: handles.add(handle), directIO: flags & O_ACCMODE == O_WRONLY)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let target = scratchPath(id, relative)

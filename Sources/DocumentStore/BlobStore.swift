@@ -1,3 +1,4 @@
+import CLinux
 import DocumentModel
 import Foundation
 
@@ -280,6 +281,7 @@ public final class BlobWriter {
     private var fd: Int32
     private let digest = MessageDigest(.sha1)
     public private(set) var length: Int64 = 0
+    private var writeback = EarlyWriteback()
     /// A resumable writer keeps its bytes when dropped or cancelled.
     private let keepsBytes: Bool
 
@@ -340,6 +342,7 @@ public final class BlobWriter {
             throw error
         }
         length += Int64(bytes.count)
+        writeback.written(upTo: length, fd: fd)
     }
 
     /// Syncs the bytes to disk and moves them under their key's name. With `expected`,
@@ -460,6 +463,7 @@ public final class TemporaryBlobFile {
     /// Non-nil while every byte so far was written in order. Updated on `hasher` only.
     private var digest: MessageDigest? = MessageDigest(.sha1)
     private var hashedLength: Int64 = 0
+    private var writeback = EarlyWriteback()
     public private(set) var size: Int64 = 0
     /// Hashes in-order writes on another core while the writer carries on (a mount's
     /// write returns once its bytes are in the file); `commit` waits for it.
@@ -508,6 +512,7 @@ public final class TemporaryBlobFile {
                 hashSlots.signal()
             }
             hashedLength += Int64(bytes.count)
+            writeback.written(upTo: hashedLength, fd: fd)
         } else {
             digest = nil
         }
@@ -562,6 +567,21 @@ public final class TemporaryBlobFile {
         close(fd)
         fd = -1
         unlink(path)
+    }
+}
+
+/// Has the disk start writing a body while more of it arrives (`sync_file_range`, which
+/// does not wait), so that the fsync before the body is installed finds little left to do:
+/// that fsync took 0.3–0.5 s of a 1 GiB copy into the mount.
+struct EarlyWriteback {
+    private var started: Int64 = 0
+    static let step: Int64 = 8 << 20
+
+    /// The bytes before `end` are written (in order).
+    mutating func written(upTo end: Int64, fd: Int32) {
+        guard end - started >= EarlyWriteback.step else { return }
+        _ = sync_file_range(fd, started, end - started, 2 /* SYNC_FILE_RANGE_WRITE */)
+        started = end
     }
 }
 

@@ -17,9 +17,12 @@ public final class FuseMount: @unchecked Sendable {
         /// Mount options given to libfuse (`allow_other`, `auto_unmount`, `ro`, …).
         public var options: [String] = []
         /// How long the kernel trusts attributes and names (seconds). Long, because the file
-        /// system invalidates what changes behind the kernel's back (`invalidate(_:)`).
-        public var attributeTimeout = 10.0
-        public var entryTimeout = 10.0
+        /// system invalidates what changes behind the kernel's back (`invalidate(_:descendants:)`):
+        /// a folder listed from the kernel's cache asks nothing, so with a short timeout its
+        /// names would expire unused and cost a LOOKUP each on the next `stat` (10 s made a
+        /// `stat` of 20,000 warm files 3.8 times slower than 60 s).
+        public var attributeTimeout = 60.0
+        public var entryTimeout = 60.0
         /// Names that do not exist: short, as new ones cannot be invalidated by path.
         public var negativeTimeout = 0.5
         /// Worker threads; size it for callbacks that block (a read waiting for a download).
@@ -214,7 +217,9 @@ private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttrib
     buffer.pointee.st_mode = (attributes.kind == .directory ? Glibc.S_IFDIR : Glibc.S_IFREG) | attributes.permissions
     buffer.pointee.st_nlink = UInt(attributes.linkCount)
     buffer.pointee.st_size = Int(attributes.size)
-    buffer.pointee.st_blksize = 4096
+    // The request size for files: cp sizes its buffer by it (1 MiB writes instead of 128 KiB, an
+    // eighth of the round trips).
+    buffer.pointee.st_blksize = attributes.kind == .regularFile ? Int(FuseMount.maximumRequest) : 4096
     buffer.pointee.st_blocks = Int((attributes.size + 511) / 512)
     buffer.pointee.st_uid = geteuid()
     buffer.pointee.st_gid = getegid()
