@@ -468,8 +468,10 @@ public final class TemporaryBlobFile {
     /// Hashes in-order writes on another core while the writer carries on (a mount's
     /// write returns once its bytes are in the file); `commit` waits for it.
     private let hasher = DispatchQueue(label: "sofa.blob-hash")
-    /// Bounds the bytes waiting to be hashed (64 pieces, 8 MiB at the mount's 128 KiB).
+    /// Bounds the bytes waiting to be hashed: 8 MiB, in units of 128 KiB (counting pieces
+    /// let 64 MiB wait once the mount's writes grew to 1 MiB, and the mount's peak RSS with it).
     private let hashSlots = DispatchSemaphore(value: 64)
+    private static let hashUnit = 128 << 10
 
     fileprivate init(store: BlobStore, copying key: BlobKey?) throws {
         self.store = store
@@ -506,10 +508,11 @@ public final class TemporaryBlobFile {
         if let digest, offset == hashedLength {
             let copy = [UInt8](bytes)
             let box = HashingDigest(digest)
-            hashSlots.wait()
+            let units = max(1, (bytes.count + TemporaryBlobFile.hashUnit - 1) / TemporaryBlobFile.hashUnit)
+            for _ in 0..<units { hashSlots.wait() }
             hasher.async { [hashSlots] in
                 box.digest.update(copy)
-                hashSlots.signal()
+                for _ in 0..<units { hashSlots.signal() }
             }
             hashedLength += Int64(bytes.count)
             writeback.written(upTo: hashedLength, fd: fd)

@@ -174,6 +174,20 @@ import TestSupport
         try attachment(name, in: id).map { try db.blobs.contents(of: $0.blobKey!) }
     }
 
+    @Test func aTwoGiBFileStreamsInWithFlatMemory() throws {
+        let source = directory.appending("big.bin")
+        let key = try writePatternFile(source, count: 2 << 30)
+        defer { unlink(source) }
+        let mount = try MountedDatabase(db.path)
+        try sh("cp \(source) \(mount.path("docs/doc/attachments/big.bin"))")
+        let stored = try #require(try attachment("big.bin"))
+        #expect(stored.length == 2 << 30)
+        #expect(stored.blobKey == key, "the bytes arrived whole and in order")
+        #expect(try generation(db, "doc") == 2, "one revision")
+        let peak = try #require(mount.peakMemory)
+        #expect(peak < 150 << 20, "the mount peaked at \(peak >> 20) MiB for a 2 GiB body")
+    }
+
     @Test func writingTheSameBytesAgainMakesNoRevision() throws {
         let mount = try MountedDatabase(db.path)
         try sh("printf 'alpha\\n' > \(mount.path("docs/doc/attachments/a.txt"))")

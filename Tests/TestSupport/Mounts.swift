@@ -52,6 +52,15 @@ public final class MountedDatabase: @unchecked Sendable {
         return finished
     }
 
+    /// The mount process's peak resident memory so far, in bytes (its VmHWM).
+    public var peakMemory: Int64? {
+        guard let status = try? String(contentsOfFile: "/proc/\(process.pid)/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+              let kilobytes = line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first.flatMap({ Int64($0) })
+        else { return nil }
+        return kilobytes << 10
+    }
+
     /// The mount process's standard error so far (its log).
     public var log: String { process.errorOutput }
 
