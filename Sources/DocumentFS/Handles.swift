@@ -98,8 +98,10 @@ final class PendingBodyHandle: Handle, @unchecked Sendable {
                 case .partial(let path): path
                 }
                 fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-                // The partial file may have just become the blob: try its final name.
-                if fd < 0, case .partial = readable, case .complete(let blob) = transfer.state {
+                // The partial file may have just become the blob. It is renamed before the transfer
+                // says so (the directory is fsynced in between, seconds under a loaded disk), so
+                // wait for that, then open its final name: checking the state at once failed a reader.
+                if fd < 0, case .partial = readable, let blob = try? transfer.waitForBlob(timeout: timeout, docID: docID) {
                     fd = Glibc.open(blobs.path(for: blob.key), O_RDONLY | O_CLOEXEC)
                 }
                 guard fd >= 0 else { throw FileSystemError(EIO) }

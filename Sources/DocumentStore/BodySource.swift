@@ -101,6 +101,20 @@ public final class BodyTransfer: @unchecked Sendable {
         if let ended { handler(ended) }
     }
 
+    /// Waits until the body is a blob (its file renamed into the store and the transfer told),
+    /// the transfer fails, or `timeout` seconds pass; throws `bodyNotAvailable` in the last two cases.
+    public func waitForBlob(timeout: Double, docID: String) throws -> StoredBlob {
+        let deadline = Date().addingTimeInterval(timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while true {
+            if let blob { return blob }
+            if failure != nil || !condition.wait(until: deadline) && Date() >= deadline {
+                throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+            }
+        }
+    }
+
     /// Where bytes up to `end` can be read: the finished blob, or the file being written.
     public enum Readable: Sendable {
         case blob(StoredBlob)
