@@ -248,23 +248,20 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
-        if let lost { throw lost }
-        do {
-            try writableFile().write(bytes, at: offset)
-        } catch {
-            lose(error)
-            throw error
-        }
-        dirty = true
-        failed = false
+        try alterBody { try $0.write(bytes, at: offset) }
         return bytes.count
     }
 
     override func truncate(to size: Int64) throws {
         if size == 0 { lost = nil }
+        try alterBody { try $0.truncate(to: size) }
+    }
+
+    /// Applies a write or truncation to the body being written; one that fails loses the body.
+    private func alterBody(_ body: (TemporaryBlobFile) throws -> Void) throws {
         if let lost { throw lost }
         do {
-            try writableFile().truncate(to: size)
+            try body(writableFile())
         } catch {
             lose(error)
             throw error
