@@ -26,8 +26,8 @@ extension CouchServer {
 
     // MARK: - Reading
 
-    func renderOptions(_ request: Request) throws -> RenderOptions {
-        var options = RenderOptions()
+    func renderOptions(_ request: Request) throws -> CouchFormat.Options {
+        var options = CouchFormat.Options()
         options.revisions = request.flag("revs")
         options.conflicts = request.flag("conflicts") || request.flag("meta")
         options.deletedConflicts = request.flag("deleted_conflicts") || request.flag("meta")
@@ -47,7 +47,7 @@ extension CouchServer {
         let requested = try request.query("rev").map { try RevisionID.parse($0) }
         let multipart = options.bodies == .inline && request.accepts("multipart/related")
         if multipart { options.bodies = .follows }
-        let rendered = try await blocking { [options] () -> RenderedRevision in
+        let rendered = try await blocking { [options] () -> CouchFormat.Rendered in
             let tree = try db.revisionTree(of: id)
             let revision: Revision
             if let requested {
@@ -57,7 +57,7 @@ extension CouchServer {
                 guard !current.deleted else { throw HTTPError(.notFound, "not_found", "deleted") }
                 revision = current
             }
-            return try CouchJSON.render(revision, tree: tree, options: options,
+            return try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options,
                                         hasBody: { (try? db.revision($0, of: id)) != nil },
                                         readBody: { try self.readWholeBody($0, db, id: id) })
         }
@@ -99,7 +99,7 @@ extension CouchServer {
 
     /// The JSON part and the attachment parts of one revision, each opened by `--boundary`;
     /// the caller writes the close delimiter.
-    func writeRelatedParts(_ rendered: RenderedRevision, db: Database, id: String, boundary: String,
+    func writeRelatedParts(_ rendered: CouchFormat.Rendered, db: Database, id: String, boundary: String,
                            response: ResponseWriter) async throws {
         var json = JSONValue.object(rendered.json).serialized()
         json.insert(contentsOf: Array("--\(boundary)\r\nContent-Type: application/json\r\n\r\n".utf8), at: 0)
@@ -117,7 +117,7 @@ extension CouchServer {
 
     /// `GET /db/doc?open_revs=all|[…]`: the leaves or the given revisions, as
     /// `multipart/mixed` (bodies included, as CouchDB does for that type) or a JSON array.
-    private func openRevs(_ request: Request, _ db: Database, id: String, selector: JSONValue, options: RenderOptions) async throws {
+    private func openRevs(_ request: Request, _ db: Database, id: String, selector: JSONValue, options: CouchFormat.Options) async throws {
         var options = options
         let multipart = request.accepts("multipart/mixed")
         if multipart { options.bodies = .follows }
@@ -133,7 +133,7 @@ extension CouchServer {
         } else {
             throw HTTPError.badRequest("open_revs must be \"all\" or a JSON array of revisions")
         }
-        let results = try await blocking { [options] () -> [Result<RenderedRevision, OpenRevMissing>] in
+        let results = try await blocking { [options] () -> [Result<CouchFormat.Rendered, OpenRevMissing>] in
             let tree: RevisionTree
             do { tree = try db.revisionTree(of: id) } catch SofaError.documentNotFound {
                 guard let wanted else { throw HTTPError.notFound }
@@ -143,7 +143,7 @@ extension CouchServer {
             let revs = wanted.map { list in list.flatMap { latest ? tree.latestLeaves(from: $0) : [$0] } } ?? tree.leaves.map(\.id).sorted()
             return try revs.map { rev in
                 guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
-                return .success(try CouchJSON.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
+                return .success(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
             }
         }
         let response = request.response
@@ -175,7 +175,7 @@ extension CouchServer {
 
     /// One revision as a part of a `multipart/mixed` response: JSON alone, or a nested
     /// `multipart/related` with its attachment bodies.
-    func writeMixedPart(_ rendered: RenderedRevision, db: Database, id: String, boundary: String,
+    func writeMixedPart(_ rendered: CouchFormat.Rendered, db: Database, id: String, boundary: String,
                         response: ResponseWriter) async throws {
         if rendered.following.isEmpty {
             let json = JSONValue.object(rendered.json).serialized()
@@ -259,7 +259,12 @@ extension CouchServer {
                     try await blocking { try sink.write(chunk) }
                 }
                 let claimed = attachment.digest
-                let result = try await blocking { try sink.finish(claimedDigest: claimed) }
+                let result = try await blocking { () -> (blob: StoredBlob, digest: String) in
+                    let result = try sink.finish(claimedDigest: claimed)
+                    // The sender's digest of the encoded form still names this body.
+                    if let claimed, claimed != result.digest, claimed.hasPrefix("md5-") { try db.recordAlias(claimed, of: result.blob.key) }
+                    return result
+                }
                 received[attachment.name] = ReceivedBody(blob: result.blob, digest: result.digest)
             } catch {
                 sink.cancel()
@@ -367,7 +372,7 @@ extension CouchServer {
             let type = attachment.contentType ?? MIMEType.forFileName(attachment.name)
             switch attachment.body {
             case .stub:
-                if known == nil { known = try knownAttachments(id: id, ancestors: document.ancestors, db: db) }
+                if known == nil { known = try db.attachmentsForStubs(of: id, ancestors: document.ancestors) }
                 guard let existing = known?[attachment.name] else { throw missingStub(id, attachment.name) }
                 attachments.append(existing.with(contentType: type, revpos: attachment.revpos ?? existing.revpos))
             case .data, .follows:
@@ -379,18 +384,6 @@ extension CouchServer {
         }
         return ReplicatedRevision(docID: id, revID: rev, ancestors: document.ancestors, deleted: document.deleted,
                                   properties: document.properties, attachments: attachments.sorted { $0.name < $1.name })
-    }
-
-    /// Attachments by name from the nearest stored ancestor, then from the leaves.
-    private func knownAttachments(id: String, ancestors: [RevisionID], db: Database) throws -> [String: Attachment] {
-        guard let tree = try? db.revisionTree(of: id) else { return [:] }
-        var result: [String: Attachment] = [:]
-        let candidates = ancestors.filter(tree.contains) + tree.leaves.map(\.id)
-        for rev in candidates.reversed() {
-            guard let revision = try? db.revision(rev, of: id) else { continue }
-            for attachment in revision.attachments { result[attachment.name] = attachment }
-        }
-        return result
     }
 
     private func deleteDocument(_ request: Request, _ db: Database, id: String) async throws {

@@ -1,4 +1,5 @@
 import DocumentModel
+import DocumentStore
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -54,6 +55,7 @@ struct HTTPError: Error, CustomStringConvertible {
     static func from(_ error: any Error) -> HTTPError {
         if let error = error as? HTTPError { return error }
         if let error = error as? SofaError { return HTTPError(error) }
+        if let error = error as? CouchFormatError { return HTTPError(.badRequest, error.error, error.reason) }
         if let error = error as? JSONParseError { return HTTPError(SofaError.invalidJSON(error)) }
         return HTTPError(.internalServerError, "internal_server_error", "\(error)")
     }

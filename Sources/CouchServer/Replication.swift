@@ -4,6 +4,22 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 
+/// CouchDB's sequences as Sofa serves them.
+enum CouchJSON {
+    /// Sequences are decimal strings, opaque to clients as CouchDB's are.
+    static func sequence(_ value: Int64) -> JSONValue { .string(String(value)) }
+
+    /// Reads a `since` / sequence value: a number, a numeric string, `"now"` is handled by callers.
+    static func parseSequence(_ text: String) throws -> Int64 {
+        // Accept CouchDB-style "N-opaque" too, from clients that mix servers up.
+        let digits = text.split(separator: "-").first.map(String.init) ?? text
+        guard let value = Int64(digits), value >= 0 else {
+            throw HTTPError(.badRequest, "bad_request", "Malformed sequence supplied in 'since' parameter.")
+        }
+        return value
+    }
+}
+
 extension CouchServer {
     /// How often an open longpoll or continuous feed looks for new changes. Writes
     /// by other processes (the CLI, a mount) are found the same way.
@@ -114,9 +130,9 @@ extension CouchServer {
         if change.deleted { row["deleted"] = true }
         if query.includeDocs {
             if let tree, let revision = try? db.revision(change.revID, of: change.docID) {
-                var options = RenderOptions()
+                var options = CouchFormat.Options()
                 options.conflicts = query.conflicts
-                row["doc"] = .object(try CouchJSON.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
+                row["doc"] = .object(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options, readBody: { _ in [] }).json)
             } else {
                 row["doc"] = .null
             }
@@ -228,25 +244,21 @@ extension CouchServer {
         guard case .object(let asked) = try await request.body.json(limit: Limits.jsonBody) else {
             throw HTTPError.badRequest("Request body must be a JSON object")
         }
+        let revs = try asked.map { id, value -> (id: String, revs: [RevisionID]) in
+            guard let list = value.arrayValue else { throw HTTPError.badRequest("revs for \(id) must be a list") }
+            return (id, try list.map { item -> RevisionID in
+                guard let text = item.stringValue, let rev = RevisionID(text) else { throw HTTPError.badRequest("Invalid rev format") }
+                return rev
+            })
+        }
         let result = try await blocking { () -> JSONObject in
-            var result = JSONObject()
-            for (id, value) in asked {
-                guard let list = value.arrayValue else { throw HTTPError.badRequest("revs for \(id) must be a list") }
-                let revs = try list.map { item -> RevisionID in
-                    guard let text = item.stringValue, let rev = RevisionID(text) else { throw HTTPError.badRequest("Invalid rev format") }
-                    return rev
+            JSONObject(try db.revsDiff(revs).map { id, entry in
+                var answer: JSONObject = ["missing": .array(entry.missing.map { .string($0.description) })]
+                if !entry.possibleAncestors.isEmpty {
+                    answer["possible_ancestors"] = .array(entry.possibleAncestors.map { .string($0.description) })
                 }
-                let tree = try? db.revisionTree(of: id)
-                let missing = revs.filter { !(tree?.contains($0) ?? false) }
-                guard !missing.isEmpty else { continue }
-                var entry: JSONObject = ["missing": .array(missing.map { .string($0.description) })]
-                if let tree, let highest = missing.map(\.generation).max() {
-                    let ancestors = tree.leaves.filter { $0.id.generation < highest }.map(\.id).sorted()
-                    if !ancestors.isEmpty { entry["possible_ancestors"] = .array(ancestors.map { .string($0.description) }) }
-                }
-                result[id] = .object(entry)
-            }
-            return result
+                return (id, .object(answer))
+            })
         }
         try await request.response.sendJSON(.ok, .object(result))
     }
@@ -284,7 +296,7 @@ extension CouchServer {
 
     private struct BulkGetResult {
         let id: String
-        var docs: [Result<RenderedRevision, OpenRevMissing>]
+        var docs: [Result<CouchFormat.Rendered, OpenRevMissing>]
         /// The doc does not exist and no rev was asked for.
         var missingUndefined = false
     }
@@ -320,7 +332,7 @@ extension CouchServer {
                 }
                 return BulkGetResult(id: id, docs: try revs.map { rev in
                     guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
-                    return .success(try CouchJSON.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
+                    return .success(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
                 })
             }
         }

@@ -189,9 +189,9 @@ extension CouchServer {
             var row: JSONObject = ["id": .string(id), "key": .string(id), "value": ["rev": .string(rev.description)]]
             if includeDocs, let revision = try db.document(withID: id) {
                 let tree = try db.revisionTree(of: id)
-                var options = RenderOptions()
+                var options = CouchFormat.Options()
                 options.conflicts = conflicts
-                row["doc"] = .object(try CouchJSON.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
+                row["doc"] = .object(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options, readBody: { _ in [] }).json)
             }
             return .object(row)
         }

@@ -43,6 +43,12 @@ public final class BlobStore: Sendable {
 
     public func contains(_ key: BlobKey) -> Bool { access(path(for: key), F_OK) == 0 }
 
+    /// The size of the blob `key`, or nil if it is not here.
+    public func size(of key: BlobKey) -> Int64? {
+        var info = stat()
+        return stat(path(for: key), &info) == 0 ? Int64(info.st_size) : nil
+    }
+
     /// Starts streaming a new blob into the store.
     public func makeWriter() throws -> BlobWriter {
         try BlobWriter(store: self)

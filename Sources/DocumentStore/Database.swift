@@ -29,6 +29,8 @@ public final class Database: @unchecked Sendable {
     /// True when the database sits on a read-only file system: it is opened
     /// immutable, reads work, and every write fails with `readOnlyFileSystem`.
     public let isReadOnly: Bool
+    /// Whether the file has `body_digests` (a version 1 database opened read-only has not).
+    let hasBodyDigests: Bool
 
     /// The one connection that writes. Guarded by `writeLock`.
     private let writer: SQLiteConnection
@@ -44,10 +46,11 @@ public final class Database: @unchecked Sendable {
 
     public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }
 
-    private init(path: String, writer: SQLiteConnection, readOnly: Bool = false) throws {
+    private init(path: String, writer: SQLiteConnection, readOnly: Bool = false, schemaVersion: Int = Schema.version) throws {
         self.path = path
         self.writer = writer
         self.isReadOnly = readOnly
+        self.hasBodyDigests = schemaVersion >= 2
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
@@ -94,8 +97,8 @@ public final class Database: @unchecked Sendable {
         let readOnly = statvfs(path, &fileSystem) == 0 && fileSystem.f_flag & UInt(ST_RDONLY) != 0
             && (stat(file + "-wal", &wal) != 0 || wal.st_size == 0)
         let connection = try SQLiteConnection(path: file, create: false, immutable: readOnly)
-        try Schema.check(connection, path: path, readOnly: readOnly)
-        let database = try Database(path: path, writer: connection, readOnly: readOnly)
+        let version = try Schema.check(connection, path: path, readOnly: readOnly)
+        let database = try Database(path: path, writer: connection, readOnly: readOnly, schemaVersion: version)
         if !readOnly { try database.blobs.createDirectories() }
         return database
     }
@@ -285,13 +288,28 @@ public final class Database: @unchecked Sendable {
 
     /// Records that the body known by `digest` is now in the blob store, for every
     /// revision that refers to it without a body. Returns how many attachments gained it.
+    /// With `storedDigest` (the digest of the bytes as stored, when `digest` named an
+    /// encoded form), those attachments take that digest and `digest` stays known as an
+    /// alias of the body (`body_digests`).
     @discardableResult
-    public func attachBody(digest: String, blob: StoredBlob) throws -> Int {
+    public func attachBody(digest: String, blob: StoredBlob, storedDigest: String? = nil) throws -> Int {
         try write { connection in
-            try connection.run("UPDATE rev_attachments SET blob_key = ? WHERE digest = ? AND length = ? AND (blob_key IS NULL OR blob_key != ?)",
-                               .text(blob.key.hex), .text(digest), .integer(blob.length), .text(blob.key.hex))
-            return Int(connection.changes)
+            try connection.run("UPDATE rev_attachments SET blob_key = ?, digest = ? WHERE digest = ? AND length = ? AND (blob_key IS NULL OR blob_key != ?)",
+                               .text(blob.key.hex), .text(storedDigest ?? digest), .text(digest), .integer(blob.length), .text(blob.key.hex))
+            let changed = Int(connection.changes)
+            if let storedDigest, storedDigest != digest { try recordAlias(digest, of: blob.key, in: connection) }
+            return changed
         }
+    }
+
+    /// Remembers that the body `key` is also known as `digest` (an encoded form's digest).
+    public func recordAlias(_ digest: String, of key: BlobKey) throws {
+        try write { try recordAlias(digest, of: key, in: $0) }
+    }
+
+    func recordAlias(_ digest: String, of key: BlobKey, in connection: SQLiteConnection) throws {
+        guard hasBodyDigests, digest != key.digestString else { return }
+        try connection.run("INSERT OR REPLACE INTO body_digests (digest, blob_key) VALUES (?, ?)", .text(digest), .text(key.hex))
     }
 
     /// Turns a local body back into a deferred one: every revision that refers to the body
@@ -317,16 +335,26 @@ public final class Database: @unchecked Sendable {
         return freed
     }
 
-    /// A body already here under `digest`, if any revision has one.
+    /// A body already here under `digest`: the digest of an attachment whose body is here,
+    /// an alias recorded for a body (`recordAlias`), or a `sha1-` digest naming a blob.
     public func storedBody(digest: String) throws -> StoredBlob? {
         let keys = try read { connection in
-            try connection.query("SELECT blob_key, length FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL", .text(digest)) { row in
-                (row.text(0), row.int64(1))
+            var keys = try connection.query("SELECT blob_key, length FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL", .text(digest)) { row in
+                (row.text(0), Optional(row.int64(1)))
             }
+            if hasBodyDigests {
+                keys += try connection.query("SELECT blob_key FROM body_digests WHERE digest = ?", .text(digest)) { row in
+                    (row.text(0), Int64?.none)
+                }
+            }
+            return keys
         }
         for (hex, length) in keys {
-            if let key = BlobKey(hex: hex), blobs.contains(key) { return StoredBlob(key: key, length: length) }
+            guard let key = BlobKey(hex: hex), blobs.contains(key) else { continue }
+            if let length { return StoredBlob(key: key, length: length) }
+            if let size = blobs.size(of: key) { return StoredBlob(key: key, length: size) }
         }
+        if let key = BlobKey(digestString: digest), let size = blobs.size(of: key) { return StoredBlob(key: key, length: size) }
         return nil
     }
 
@@ -696,6 +724,13 @@ public final class Database: @unchecked Sendable {
                 try blobs.remove(blob.key)
                 report.blobsDeleted += 1
                 report.blobBytesFreed += blob.size
+            }
+            if hasBodyDigests {
+                // Aliases of bodies that are gone (deleted above, purged, or never kept).
+                for hex in try connection.query("SELECT DISTINCT blob_key FROM body_digests") { $0.text(0) } {
+                    guard let key = BlobKey(hex: hex), !blobs.contains(key) else { continue }
+                    try connection.run("DELETE FROM body_digests WHERE blob_key = ?", .text(hex))
+                }
             }
         }
         report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles()

@@ -1,7 +1,7 @@
 import DocumentModel
 import Foundation
 
-/// The SQLite schema of `db.sqlite3`, version 1.
+/// The SQLite schema of `db.sqlite3`, version 2.
 ///
 /// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
 ///   `last_sequence`, `revs_limit`.
@@ -12,8 +12,19 @@ import Foundation
 /// - `rev_attachments`: attachment metadata per revision; `blob_key` is NULL while
 ///   only the remote's digest is known.
 /// - `local_docs`: `_local` documents, outside the revision machinery.
+/// - `body_digests` (version 2): other names a stored body is known by. A body that came
+///   gzip-encoded from CouchDB is stored decoded and its attachment's digest describes the
+///   decoded bytes; CouchDB's name for it (the MD5 of its gzip form) is kept here, so a
+///   later pull that names it so finds it.
+///
+/// Version 1 databases are upgraded when opened for writing (one new table).
 enum Schema {
-    static let version = 1
+    static let version = 2
+
+    static let bodyDigestsTable = """
+        CREATE TABLE IF NOT EXISTS body_digests (digest TEXT PRIMARY KEY, blob_key TEXT NOT NULL) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS body_digests_by_blob ON body_digests (blob_key);
+        """
 
     static func create(_ connection: SQLiteConnection, revsLimit: Int) throws {
         try configure(connection)
@@ -53,7 +64,7 @@ enum Schema {
                 ) WITHOUT ROWID;
                 CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
                 CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
-                """)
+                """ + bodyDigestsTable)
             try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
                                "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
                                .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
@@ -65,15 +76,30 @@ enum Schema {
         }
     }
 
-    /// Checks that an existing file is a Sofa database of this version, and configures the connection.
-    static func check(_ connection: SQLiteConnection, path: String, readOnly: Bool) throws {
+    /// Checks that an existing file is a Sofa database of this version or an older one it
+    /// upgrades, and configures the connection. Returns the version now in the file (a
+    /// read-only version 1 file stays at 1).
+    @discardableResult
+    static func check(_ connection: SQLiteConnection, path: String, readOnly: Bool) throws -> Int {
         let userVersion = try connection.query("PRAGMA user_version") { $0.int(0) }[0]
-        guard userVersion == version else {
+        guard userVersion == version || userVersion == 1 else {
             throw SofaError.notADatabase(path: path, reason: userVersion == 0
                 ? "\(Database.databaseFileName) holds no Sofa schema"
                 : "schema version \(userVersion) is not supported (expected \(version))")
         }
-        if !readOnly { try configure(connection) }
+        if readOnly { return userVersion }
+        try configure(connection)
+        if userVersion == 1 {
+            try connection.execute("BEGIN IMMEDIATE")
+            do {
+                try connection.execute(bodyDigestsTable + "PRAGMA user_version = \(version);")
+                try connection.execute("COMMIT")
+            } catch {
+                try? connection.execute("ROLLBACK")
+                throw error
+            }
+        }
+        return version
     }
 
     /// WAL so readers never block the writer; synchronous=NORMAL is durable against

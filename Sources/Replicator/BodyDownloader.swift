@@ -44,8 +44,8 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
         if isNew {
             Thread.detachNewThread { [self] in
                 do {
-                    let blob = try download(attachment, docID: docID, revID: revID, transfer: transfer)
-                    try database.attachBody(digest: attachment.digest, blob: blob)
+                    let (blob, stored) = try download(attachment, docID: docID, revID: revID, transfer: transfer)
+                    try database.attachBody(digest: attachment.digest, blob: blob, storedDigest: stored)
                     lock.withLock { _ = transfers.removeValue(forKey: attachment.digest) }
                     transfer.finished(blob)
                 } catch {
@@ -63,7 +63,10 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
 
     /// Downloads one body, blocking: retried, resumed from where an interrupted try stopped
     /// (in this process or an earlier one: a partial body waits in the store under its digest).
-    func download(_ attachment: Attachment, docID: String, revID: RevisionID, transfer: BodyTransfer) throws -> StoredBlob {
+    /// Returns the blob and the digest of its bytes as stored (`CouchFormat`'s rule: the MD5
+    /// of the decoded bytes when the remote named a gzip form by its MD5).
+    func download(_ attachment: Attachment, docID: String, revID: RevisionID, transfer: BodyTransfer) throws
+        -> (blob: StoredBlob, digest: String) {
         let client = try HTTPClient(remote: remote)
         client.caFile = caFile
         client.retry = retry
@@ -99,8 +102,11 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
                 try body.restart()
                 throw mismatch
             }
+            let stored = body.checkMD5 && body.decoder != nil
+                ? "md5-" + Data(body.identityMD5.finalize()).base64EncodedString() : attachment.digest
             do {
-                return try body.writer.finish(expecting: attachment.digest.hasPrefix("sha1-") ? BlobKey(digestString: attachment.digest) : nil)
+                let blob = try body.writer.finish(expecting: attachment.digest.hasPrefix("sha1-") ? BlobKey(digestString: attachment.digest) : nil)
+                return (blob, stored)
             } catch SofaError.blobCorrupted {
                 try body.restart()
                 throw mismatch
@@ -150,8 +156,8 @@ public final class BodyDownloader: BodySource, @unchecked Sendable {
         for (id, rev, attachment) in missing where seen.insert(attachment.digest).inserted {
             if cancellation.isCancelled { throw ReplicationError.cancelled }
             let transfer = BodyTransfer(attachment: attachment)
-            let blob = try download(attachment, docID: id, revID: rev, transfer: transfer)
-            try database.attachBody(digest: attachment.digest, blob: blob)
+            let (blob, stored) = try download(attachment, docID: id, revID: rev, transfer: transfer)
+            try database.attachBody(digest: attachment.digest, blob: blob, storedDigest: stored)
             bytes += blob.length
             done += 1
             progress?(done, total, bytes)
@@ -184,6 +190,9 @@ private final class IncomingBody {
     let checkMD5: Bool
     var writer: BlobWriter
     var md5 = MessageDigest(.md5)
+    /// The decoded bytes' MD5 when the body comes gzip-encoded (a gzip body always starts over,
+    /// so this covers the whole body).
+    var identityMD5 = MessageDigest(.md5)
     var decoder: GzipDecoder?
     private var pending: [UInt8] = []
 
@@ -221,6 +230,7 @@ private final class IncomingBody {
     func flush() throws {
         guard !pending.isEmpty else { return }
         if checkMD5 && decoder == nil { md5.update(pending) }
+        if checkMD5 && decoder != nil { identityMD5.update(pending) }
         try pending.withUnsafeBytes { try writer.write($0) }
         pending.removeAll(keepingCapacity: true)
         transfer.progressed(to: writer.length)
@@ -231,6 +241,7 @@ private final class IncomingBody {
         writer.discard()
         writer = try blobs.makeResumableWriter(digest: digest) ?? blobs.makeWriter()
         md5 = MessageDigest(.md5)
+        identityMD5 = MessageDigest(.md5)
         pending.removeAll(keepingCapacity: true)
         transfer.started(writingTo: writer.temporaryPath)
     }

@@ -122,7 +122,7 @@ struct Cp: SofaCommand {
             do {
                 let replicator = try remote.makeReplicator(.pull, database: database, url: url)
                 replicator.downloads = try downloads.policy()
-                report([("pull", try replicate(replicator, json: remote.json))], json: remote.json)
+                try report([("pull", try replicate(replicator, json: remote.json))], json: remote.json)
             } catch {
                 // A new database that received nothing is removed; one that received some keeps
                 // it, and running the same command again resumes from its checkpoint.
@@ -131,7 +131,7 @@ struct Cp: SofaCommand {
             }
         case (.database(let from), .url(let url)):
             let replicator = try remote.makeReplicator(.push, database: try Database.open(at: from), url: url)
-            report([("push", try replicate(replicator, json: remote.json))], json: remote.json)
+            try report([("push", try replicate(replicator, json: remote.json))], json: remote.json)
         case (.jsonLines(let file), .database(let to)):
             let count = try importing(into: to) { try JSONLines.import(from: file, into: $0) }
             Output.line("copied \(counted(count, "document")) from \(file) to \(to)")

@@ -116,7 +116,7 @@ struct Cat: SofaCommand {
             return
         }
         let revision = try database.revision(of: id, rev: rev)
-        Output.json(.object(properties ? revision.properties : revision.couchJSON()))
+        Output.json(.object(properties ? revision.properties : try revision.couchJSON()))
     }
 }
 

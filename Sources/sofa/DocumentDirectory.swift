@@ -42,7 +42,7 @@ enum DocumentDirectory {
                     guard let revision = try database.document(withID: entry.docID) else { continue }
                     let history = try database.revisionTree(of: entry.docID).history(of: revision.revID)
                     let name = FileNames.escape(revision.docID)
-                    try write(Array(JSONValue.object(revision.couchJSON(includeRevisions: history)).prettyPrinted().utf8),
+                    try write(Array(JSONValue.object(try revision.couchJSON(history: history)).prettyPrinted().utf8),
                               to: "\(staging)/\(name).json")
                     for attachment in revision.attachments {
                         guard attachment.contentAvailable else {

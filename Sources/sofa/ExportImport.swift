@@ -62,7 +62,7 @@ enum JSONLines {
 
     private static func write(_ revision: Revision, history: [RevisionID], attachments: Bool, database: Database,
                               to output: BufferedOutput) throws {
-        var head = revision.couchJSON(includeRevisions: history)
+        var head = try revision.couchJSON(history: history)
         let inline = attachments ? revision.attachments.filter(\.contentAvailable) : []
         if inline.isEmpty {
             try output.write(JSONValue.object(head).serialized() + [0x0A])
@@ -72,7 +72,7 @@ enum JSONLines {
         head["_attachments"] = nil
         try output.write(JSONValue.object(head).serialized().dropLast() + Array(#","_attachments":{"#.utf8))
         for (index, attachment) in revision.attachments.enumerated() {
-            var meta = attachment.stub
+            var meta = CouchFormat.stub(attachment)
             meta["stub"] = nil
             let hasData = inline.contains(attachment)
             if !hasData { meta["stub"] = true }
@@ -157,32 +157,27 @@ enum JSONLines {
     static func importDocument(_ document: JSONObject, into database: Database, replacingAttachments: Bool = false,
                                flush: () throws -> Void,
                                attachment: (_ name: String, _ meta: JSONValue, _ generation: Int) throws -> Attachment) throws -> ReplicatedRevision? {
-        var object = document
-        guard let id = object["_id"]?.stringValue else { throw SofaError.invalidDocument(reason: "missing _id") }
+        let parsed: IncomingDocument
+        do { parsed = try IncomingDocument(.object(document)) } catch let error as CouchFormatError {
+            throw SofaError.invalidDocument(reason: error.reason)
+        }
+        guard let id = parsed.id else { throw SofaError.invalidDocument(reason: "missing _id") }
         try DocumentID.validate(id)
         if DocumentID.isLocal(id) {
-            try database.putLocalDocument(id, body: object.filter { !$0.hasPrefix("_") })
+            try database.putLocalDocument(id, body: parsed.properties)
             return nil
         }
-        let rev = try object["_rev"].map { value -> RevisionID in
-            guard let text = value.stringValue else { throw SofaError.invalidRevisionID(value.description) }
-            return try RevisionID.parse(text)
-        }
-        let deleted = object["_deleted"]?.boolValue ?? false
-        let generation = rev?.generation ?? 1
+        let rev = document["_rev"] == nil ? nil : parsed.rev
         var attachments: [Attachment] = []
-        for (name, meta) in object["_attachments"]?.objectValue ?? [:] {
+        for (name, meta) in document["_attachments"]?.objectValue ?? [:] {
             try AttachmentName.validate(name)
-            guard case .object = meta else { throw SofaError.invalidDocument(reason: "attachment \(name) is not an object") }
-            attachments.append(try attachment(name, meta, generation))
+            attachments.append(try attachment(name, meta, rev?.generation ?? 1))
         }
-        let history = object["_revisions"]
-        object = object.filter { !$0.hasPrefix("_") }
         guard let rev else {
             try flush()
             var draft = try database.newRevision(of: id)
-            draft.properties = object
-            draft.deleted = deleted
+            draft.properties = parsed.properties
+            draft.deleted = parsed.deleted
             if replacingAttachments { for name in Array(draft.attachments.keys) { try draft.removeAttachment(name) } }
             for attachment in attachments { try draft.setAttachment(attachment) }
             // What is already the current revision is not saved again: reading the same file
@@ -191,16 +186,11 @@ enum JSONLines {
             try database.save(draft)
             return nil
         }
-        var ancestors: [RevisionID] = []
-        if let history {
-            guard let start = history["start"]?.int64Value, start == rev.generation,
-                  let ids = history["ids"]?.arrayValue?.compactMap(\.stringValue), ids.first == rev.suffix else {
-                throw SofaError.invalidDocument(reason: "_revisions does not match _rev \(rev)")
-            }
-            ancestors = ids.dropFirst().enumerated().map { RevisionID(generation: Int(start) - 1 - $0.offset, suffix: $0.element) }
+        if let history = parsed.history, history.first != rev {
+            throw SofaError.invalidDocument(reason: "_revisions does not match _rev \(rev)")
         }
-        return ReplicatedRevision(docID: id, revID: rev, ancestors: ancestors, deleted: deleted, properties: object,
-                                  attachments: attachments)
+        return ReplicatedRevision(docID: id, revID: rev, ancestors: parsed.ancestors, deleted: parsed.deleted,
+                                  properties: parsed.properties, attachments: attachments)
     }
 
     private static func importAttachment(_ name: String, _ meta: JSONValue, generation: Int, database: Database) throws -> Attachment {
@@ -215,8 +205,14 @@ enum JSONLines {
             if let digest, digest.hasPrefix("sha1-"), digest != blob.key.digestString {
                 throw SofaError.invalidDocument(reason: "attachment \(name): data does not match its digest \(digest)")
             }
-            // A remote digest (md5-…) is kept: it is how the remote knows this body.
-            return Attachment(name: name, contentType: contentType, length: blob.length, digest: digest ?? blob.key.digestString,
+            // The digest describes the bytes as stored (see CouchFormat); an md5 of another form
+            // (CouchDB's gzip) stays known as an alias of the body.
+            var stored = digest ?? blob.key.digestString
+            if let digest, digest.hasPrefix("md5-") {
+                stored = "md5-" + Data(MessageDigest.hash(.md5, [UInt8](bytes))).base64EncodedString()
+                if stored != digest { try database.recordAlias(digest, of: blob.key) }
+            }
+            return Attachment(name: name, contentType: contentType, length: blob.length, digest: stored,
                               blobKey: blob.key, revpos: revpos, contentAvailable: true)
         }
         guard let digest, let length = meta["length"]?.int64Value else {

@@ -111,6 +111,7 @@ struct RemoteOptions: ParsableArguments {
                 Output.line(JSONValue.object(event).jsonString())
             } else {
                 Output.line("\(direction.rawValue): \(counted(result.docsWritten, "document")) written")
+                for failure in result.failures { Output.error("\(direction.rawValue): \(failure)") }
             }
         }
         signals.onSignal { session.stop() }
@@ -210,7 +211,9 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
     }
 }
 
-func report(_ results: [(String, ReplicationResult)], json: Bool) {
+/// Prints what each direction did. A document that did not arrive is named on stderr with
+/// the reason, and fails the command (exit 1) once everything is reported.
+func report(_ results: [(String, ReplicationResult)], json: Bool) throws {
     for (direction, result) in results {
         if json {
             var summary = result.json
@@ -227,6 +230,14 @@ func report(_ results: [(String, ReplicationResult)], json: Bool) {
             Output.line(line + "; last sequence \(result.lastSeq.jsonString())")
         }
     }
+    let failed = results.filter { !$0.1.failures.isEmpty }
+    guard !failed.isEmpty else { return }
+    for (direction, result) in failed {
+        for failure in result.failures { Output.error("\(direction): \(failure)") }
+        Output.error("sofa: \(direction) incomplete: \(counted(result.failures.count, "document")) did not arrive; "
+            + "the checkpoint stays before the first, so the next \(direction) tries again")
+    }
+    throw ExitCode(1)
 }
 
 struct Pull: SofaCommand {
@@ -239,7 +250,7 @@ struct Pull: SofaCommand {
         if options.continuous { return try options.runContinuously([.pull], database: db, downloads: downloads.policy()) }
         let replicator = try options.makeReplicator(.pull, database: db)
         replicator.downloads = try downloads.policy()
-        report([("pull", try replicate(replicator, json: options.json))], json: options.json)
+        try report([("pull", try replicate(replicator, json: options.json))], json: options.json)
     }
 }
 
@@ -250,7 +261,7 @@ struct Push: SofaCommand {
     func execute() throws {
         let db = try Database.open(at: options.database)
         if options.continuous { return try options.runContinuously([.push], database: db, downloads: DownloadPolicy()) }
-        report([("push", try replicate(try options.makeReplicator(.push, database: db), json: options.json))], json: options.json)
+        try report([("push", try replicate(try options.makeReplicator(.push, database: db), json: options.json))], json: options.json)
     }
 }
 
@@ -266,7 +277,7 @@ struct Sync: SofaCommand {
         puller.downloads = try downloads.policy()
         let pulled = try replicate(puller, json: options.json)
         let pushed = try replicate(try options.makeReplicator(.push, database: db), json: options.json)
-        report([("pull", pulled), ("push", pushed)], json: options.json)
+        try report([("pull", pulled), ("push", pushed)], json: options.json)
     }
 }
 

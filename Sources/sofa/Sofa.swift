@@ -180,26 +180,12 @@ extension Database {
 }
 
 extension Revision {
-    /// The document as CouchDB shows it: `_id`, `_rev`, the properties, `_attachments` stubs.
-    func couchJSON(includeRevisions: [RevisionID]? = nil) -> JSONObject {
-        var object: JSONObject = ["_id": .string(docID), "_rev": .string(revID.description)]
-        if deleted { object["_deleted"] = true }
-        if let history = includeRevisions {
-            object["_revisions"] = ["start": .integer(Int64(revID.generation)),
-                                    "ids": .array(history.map { .string($0.suffix) })]
-        }
-        for (key, value) in properties { object[key] = value }
-        if !attachments.isEmpty {
-            object["_attachments"] = .object(JSONObject(attachments.map { ($0.name, .object($0.stub)) }))
-        }
-        return object
-    }
-}
-
-extension Attachment {
-    var stub: JSONObject {
-        ["content_type": .string(contentType), "digest": .string(digest), "length": .integer(length),
-         "revpos": .integer(Int64(revpos)), "stub": true]
+    /// The document as CouchDB shows it: `_id`, `_rev`, the properties, `_attachments` stubs,
+    /// and `_revisions` when a history is given.
+    func couchJSON(history: [RevisionID]? = nil) throws -> JSONObject {
+        var options = CouchFormat.Options()
+        options.revisions = history != nil
+        return try CouchFormat.render(self, history: history ?? [revID], options: options, readBody: { _ in [] }).json
     }
 }
 

@@ -1,0 +1,75 @@
+import DocumentModel
+import Foundation
+
+/// What `_revs_diff` answers for one document: the asked revisions not here, and the
+/// leaves here that may be their ancestors.
+public struct MissingRevisions: Hashable, Sendable {
+    public let missing: [RevisionID]
+    /// Leaves of lower generation than the newest missing revision (CouchDB's rule).
+    public let possibleAncestors: [RevisionID]
+
+    public init(missing: [RevisionID], possibleAncestors: [RevisionID]) {
+        self.missing = missing
+        self.possibleAncestors = possibleAncestors
+    }
+}
+
+/// The database as one side of a replication: the questions CouchDB's protocol asks of a
+/// target. The server's `_revs_diff` and `_bulk_docs?new_edits=false` and the replicator's
+/// local peer both answer with these, so they cannot disagree.
+extension Database {
+    /// The revision tree of `id`, or nil if the document was never here. Other errors throw.
+    public func revisionTreeIfAny(of id: String) throws -> RevisionTree? {
+        do { return try revisionTree(of: id) } catch SofaError.documentNotFound { return nil }
+    }
+
+    /// CouchDB's `_revs_diff`: for each document, the revisions asked for that are not here.
+    /// Documents with nothing missing are left out; the order asked in is kept.
+    public func revsDiff(_ asked: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
+        try asked.compactMap { id, revs in
+            let tree = try revisionTreeIfAny(of: id)
+            let missing = revs.filter { !(tree?.contains($0) ?? false) }
+            guard let highest = missing.map(\.generation).max() else { return nil }
+            let ancestors = tree?.leaves.filter { $0.id.generation < highest }.map(\.id).sorted() ?? []
+            return (id, MissingRevisions(missing: missing, possibleAncestors: ancestors))
+        }
+    }
+
+    /// The attachments a replicated revision's stubs may refer to: by name, from the nearest
+    /// ancestor of `ancestors` (parent first) that is stored here with its attachments, then
+    /// from the document's leaves for names no ancestor has.
+    ///
+    /// CouchDB's rule for a stub is "the attachment of that name in the revision this one
+    /// follows"; a stub whose name is found nowhere is a `missing_stub`.
+    public func attachmentsForStubs(of id: String, ancestors: [RevisionID]) throws -> [String: Attachment] {
+        guard let tree = try revisionTreeIfAny(of: id) else { return [:] }
+        var result: [String: Attachment] = [:]
+        // Farthest first, so nearer revisions overwrite: leaves, then ancestors from the root side.
+        let candidates = tree.leaves.map(\.id) + ancestors.filter(tree.contains).reversed()
+        for rev in candidates {
+            let revision: Revision
+            do { revision = try self.revision(rev, of: id) } catch SofaError.revisionNotFound { continue }
+            for attachment in revision.attachments { result[attachment.name] = attachment }
+        }
+        return result
+    }
+
+    /// A body here for an incoming attachment's metadata, without transferring it, and the
+    /// digest that describes it as stored: the same attachment in an ancestor stored here
+    /// (same name and revpos: CouchDB's identity of an unchanged attachment), or any body
+    /// known under the incoming digest.
+    public func localBody(for attachment: Attachment, ancestorsAttachments: [String: Attachment]) throws
+        -> (blob: StoredBlob, digest: String)? {
+        if attachment.revpos > 0, let known = ancestorsAttachments[attachment.name], known.revpos == attachment.revpos,
+           known.length == attachment.length, let key = known.blobKey, blobs.contains(key) {
+            return (StoredBlob(key: key, length: known.length), known.digest)
+        }
+        guard !attachment.digest.isEmpty, let blob = try storedBody(digest: attachment.digest), blob.length == attachment.length else {
+            return nil
+        }
+        let asStored = try read { connection in
+            try connection.query("SELECT digest FROM rev_attachments WHERE blob_key = ? LIMIT 1", .text(blob.key.hex)) { $0.text(0) }
+        }
+        return (blob, asStored.first ?? blob.key.digestString)
+    }
+}

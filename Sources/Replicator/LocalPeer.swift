@@ -1,0 +1,155 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Logging
+
+/// A Sofa database as a replication peer. As a target it keeps bodies it already has
+/// (by ancestry or digest), downloads the others its policy allows, and leaves the rest
+/// deferred (metadata only, fetched when read).
+final class LocalPeer: ReplicationPeer {
+    let database: Database
+    var downloads: DownloadPolicy
+    private let log = Logger(label: "sofa.replicate")
+
+    init(_ database: Database, downloads: DownloadPolicy = DownloadPolicy()) {
+        self.database = database
+        self.downloads = downloads
+    }
+
+    var name: String { database.path }
+
+    func changes(since: JSONValue, limit: Int, filter: ReplicationFilter) throws -> ChangeBatch {
+        guard filter.channels == nil else { throw SofaError.invalidArgument("channels filter only pulls from a Sync Gateway") }
+        let from = since.int64Value ?? since.stringValue.flatMap { Int64($0) } ?? 0
+        let page = try database.changes(since: from, limit: limit)
+        var changes: [PeerChange] = []
+        for change in page {
+            if let ids = filter.docIDs, !ids.contains(change.docID) { continue }
+            if let selector = filter.selector {
+                let revision = try database.revision(change.revID, of: change.docID)
+                var document = revision.properties
+                document["_id"] = .string(change.docID)
+                if revision.deleted { document["_deleted"] = true }
+                guard selector.matches(document) else { continue }
+            }
+            let leaves = try database.revisionTree(of: change.docID).leaves.map(\.id)
+            changes.append(PeerChange(sequence: .integer(change.sequence), docID: change.docID, revs: leaves))
+        }
+        return ChangeBatch(changes: changes, lastSequence: .integer(page.last?.sequence ?? from), isLast: page.count < limit)
+    }
+
+    func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
+        try database.revsDiff(revs)
+    }
+
+    func revisions(_ wanted: [(id: String, rev: RevisionID)]) throws -> [Result<ReplicatedRevision, DocumentFailure>] {
+        try wanted.map { id, rev in
+            let revision: Revision
+            let tree: RevisionTree
+            do {
+                revision = try database.revision(rev, of: id)
+                tree = try database.revisionTree(of: id)
+            } catch SofaError.revisionNotFound, SofaError.documentNotFound {
+                // Compacted away between the changes feed and now: the next run sends what replaced it.
+                return .failure(DocumentFailure(docID: id, rev: rev.description, error: "not_found",
+                                                reason: "the revision is no longer stored here"))
+            }
+            return .success(ReplicatedRevision(docID: id, revID: rev, ancestors: Array(tree.history(of: rev).dropFirst()),
+                                               deleted: revision.deleted, properties: revision.properties,
+                                               attachments: revision.attachments))
+        }
+    }
+
+    func fetchBody(of attachment: Attachment, docID: String, rev: RevisionID, into blobs: BlobStore) throws
+        -> (blob: StoredBlob, digest: String) {
+        guard let path = database.contentPath(of: attachment), let key = attachment.blobKey else {
+            throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+        }
+        return (try blobs.write(contentsOf: path, expecting: key), attachment.digest)
+    }
+
+    func openBody(of attachment: Attachment, docID: String) throws -> BlobReader {
+        try database.openContent(of: attachment, docID: docID)
+    }
+
+    func write(_ revisions: [ReplicatedRevision], missing: [String: MissingRevisions], from source: ReplicationPeer,
+               result: inout ReplicationResult) throws -> [DocumentFailure] {
+        var failures: [DocumentFailure] = []
+        var ready: [ReplicatedRevision] = []
+        for revision in revisions {
+            do {
+                ready.append(try withBodies(revision, from: source, result: &result))
+            } catch let error as SofaError where !error.isEnvironmental {
+                failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: "invalid",
+                                                reason: "\(error)"))
+            }
+        }
+        // One transaction for the batch; a revision this database refuses (an invalid id or
+        // body) is left out and named, the others are saved.
+        try database.inBatch { batch in
+            for revision in ready {
+                do {
+                    if try batch.insert(revision) { result.docsWritten += 1 }
+                } catch let error as SofaError where !error.isEnvironmental {
+                    failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: "invalid",
+                                                    reason: "\(error)"))
+                }
+            }
+        }
+        return failures
+    }
+
+    /// `revision` with each attachment's body: one here already, one fetched from `source`, or
+    /// none (deferred) when the download policy says so.
+    private func withBodies(_ revision: ReplicatedRevision, from source: ReplicationPeer,
+                            result: inout ReplicationResult) throws -> ReplicatedRevision {
+        guard !revision.attachments.isEmpty else { return revision }
+        let ancestors = try database.attachmentsForStubs(of: revision.docID, ancestors: revision.ancestors)
+        var attachments: [Attachment] = []
+        for attachment in revision.attachments {
+            if let (blob, digest) = try database.localBody(for: attachment, ancestorsAttachments: ancestors) {
+                // Here already (an earlier revision, another document): it never travels again.
+                if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
+                attachments.append(attachment.withBody(blob, digest: digest))
+            } else if downloads.allows(attachment) {
+                let (blob, digest) = try source.fetchBody(of: attachment, docID: revision.docID, rev: revision.revID, into: database.blobs)
+                if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
+                result.attachmentsDownloaded += 1
+                result.attachmentBytesDownloaded += blob.length
+                attachments.append(attachment.withBody(blob, digest: digest))
+            } else {
+                result.attachmentsDeferred += 1
+                attachments.append(attachment)
+            }
+        }
+        return ReplicatedRevision(docID: revision.docID, revID: revision.revID, ancestors: revision.ancestors,
+                                  deleted: revision.deleted, properties: revision.properties, attachments: attachments)
+    }
+
+    func checkpoint(_ id: String) throws -> JSONObject? {
+        try database.localDocument(withID: "_local/\(id)")?.body
+    }
+
+    func saveCheckpoint(_ id: String, _ body: JSONObject) throws {
+        let existing = try database.localDocument(withID: "_local/\(id)")
+        _ = try database.replaceLocalDocument("_local/\(id)", body: body, after: existing?.rev)
+    }
+}
+
+extension Attachment {
+    /// This attachment's metadata with a body that is here, under the digest of its stored bytes.
+    func withBody(_ blob: StoredBlob, digest: String) -> Attachment {
+        Attachment(name: name, contentType: contentType, length: blob.length, digest: digest, blobKey: blob.key,
+                   revpos: revpos, contentAvailable: true)
+    }
+}
+
+extension SofaError {
+    /// Failures of the machine rather than of the document: worth stopping for.
+    var isEnvironmental: Bool {
+        switch self {
+        case .diskFull, .readOnlyFileSystem, .io, .sqlite, .blobCorrupted: true
+        default: false
+        }
+    }
+}

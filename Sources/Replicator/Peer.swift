@@ -1,0 +1,94 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// One side of a replication, as PouchDB's `replicate` sees a database: a changes feed,
+/// `_revs_diff`, revisions with their history, `_bulk_docs` with `new_edits=false`, and
+/// `_local` checkpoints. `LocalPeer` is a Sofa database, `RemotePeer` a CouchDB-compatible
+/// server; a pull is `Replication(source: remote, target: local)` and a push the same
+/// routine with the two swapped.
+///
+/// Attachment bodies move between the two on the target's terms: a local target takes
+/// the bodies it lacks (and its download policy allows) with `fetchBody`, a remote target
+/// reads the bodies it must be sent with `openBody`. Only a local peer can be read that way,
+/// so replicating between two remote databases is refused (that is CouchDB's job).
+protocol ReplicationPeer: AnyObject {
+    /// For messages: a path or a URL without credentials.
+    var name: String { get }
+
+    /// Up to `limit` changes after `since`, each document with all of its leaves.
+    func changes(since: JSONValue, limit: Int, filter: ReplicationFilter) throws -> ChangeBatch
+
+    /// The revisions of `revs` this peer lacks.
+    func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)]
+
+    /// The revisions with their history and attachment metadata; bodies stay where they are.
+    /// A revision this peer cannot give is a failure of that document, not of the run.
+    func revisions(_ wanted: [(id: String, rev: RevisionID)]) throws -> [Result<ReplicatedRevision, DocumentFailure>]
+
+    /// Stores the body of one of its attachments in `blobs`, checked against the attachment's
+    /// digest and length; returns it with the digest of the bytes as stored.
+    func fetchBody(of attachment: Attachment, docID: String, rev: RevisionID, into blobs: BlobStore) throws
+        -> (blob: StoredBlob, digest: String)
+
+    /// Opens the body of one of its attachments for reading.
+    func openBody(of attachment: Attachment, docID: String) throws -> BlobReader
+
+    /// Saves revisions with their history (`new_edits=false`), taking the bodies it lacks from
+    /// `source`. `missing` is what `revsDiff` answered. Returns the documents it refused.
+    func write(_ revisions: [ReplicatedRevision], missing: [String: MissingRevisions], from source: ReplicationPeer,
+               result: inout ReplicationResult) throws -> [DocumentFailure]
+
+    /// A `_local` checkpoint document, or nil.
+    func checkpoint(_ id: String) throws -> JSONObject?
+
+    /// Saves a `_local` checkpoint document.
+    func saveCheckpoint(_ id: String, _ body: JSONObject) throws
+}
+
+/// Which documents a replication carries.
+struct ReplicationFilter: Sendable {
+    var docIDs: [String]?
+    /// A CouchDB Mango selector.
+    var selector: Selector?
+    /// Sync Gateway channels (remote sources only).
+    var channels: [String]?
+}
+
+/// One document in a changes feed: its leaves at `sequence`.
+struct PeerChange {
+    let sequence: JSONValue
+    let docID: String
+    let revs: [RevisionID]
+}
+
+/// A page of a changes feed.
+struct ChangeBatch {
+    var changes: [PeerChange]
+    /// Where the next page starts (read past filtered-out changes too).
+    var lastSequence: JSONValue
+    /// No more changes after this page.
+    var isLast: Bool
+}
+
+/// A revision that a replication could not carry, with the reason the peer gave
+/// (`forbidden`, `missing_stub`, `not_found`…) or Sofa's own.
+public struct DocumentFailure: Error, Hashable, Sendable, CustomStringConvertible {
+    public let docID: String
+    public let rev: String?
+    public let error: String
+    public let reason: String
+
+    public init(docID: String, rev: String?, error: String, reason: String) {
+        self.docID = docID
+        self.rev = rev
+        self.error = error
+        self.reason = reason
+    }
+
+    public var description: String { "\(docID)\(rev.map { " \($0)" } ?? ""): \(error): \(reason)" }
+
+    public var json: JSONValue {
+        ["id": .string(docID), "rev": rev.map { .string($0) } ?? .null, "error": .string(error), "reason": .string(reason)]
+    }
+}
