@@ -21,9 +21,9 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync", "copy": suite = argument
+            case "storage", "mount", "serve", "sync", "copy", "couchdb": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -242,6 +242,7 @@ do {
     case "serve": try serveBenchmark(options)
     case "sync": try syncBenchmark(options)
     case "copy": try copyBenchmark(options)
+    case "couchdb": try couchDBBenchmark(options)
     default: try storage(options)
     }
 } catch {

@@ -1,0 +1,59 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// `sofa-bench couchdb`: Sofa's replicator against a live CouchDB 3.4.3 (`SOFA_COUCHDB_URL`,
+/// admin/secret), each job beside CouchDB's own replicator doing the same copy on the same
+/// node in the same round. Three interleaved rounds; medians; ratio = Sofa's time / CouchDB's.
+func couchDBBenchmark(_ options: Options) throws {
+    guard let base = ProcessInfo.processInfo.environment["SOFA_COUCHDB_URL"], let port = base.split(separator: ":").last else {
+        throw SofaError.invalidArgument("SOFA_COUCHDB_URL is not set (Scripts/bench couchdb starts a node)")
+    }
+    let work = try makeWorkFolder("couchdb", options)
+    defer { try? FileManager.default.removeItem(atPath: work) }
+    let sofa = sofaBinary
+    let dataset = ReplicationDataset(options)
+    let admin = "http://admin:secret@127.0.0.1:\(port)"
+    print("Sofa against CouchDB 3.4.3 at \(base): \(dataset.summary); in \(work)")
+    print(String(repeating: "-", count: 100))
+
+    // The source database in CouchDB, loaded by a push of the dataset.
+    _ = try dataset.makeSource(at: "\(work)/dataset.sofa")
+    let source = "bench-source-\(getpid())"
+    _ = try timeShell("\(sofa) push \(work)/dataset.sofa \(admin)/\(source) --create-target >/dev/null")
+
+    func curlJSON(_ method: String, _ path: String, _ body: String) throws -> Double {
+        try timeShell("curl -sf -X \(method) '\(admin)\(path)' -H 'Content-Type: application/json' -d '\(body)' >/dev/null")
+    }
+    var couch: [Double] = [], pull: [Double] = [], deferred: [Double] = [], push: [Double] = []
+    var pullRSS = 0, deferredRSS = 0, pushRSS = 0
+    for round in 0..<3 {
+        // CouchDB's replicator: the same documents and bodies into a new database of the node.
+        couch.append(try curlJSON("POST", "/_replicate",
+                                  #"{"source":"\#(admin)/\#(source)","target":"\#(admin)/bench-couch-\#(round)-\#(getpid())","create_target":true}"#))
+        let pulled = try timeWithRSS([sofa, "cp", "\(admin)/\(source)", "\(work)/pull-\(round).sofa"])
+        pull.append(pulled.seconds)
+        pullRSS = max(pullRSS, pulled.maxRSS)
+        let lazy = try timeWithRSS([sofa, "cp", "\(admin)/\(source)", "\(work)/deferred-\(round).sofa", "--no-download-attachments"])
+        deferred.append(lazy.seconds)
+        deferredRSS = max(deferredRSS, lazy.maxRSS)
+        let pushed = try timeWithRSS([sofa, "push", "\(work)/pull-\(round).sofa", "\(admin)/bench-push-\(round)-\(getpid())", "--create-target"])
+        push.append(pushed.seconds)
+        pushRSS = max(pushRSS, pushed.maxRSS)
+    }
+    for name in [source] + (0..<3).flatMap({ ["bench-couch-\($0)-\(getpid())", "bench-push-\($0)-\(getpid())"] }) {
+        _ = try? timeShell("curl -sf -X DELETE '\(admin)/\(name)' >/dev/null")
+    }
+    func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
+    let reference = median(couch)
+    func row(_ what: String, _ times: [Double], _ rss: Int?) {
+        let time = median(times)
+        print(String(format: "%-52@ %8.2f s  %5.2f× CouchDB's %.2f s", what as NSString, time, time / reference, reference)
+              + (rss.map { String(format: "  peak RSS %d MB", $0 >> 20) } ?? ""))
+    }
+    row("CouchDB's replicator, source → new database", couch, nil)
+    row("sofa pull (sofa cp URL DB), all bodies", pull, pullRSS)
+    row("sofa pull --no-download-attachments", deferred, deferredRSS)
+    row("sofa push into a new CouchDB database", push, pushRSS)
+    print("(times are medians of 3 interleaved rounds; lower ratios are faster)")
+}

@@ -1,0 +1,268 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// Replication with a live Apache CouchDB 3.4.3 (`LiveCouchDB`), both ways and with
+/// CouchDB's own replicator, on a scenario that covers CouchDB's defaults: text and JSON
+/// attachments it stores gzip-encoded, inline attachments with revpos 0, bodies of 0 B,
+/// 1 B and 3 MiB, conflicts, a deleted branch, tombstones, a design document, `_local`
+/// documents, 100 revisions, and odd ids and attachment names.
+@Suite struct CouchDBInteropTests {
+    let couch = LiveCouchDB.shared
+    let directory = TemporaryDirectory()
+
+    static let oddIDs = ["unicode-é😀", "a/b", "a+b", "with space", "100%"]
+
+    /// Builds the scenario in CouchDB database `db`.
+    func makeScenario(_ db: String) throws {
+        func check(_ response: HTTPResponse, _ what: String) throws {
+            guard response.status < 300 else { throw TestFailure("\(what): \(response.status) \(response.text)") }
+        }
+        func path(_ id: String, _ attachment: String? = nil) -> String {
+            "/\(db)/" + couch.percentEncoded(id)
+                + (attachment.map { "/" + $0.split(separator: "/").map { couch.percentEncoded(String($0)) }.joined(separator: "/") } ?? "")
+        }
+        // Attachments CouchDB stores gzip-encoded (text/*, JSON), made the way clients do.
+        try check(couch.upload(path("text-doc", "notes.txt"), Array(String(repeating: "hello, text body\n", count: 200).utf8),
+                               contentType: "text/plain"), "text attachment")
+        try check(couch.upload(path("json-doc", "data.json"), Array(#"{"list":[1,2,3],"name":"json attachment"}"#.utf8),
+                               contentType: "application/json"), "json attachment")
+        // Bodies of 0 B, 1 B and 3 MiB on one document, one revision each.
+        var rev = try #require(try couch.upload(path("sizes", "empty.bin"), [], contentType: "application/octet-stream").json?["rev"]?.stringValue)
+        rev = try #require(try couch.upload(path("sizes", "one.bin") + "?rev=\(rev)", [7], contentType: "application/octet-stream").json?["rev"]?.stringValue)
+        var generator = SystemRandomNumberGenerator()
+        let big = (0..<(3 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        try check(couch.upload(path("sizes", "big.bin") + "?rev=\(rev)", big, contentType: "application/octet-stream"), "3 MiB body")
+        // Inline attachments through _bulk_docs with new_edits=false: CouchDB gives them revpos 0.
+        let inline = Data("inline body\n".utf8).base64EncodedString()
+        try check(couch.request("POST", "/\(db)/_bulk_docs", [
+            "new_edits": false,
+            "docs": [
+                ["_id": "inline-doc", "_rev": "1-0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a", "kind": "inline",
+                 "_attachments": ["dir/sub file é.txt": ["content_type": "text/plain", "data": .string(inline)],
+                                  "raw.bin": ["content_type": "application/octet-stream", "data": "AAECAw=="]]],
+                // Three conflicting branches of one document.
+                ["_id": "conflicted", "_rev": "2-b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1", "branch": 1,
+                 "_revisions": ["start": 2, "ids": ["b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1", "a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0"]]],
+                ["_id": "conflicted", "_rev": "2-b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2", "branch": 2,
+                 "_revisions": ["start": 2, "ids": ["b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2", "a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0"]]],
+                ["_id": "conflicted", "_rev": "2-b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3", "branch": 3,
+                 "_revisions": ["start": 2, "ids": ["b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3", "a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0"]]],
+                // A document with a live branch and a deleted one.
+                ["_id": "half-deleted", "_rev": "2-c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1", "alive": true,
+                 "_revisions": ["start": 2, "ids": ["c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1", "c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0"]]],
+                ["_id": "half-deleted", "_rev": "2-c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2", "_deleted": true,
+                 "_revisions": ["start": 2, "ids": ["c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2", "c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0"]]],
+            ],
+        ]), "_bulk_docs new_edits=false")
+        // A tombstone, a design document, a _local document.
+        let gone = try #require(try couch.request("PUT", path("gone"), ["soon": "deleted"]).json?["rev"]?.stringValue)
+        try check(couch.request("DELETE", path("gone") + "?rev=\(gone)"), "delete")
+        try check(couch.request("PUT", "/\(db)/_design/app", ["language": "javascript", "views": ["all": ["map": "function(doc){emit(doc._id)}"]]]), "design")
+        try check(couch.request("PUT", "/\(db)/_local/private", ["never": "replicated"]), "_local")
+        // One hundred revisions.
+        var long = try #require(try couch.request("PUT", path("long"), ["n": 0]).json?["rev"]?.stringValue)
+        for n in 1..<100 {
+            long = try #require(try couch.request("PUT", path("long"), ["n": .integer(Int64(n)), "_rev": .string(long)]).json?["rev"]?.stringValue)
+        }
+        // Ids and attachment names that need escaping.
+        for id in CouchDBInteropTests.oddIDs {
+            try check(couch.request("PUT", path(id), ["id": .string(id)]), "odd id \(id)")
+        }
+        try check(couch.upload(path("names", "dir/sub dir/ünï cödé.bin"), Array("nested".utf8), contentType: "application/octet-stream"), "odd name")
+    }
+
+    /// What must survive replication, document by document, read over HTTP from any server
+    /// with CouchDB's API: every leaf with its `_revisions`, deletion, properties, and each
+    /// attachment's type, length, revpos and the MD5 of its bytes as served; and the winner.
+    func describe(port: Int, _ db: String) throws -> [String: String] {
+        let connection = try HTTPConnection(port: port)
+        defer { connection.close() }
+        let auth = [("Authorization", "Basic " + Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())]
+        func get(_ path: String, accept: String = "application/json") throws -> HTTPResponse {
+            let answer = try connection.request("GET", "/\(db)/\(path)", headers: auth + [("Accept", accept)])
+            guard answer.status == 200 else { throw TestFailure("GET /\(db)/\(path): \(answer.status) \(answer.text)") }
+            return answer
+        }
+        var result: [String: String] = [:]
+        let changes = try #require(try get("_changes?style=all_docs").json?["results"]?.arrayValue)
+        for row in changes {
+            let id = try #require(row["id"]?.stringValue)
+            let segment = couch.percentEncoded(id).replacingOccurrences(of: "_design%2F", with: "_design/")
+            let leaves = try #require(try get("\(segment)?open_revs=all&revs=true").json?.arrayValue)
+            var lines: [String] = []
+            for leaf in leaves {
+                guard case .object(let doc) = leaf["ok"] ?? .null else { continue }
+                let rev = doc["_rev"]?.stringValue ?? "?"
+                var line = "\(rev) \(doc["_deleted"]?.boolValue == true ? "deleted " : "")"
+                line += JSONValue.object(JSONObject(doc.filter { !$0.key.hasPrefix("_") }.map { ($0.key, $0.value) })).jsonString(.canonical)
+                line += " history=" + (doc["_revisions"]?["ids"]?.arrayValue ?? []).compactMap(\.stringValue).joined(separator: ",")
+                for (name, meta) in (doc["_attachments"]?.objectValue ?? [:]).sorted(by: { $0.key < $1.key }) {
+                    let namePath = name.split(separator: "/").map { couch.percentEncoded(String($0)) }.joined(separator: "/")
+                    let body = try get("\(segment)/\(namePath)?rev=\(rev)", accept: "*/*").body
+                    line += " [\(name) \(meta["content_type"]?.stringValue ?? "?") \(meta["length"]?.int64Value ?? -1) "
+                        + "revpos=\(meta["revpos"]?.int64Value ?? -1) md5=\(BlobKey.hexString(MessageDigest.hash(.md5, body))) served=\(body.count)]"
+                }
+                lines.append(line)
+            }
+            result[id] = lines.sorted().joined(separator: "\n")
+        }
+        let all = try #require(try get("_all_docs").json?["rows"]?.arrayValue)
+        for row in all {
+            if let id = row["id"]?.stringValue, let rev = row["value"]?["rev"]?.stringValue { result[id, default: ""] += "\nwinner \(rev)" }
+        }
+        return result
+    }
+
+    /// Compares two descriptions, naming the first documents that differ.
+    func expectSame(_ expected: [String: String], _ actual: [String: String], _ what: String) {
+        #expect(expected.count >= 15, "\(what): the scenario is missing documents: \(expected.keys.sorted())")
+        #expect(Set(expected.keys) == Set(actual.keys), "\(what): documents differ")
+        for (id, description) in expected.sorted(by: { $0.key < $1.key }) where actual[id] != description {
+            Issue.record("\(what): \(id) differs\nexpected: \(description)\nactual:   \(actual[id] ?? "missing")")
+        }
+    }
+
+    func summary(_ result: ProcessResult) throws -> JSONValue {
+        let line = try #require(result.stdout.split(separator: "\n").last, "no summary: \(result.stderr)")
+        return try JSONParser.parse(Array(line.utf8))
+    }
+
+    @Test func pullAndPushRoundTripTheScenarioAndUnchangedBodiesNeverTravelAgain() throws {
+        let source = try couch.newDatabase("scenario")
+        try makeScenario(source)
+        let local = directory.appending("local.sofa")
+        #expect(try sofa("create", local).succeeded)
+        let pulled = try sofa("pull", local, couch.url(source), "--json")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        // The _local document stays behind; everything else arrives.
+        #expect(try Database.open(at: local).localDocument(withID: "_local/private") == nil)
+
+        let copy = try couch.newDatabase("copy")
+        let pushed = try sofa("push", local, couch.url(copy), "--json")
+        #expect(pushed.succeeded, "\(pushed.stderr)")
+        #expect(try summary(pushed)["doc_write_failures"]?.int64Value == 0)
+        let expected = try describe(port: couch.port, source)
+        expectSame(expected, try describe(port: couch.port, copy), "CouchDB → Sofa → CouchDB")
+
+        // Edits on the server that keep the attachments (stubs): pulling them moves no body.
+        for id in ["text-doc", "sizes", "inline-doc"] {
+            var doc = try #require(try couch.request("GET", "/\(copy)/\(id)").json?.objectValue)
+            doc["edited"] = true
+            #expect(try couch.request("PUT", "/\(copy)/\(id)", .object(doc)).status == 201)
+        }
+        let again = try sofa("pull", local, couch.url(copy), "--json")
+        #expect(again.succeeded, "\(again.stderr)")
+        let totals = try summary(again)
+        #expect(totals["docs_written"]?.int64Value == 3)
+        #expect(totals["attachments_downloaded"]?.int64Value == 0)
+        #expect(totals["attachment_bytes_downloaded"]?.int64Value == 0)
+    }
+
+    @Test func aDeferredPullKeepsMetadataAndPushesOnceDownloaded() throws {
+        let source = try couch.newDatabase("deferred")
+        try makeScenario(source)
+        let local = directory.appending("deferred.sofa")
+        #expect(try sofa("create", local).succeeded)
+        let pulled = try sofa("pull", local, couch.url(source), "--no-download-attachments", "--json")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        #expect(try summary(pulled)["attachments_downloaded"]?.int64Value == 0)
+
+        // Served by sofa serve, the deferred copy shows the same documents and metadata.
+        // Pushing bodies that are not here names each document and fails.
+        let early = try couch.newDatabase("early")
+        let refused = try sofa("push", local, couch.url(early))
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("body_not_here") && refused.stderr.contains("sizes"), "\(refused.stderr)")
+
+        #expect(try sofa("download", local, "--remote", couch.url(source)).succeeded)
+        let copy = try couch.newDatabase("after-download")
+        let pushed = try sofa("push", local, couch.url(copy))
+        #expect(pushed.succeeded, "\(pushed.stderr)")
+        expectSame(try describe(port: couch.port, source), try describe(port: couch.port, copy), "deferred, downloaded, pushed")
+        // The push that failed did not move its checkpoint: it sends everything now.
+        let retried = try sofa("push", local, couch.url(early))
+        #expect(retried.succeeded, "\(retried.stderr)")
+        expectSame(try describe(port: couch.port, source), try describe(port: couch.port, early), "the retried push")
+    }
+
+    @Test func couchDBsReplicatorPushesIntoAndPullsFromSofaServe() throws {
+        let source = try couch.newDatabase("for-serve")
+        try makeScenario(source)
+        let served = directory.appending("served.sofa")
+        #expect(try sofa("create", served).succeeded)
+        let server = try ServedDatabases([served])
+        let sofaURL = "http://127.0.0.1:\(server.port)/served"
+        let auth = "http://\(couch.user):\(couch.password)@127.0.0.1:\(couch.port)"
+
+        // CouchDB's replicator pushes the scenario into sofa serve.
+        let push = try couch.request("POST", "/_replicate", ["source": .string("\(auth)/\(source)"), "target": .string(sofaURL)])
+        #expect(push.status == 200, "\(push.text)")
+        #expect(push.json?["history"]?[0]?["doc_write_failures"]?.int64Value == 0, "\(push.text)")
+        let expected = try describe(port: couch.port, source)
+        expectSame(expected, try describe(port: server.port, "served"), "CouchDB's replicator → sofa serve")
+
+        // And pulls it back out into a new database.
+        let back = "back-\(UUID().uuidString.prefix(8).lowercased())"
+        let pull = try couch.request("POST", "/_replicate", ["source": .string(sofaURL), "target": .string("\(auth)/\(back)"),
+                                                              "create_target": true])
+        #expect(pull.status == 200, "\(pull.text)")
+        #expect(pull.json?["history"]?[0]?["doc_write_failures"]?.int64Value == 0, "\(pull.text)")
+        expectSame(expected, try describe(port: couch.port, back), "sofa serve → CouchDB's replicator")
+
+        // Continuous: a document saved in Sofa reaches CouchDB while the replication runs.
+        let live = "live-\(UUID().uuidString.prefix(8).lowercased())"
+        let started = try couch.request("POST", "/_replicate", ["source": .string(sofaURL), "target": .string("\(auth)/\(live)"),
+                                                                 "create_target": true, "continuous": true])
+        #expect(started.status == 202, "\(started.text)")
+        defer {
+            _ = try? couch.request("POST", "/_replicate", ["source": .string(sofaURL), "target": .string("\(auth)/\(live)"),
+                                                           "create_target": true, "continuous": true, "cancel": true])
+        }
+        let connection = try server.connect()
+        #expect(try connection.json("PUT", "/served/arrives-later", ["late": true]).status == 201)
+        #expect(try waitUntil(30) { try couch.request("GET", "/\(live)/arrives-later").status == 200 })
+    }
+
+    @Test func aDocumentCouchDBRefusesFailsThePushByNameAndIsTriedAgain() throws {
+        let target = try couch.newDatabase("validated")
+        let validation = "function(newDoc, oldDoc, userCtx) { if (newDoc.bad) { throw({forbidden: 'bad documents are refused'}); } }"
+        #expect(try couch.request("PUT", "/\(target)/_design/guard", ["validate_doc_update": .string(validation)]).status == 201)
+        let local = directory.appending("refused.sofa")
+        #expect(try sofa("create", local).succeeded)
+        for (id, body) in [("good-1", #"{"n":1}"#), ("the-bad-one", #"{"bad":true}"#), ("good-2", #"{"n":2}"#)] {
+            #expect(try sofa("put", local, id, body).succeeded)
+        }
+        for _ in 0..<2 {
+            let pushed = try sofa("push", local, couch.url(target))
+            #expect(pushed.status == 1)
+            #expect(pushed.stderr.contains("the-bad-one") && pushed.stderr.contains("forbidden")
+                    && pushed.stderr.contains("bad documents are refused"), "\(pushed.stderr)")
+            #expect(!pushed.stderr.contains("good-"), "\(pushed.stderr)")
+        }
+        #expect(try couch.request("GET", "/\(target)/good-1").status == 200)
+        #expect(try couch.request("GET", "/\(target)/good-2").status == 200)
+        #expect(try couch.request("GET", "/\(target)/the-bad-one").status == 404)
+    }
+
+    @Test func syncWithConcurrentEditsEndsWithTheSameWinnerOnBothSides() throws {
+        let remote = try couch.newDatabase("sync")
+        try makeScenario(remote)
+        let local = directory.appending("sync.sofa")
+        #expect(try sofa("create", local).succeeded)
+        #expect(try sofa("pull", local, couch.url(remote)).succeeded)
+        // The same documents edited on both sides.
+        for id in ["text-doc", "long"] {
+            var doc = try #require(try couch.request("GET", "/\(remote)/\(id)").json?.objectValue)
+            doc["side"] = "couchdb"
+            #expect(try couch.request("PUT", "/\(remote)/\(id)", .object(doc)).status == 201)
+            #expect(try sofa("put", local, id, #"{"side":"sofa"}"#).succeeded)
+        }
+        let synced = try sofa("sync", local, couch.url(remote))
+        #expect(synced.succeeded, "\(synced.stderr)")
+        let server = try ServedDatabases([local])
+        expectSame(try describe(port: couch.port, remote), try describe(port: server.port, "sync"), "after sync")
+    }
+}
