@@ -727,7 +727,8 @@ public final class Database: @unchecked Sendable {
             }
             if hasBodyDigests {
                 // Aliases of bodies that are gone (deleted above, purged, or never kept).
-                for hex in try connection.query("SELECT DISTINCT blob_key FROM body_digests") { $0.text(0) } {
+                let aliased = try connection.query("SELECT DISTINCT blob_key FROM body_digests") { $0.text(0) }
+                for hex in aliased {
                     guard let key = BlobKey(hex: hex), !blobs.contains(key) else { continue }
                     try connection.run("DELETE FROM body_digests WHERE blob_key = ?", .text(hex))
                 }

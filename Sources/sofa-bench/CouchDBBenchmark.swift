@@ -48,7 +48,8 @@ func couchDBBenchmark(_ options: Options) throws {
     let reference = median(couch)
     func row(_ what: String, _ times: [Double], _ rss: Int?) {
         let time = median(times)
-        print(String(format: "%-52@ %8.2f s  %5.2f× CouchDB's %.2f s", what as NSString, time, time / reference, reference)
+        print(what.padding(toLength: 48, withPad: " ", startingAt: 0)
+              + String(format: " %7.2f s  %5.2f× CouchDB's %.2f s", time, time / reference, reference)
               + (rss.map { String(format: "  peak RSS %d MB", $0 >> 20) } ?? ""))
     }
     row("CouchDB's replicator, source → new database", couch, nil)
