@@ -160,7 +160,7 @@ public final class Replicator {
             since = batch.lastSequence
             result.lastSeq = since
             let checkpoint = heldAt ?? since
-            if checkpoint != result.checkpointedSeq || heldAt == nil {
+            if checkpoint != result.checkpointedSeq {
                 try saveCheckpoint(source, target, session: session, started: started, startSeq: startSeq, seq: checkpoint, result: result)
                 result.checkpointedSeq = checkpoint
             }

@@ -608,12 +608,17 @@ import TestSupport
         try ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(infoBody.utf8.count)\r\n\r\n" + infoBody)
             .write(toFile: info, atomically: true, encoding: .utf8)
         let gateway = try ReplayServer(responses: ["GET /sg": info, "GET /sg/_changes": changes])
+        // The feed moved to "7" (all of it filtered out): that progress is checkpointed.
+        gateway.respond(to: "PUT", pathPrefix: "/sg/_local/") { _, _ in
+            ReplayServer.jsonResponse("201 Created", Array(#"{"ok":true,"id":"_local/x","rev":"0-1"}"#.utf8))
+        }
         let target = directory.appending("channels.sofa")
         #expect(try sofa("create", target).succeeded)
         let pulled = try sofa("pull", target, "http://127.0.0.1:\(gateway.port)/sg", "--channels", "news,sports")
         #expect(pulled.succeeded, "\(pulled.stderr)")
         #expect(gateway.requests.contains { $0.hasPrefix("GET /sg/_changes?") && $0.contains("filter=sync_gateway/bychannel&channels=news,sports") },
                 "\(gateway.requests)")
+        #expect(gateway.requests.contains { $0.hasPrefix("PUT /sg/_local/") }, "\(gateway.requests)")
     }
 }
 
