@@ -97,9 +97,11 @@ public final class Database: @unchecked Sendable {
         let readOnly = statvfs(path, &fileSystem) == 0 && fileSystem.f_flag & UInt(ST_RDONLY) != 0
             && (stat(file + "-wal", &wal) != 0 || wal.st_size == 0)
         let connection = try SQLiteConnection(path: file, create: false, immutable: readOnly)
-        let version = try Schema.check(connection, path: path, readOnly: readOnly)
-        let database = try Database(path: path, writer: connection, readOnly: readOnly, schemaVersion: version)
+        let found = try Schema.check(connection, path: path, readOnly: readOnly)
+        let database = try Database(path: path, writer: connection, readOnly: readOnly,
+                                    schemaVersion: readOnly ? found : Schema.version)
         if !readOnly { try database.blobs.createDirectories() }
+        if !readOnly && found == 1 { try database.upgradeDigestsFromVersion1() }
         return database
     }
 

@@ -73,3 +73,43 @@ extension Database {
         return (blob, asStored.first ?? blob.key.digestString)
     }
 }
+
+extension Database {
+    /// Version 1 stored a body that came gzip-encoded from CouchDB decoded, but kept CouchDB's
+    /// digest of the gzip form on the attachment; sending that digest with the decoded bytes
+    /// is refused by CouchDB (`500 function_clause`). When such a database is upgraded, each
+    /// MD5-named body of a type CouchDB compresses is hashed once: the attachment takes the
+    /// digest of its stored bytes, and CouchDB's name stays known as an alias.
+    /// Returns how many bodies were renamed.
+    @discardableResult
+    func upgradeDigestsFromVersion1() throws -> Int {
+        let rows = try read { connection in
+            try connection.query("""
+                SELECT DISTINCT digest, blob_key FROM rev_attachments
+                WHERE digest LIKE 'md5-%' AND blob_key IS NOT NULL
+                  AND (content_type LIKE 'text/%' OR content_type LIKE '%json%' OR content_type LIKE '%javascript%'
+                       OR content_type LIKE '%xml%')
+                """) { ($0.text(0), $0.text(1)) }
+        }
+        var renamed = 0
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { buffer.deallocate() }
+        for (digest, hex) in rows {
+            guard let key = BlobKey(hex: hex), blobs.contains(key) else { continue }
+            let reader = try blobs.openReader(key)
+            let md5 = MessageDigest(.md5)
+            while case let count = try reader.read(into: buffer), count > 0 {
+                md5.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+            }
+            let stored = "md5-" + Data(md5.finalize()).base64EncodedString()
+            guard stored != digest else { continue }
+            try write { connection in
+                try connection.run("UPDATE rev_attachments SET digest = ? WHERE digest = ? AND blob_key = ?",
+                                   .text(stored), .text(digest), .text(hex))
+                try recordAlias(digest, of: key, in: connection)
+            }
+            renamed += 1
+        }
+        return renamed
+    }
+}

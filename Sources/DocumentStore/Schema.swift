@@ -77,8 +77,8 @@ enum Schema {
     }
 
     /// Checks that an existing file is a Sofa database of this version or an older one it
-    /// upgrades, and configures the connection. Returns the version now in the file (a
-    /// read-only version 1 file stays at 1).
+    /// upgrades, and configures the connection. Returns the version the file had when opened
+    /// (a read-only version 1 file stays at 1; a writable one is now at `version`).
     @discardableResult
     static func check(_ connection: SQLiteConnection, path: String, readOnly: Bool) throws -> Int {
         let userVersion = try connection.query("PRAGMA user_version") { $0.int(0) }[0]
@@ -99,7 +99,7 @@ enum Schema {
                 throw error
             }
         }
-        return version
+        return userVersion
     }
 
     /// WAL so readers never block the writer; synchronous=NORMAL is durable against

@@ -37,16 +37,24 @@ import TestSupport
             let db = try Database.create(at: path)
             var draft = try db.newDocument("doc")
             try draft.setAttachment("a.bin", data: [1, 2, 3])
+            try draft.setAttachment("pulled.txt", data: Array("hello world hello world hello world".utf8), contentType: "text/plain")
             try db.save(draft)
         }
-        // What a database made before schema 2 looks like.
+        // What a database made before schema 2 looks like, with a text body pulled from CouchDB:
+        // decoded bytes, but CouchDB's digest of its gzip form.
         let downgrade = try shell("""
             python3 -c "import sqlite3; c = sqlite3.connect('\(path)/db.sqlite3'); c.execute('DROP TABLE body_digests'); \
+            c.execute(\\"UPDATE rev_attachments SET digest = 'md5-CzDfAHx884e72GgEVUS6Ug==' WHERE name = 'pulled.txt'\\"); \
             c.execute('PRAGMA user_version = 1'); c.commit()"
             """)
         #expect(downgrade.succeeded, "\(downgrade.stderr)")
         let db = try Database.open(at: path)
-        let key = try #require(try db.document(withID: "doc")?.attachments.first?.blobKey)
+        // The upgrade gave the text body the digest of its stored bytes, and kept CouchDB's as an alias.
+        let pulled = try #require(try db.document(withID: "doc")?.attachment(named: "pulled.txt"))
+        let bytes = Array("hello world hello world hello world".utf8)
+        #expect(pulled.digest == "md5-" + Data(MessageDigest.hash(.md5, bytes)).base64EncodedString())
+        #expect(try db.storedBody(digest: "md5-CzDfAHx884e72GgEVUS6Ug==")?.key == pulled.blobKey)
+        let key = try #require(try db.document(withID: "doc")?.attachment(named: "a.bin")?.blobKey)
         try db.recordAlias("md5-AAAAAAAAAAAAAAAAAAAAAA==", of: key)
         #expect(try db.storedBody(digest: "md5-AAAAAAAAAAAAAAAAAAAAAA==")?.key == key)
         let version = try shell("python3 -c \"import sqlite3; print(sqlite3.connect('\(path)/db.sqlite3').execute('PRAGMA user_version').fetchone()[0])\"")
