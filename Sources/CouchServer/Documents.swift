@@ -57,7 +57,7 @@ extension CouchServer {
                 guard !current.deleted else { throw HTTPError(.notFound, "not_found", "deleted") }
                 revision = current
             }
-            return try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options,
+            return try CouchFormat.render(revision, tree: tree, options: options,
                                         hasBody: { (try? db.revision($0, of: id)) != nil },
                                         readBody: { try self.readWholeBody($0, db, id: id) })
         }
@@ -143,7 +143,7 @@ extension CouchServer {
             let revs = wanted.map { list in list.flatMap { latest ? tree.latestLeaves(from: $0) : [$0] } } ?? tree.leaves.map(\.id).sorted()
             return try revs.map { rev in
                 guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
-                return .success(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
+                return .success(try CouchFormat.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
             }
         }
         let response = request.response

@@ -132,7 +132,7 @@ extension CouchServer {
             if let tree, let revision = try? db.revision(change.revID, of: change.docID) {
                 var options = CouchFormat.Options()
                 options.conflicts = query.conflicts
-                row["doc"] = .object(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options, readBody: { _ in [] }).json)
+                row["doc"] = .object(try CouchFormat.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
             } else {
                 row["doc"] = .null
             }
@@ -332,7 +332,7 @@ extension CouchServer {
                 }
                 return BulkGetResult(id: id, docs: try revs.map { rev in
                     guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
-                    return .success(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
+                    return .success(try CouchFormat.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
                 })
             }
         }

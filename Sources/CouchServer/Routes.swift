@@ -191,7 +191,7 @@ extension CouchServer {
                 let tree = try db.revisionTree(of: id)
                 var options = CouchFormat.Options()
                 options.conflicts = conflicts
-                row["doc"] = .object(try CouchFormat.render(revision, history: tree.history(of: revision.revID), tree: tree, options: options, readBody: { _ in [] }).json)
+                row["doc"] = .object(try CouchFormat.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
             }
             return .object(row)
         }

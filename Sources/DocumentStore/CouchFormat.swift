@@ -47,6 +47,9 @@ public enum CouchFormat {
         public var json: JSONObject
         /// With `.follows`: the attachments to send as parts, in `_attachments` order.
         public var following: [Attachment]
+        /// Attachments whose bodies the rule says go along but that are not on this machine
+        /// (written as stubs).
+        public var absent: [Attachment] = []
     }
 
     /// The generation from which the receiver has the attachment bodies: that of the newest
@@ -87,6 +90,7 @@ public enum CouchFormat {
         for (key, value) in revision.properties { json[key] = value }
         if options.revisions { json["_revisions"] = revisions(history) }
         var following: [Attachment] = []
+        var absent: [Attachment] = []
         if !revision.attachments.isEmpty {
             let known = options.attsSince.isEmpty ? Int.min : knownGeneration(options.attsSince, history: history)
             var attachments = JSONObject()
@@ -94,7 +98,9 @@ public enum CouchFormat {
                 var entry: JSONObject = ["content_type": .string(attachment.contentType),
                                          "revpos": .integer(Int64(attachment.revpos)),
                                          "digest": .string(attachment.digest)]
-                let wanted = sendsBody(attachment, known: known) && attachment.contentAvailable
+                let sent = sendsBody(attachment, known: known)
+                if sent && !attachment.contentAvailable { absent.append(attachment) }
+                let wanted = sent && attachment.contentAvailable
                 switch (options.bodies, wanted) {
                 case (.inline, true):
                     entry["data"] = .string(Data(try readBody(attachment)).base64EncodedString())
@@ -124,7 +130,15 @@ public enum CouchFormat {
                 return ["rev": .string(id.description), "status": .string(status)]
             })
         }
-        return Rendered(json: json, following: following)
+        return Rendered(json: json, following: following, absent: absent)
+    }
+
+    /// Renders a stored revision of the document whose tree is `tree`.
+    public static func render(_ revision: Revision, tree: RevisionTree, options: Options,
+                              hasBody: (RevisionID) -> Bool = { _ in true },
+                              readBody: (Attachment) throws -> [UInt8]) throws -> Rendered {
+        try render(revision, history: tree.history(of: revision.revID), tree: tree, options: options,
+                   hasBody: hasBody, readBody: readBody)
     }
 
     /// The part headers CouchDB writes before an attachment body in a multipart document.

@@ -1,7 +1,6 @@
 import DocumentModel
 import DocumentStore
 import Foundation
-import Logging
 
 /// A Sofa database as a replication peer. As a target it keeps bodies it already has
 /// (by ancestry or digest), downloads the others its policy allows, and leaves the rest
@@ -9,7 +8,8 @@ import Logging
 final class LocalPeer: ReplicationPeer {
     let database: Database
     var downloads: DownloadPolicy
-    private let log = Logger(label: "sofa.replicate")
+    /// The `_rev` of each checkpoint document, once read (then taken from each save).
+    private var checkpointRevs: [String: String?] = [:]
 
     init(_ database: Database, downloads: DownloadPolicy = DownloadPolicy()) {
         self.database = database
@@ -127,12 +127,14 @@ final class LocalPeer: ReplicationPeer {
     }
 
     func checkpoint(_ id: String) throws -> JSONObject? {
-        try database.localDocument(withID: "_local/\(id)")?.body
+        let document = try database.localDocument(withID: "_local/\(id)")
+        checkpointRevs[id] = .some(document?.rev)
+        return document?.body
     }
 
     func saveCheckpoint(_ id: String, _ body: JSONObject) throws {
-        let existing = try database.localDocument(withID: "_local/\(id)")
-        _ = try database.replaceLocalDocument("_local/\(id)", body: body, after: existing?.rev)
+        if checkpointRevs[id] == nil { _ = try checkpoint(id) }
+        checkpointRevs[id] = .some(try database.replaceLocalDocument("_local/\(id)", body: body, after: checkpointRevs[id] ?? nil))
     }
 }
 

@@ -199,8 +199,7 @@ final class RemotePeer: ReplicationPeer {
             let rendered = try CouchFormat.render(revision, history: history, options: options, readBody: { _ in [] })
             // A body the target lacks and this machine never downloaded cannot go; say so rather
             // than send a stub the target will refuse.
-            let known = options.attsSince.isEmpty ? Int.min : CouchFormat.knownGeneration(options.attsSince, history: history)
-            if let absent = revision.attachments.first(where: { CouchFormat.sendsBody($0, known: known) && !$0.contentAvailable }) {
+            if let absent = rendered.absent.first {
                 failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: "body_not_here",
                                                 reason: "the body of attachment \(absent.name) was never downloaded here (sofa download fetches it)"))
                 continue

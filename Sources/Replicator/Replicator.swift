@@ -7,7 +7,6 @@ import Logging
 public struct ReplicationResult: Sendable {
     public var docsRead = 0
     public var docsWritten = 0
-    public var docWriteFailures = 0
     public var attachmentsDownloaded = 0
     public var attachmentBytesDownloaded: Int64 = 0
     public var attachmentsDeferred = 0
@@ -15,8 +14,9 @@ public struct ReplicationResult: Sendable {
     public var lastSeq: JSONValue = 0
     /// The sequence the checkpoint holds: `lastSeq`, or the change before the first failure.
     public var checkpointedSeq: JSONValue = 0
-    /// The documents that did not arrive, with the reason (`docWriteFailures` counts them).
+    /// The documents that did not arrive, with the reason.
     public var failures: [DocumentFailure] = []
+    public var docWriteFailures: Int { failures.count }
     /// `complete`, or `incomplete` when some document failed.
     public var status = "complete"
 
@@ -156,7 +156,6 @@ public final class Replicator {
                 heldAt = first == 0 ? since : batch.changes[first - 1].sequence
             }
             result.failures += failures
-            result.docWriteFailures = result.failures.count
             since = batch.lastSequence
             result.lastSeq = since
             let checkpoint = heldAt ?? since
