@@ -5,6 +5,8 @@ import Foundation
 /// Watches the database for changes made behind the mount's back (the CLI, the
 /// replicator, another process) and tells the kernel to forget what it cached
 /// for the documents that changed, so the mount shows them within a second.
+/// Bodies that arrive or go (a download, a purge, an eviction) change no document,
+/// so their events are watched too: every document using such a body is refreshed.
 public final class ChangeWatcher: @unchecked Sendable {
     // Sendable invariant: `lastSequence` and `stopped` are only touched on the watcher thread or under `lock`.
     private let database: Database
@@ -12,6 +14,7 @@ public final class ChangeWatcher: @unchecked Sendable {
     private let documentChanged: @Sendable (String) -> Void
     private let interval: Double
     private var lastSequence: Int64
+    private var lastBodyEvent: Int64
     private var stopped = false
     private let lock = NSLock()
 
@@ -25,6 +28,7 @@ public final class ChangeWatcher: @unchecked Sendable {
         self.invalidate = invalidate
         self.interval = interval
         lastSequence = try database.lastSequence
+        lastBodyEvent = try database.lastBodyEvent()
     }
 
     public func start() {
@@ -53,6 +57,13 @@ public final class ChangeWatcher: @unchecked Sendable {
     /// Invalidates the folders of documents changed since the last poll, with all the kernel
     /// holds below them (attachments that are gone included), and the listing of /docs.
     public func poll() {
+        if let bodies = try? database.documentsWithBodyEvents(after: lastBodyEvent), bodies.last != lastBodyEvent {
+            lastBodyEvent = bodies.last
+            for id in bodies.docIDs {
+                documentChanged(id)
+                invalidate(String.documentPath(id), true)
+            }
+        }
         guard let changes = try? database.changes(since: lastSequence), let last = changes.last else { return }
         lastSequence = last.sequence
         for change in changes {

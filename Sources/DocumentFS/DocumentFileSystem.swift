@@ -415,11 +415,11 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                           DocumentFileSystem.digestAttribute: attachment.digest,
                           DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
                           DocumentFileSystem.contentTypeAttribute: attachment.contentType]
-        if !attachment.contentAvailable, let transfer = bodySource?.transfer(digest: attachment.digest) {
-            switch transfer.state {
-            case .transferring(let received): attributes[DocumentFileSystem.progressAttribute] = "\(received)/\(attachment.length)"
-            case .complete: attributes[DocumentFileSystem.availableAttribute] = "true"
-            case .failed: break
+        if !attachment.contentAvailable, let progress = bodySource?.progress(of: attachment) {
+            if progress.present == attachment.length {
+                attributes[DocumentFileSystem.availableAttribute] = "true"
+            } else {
+                attributes[DocumentFileSystem.progressAttribute] = "\(progress.present)/\(attachment.length)"
             }
         }
         return attributes

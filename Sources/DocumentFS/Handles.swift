@@ -60,67 +60,29 @@ final class BlobReadHandle: Handle, @unchecked Sendable {
     override var size: Int64 { reader.length }
 }
 
-/// An attachment whose body is arriving from the remote: a read waits (at most
-/// `timeout`) for the bytes it needs, then reads them from the file being written,
-/// or from the blob once complete. A failed or too slow transfer reads as EIO.
-final class PendingBodyHandle: Handle, @unchecked Sendable {
-    let docID: String
-    let transfer: BodyTransfer
+/// An attachment whose body is not here (or not all of it): each read fetches the bytes
+/// it needs from the remote, waiting at most `timeout` for them; one that cannot read as EIO.
+final class DeferredBodyHandle: Handle, @unchecked Sendable {
+    let reader: any BodyReader
     let timeout: Double
-    let blobs: BlobStore
-    /// The file read from (partial, then the blob: the same inode once renamed). Guarded by
-    /// `fdLock`, not the handle's lock: reads run without it (see `read(_:into:at:)` of the file system).
-    private var fd: Int32 = -1
-    private let fdLock = NSLock()
 
-    init(path: String, docID: String, transfer: BodyTransfer, timeout: Double, blobs: BlobStore) {
-        self.docID = docID
-        self.transfer = transfer
+    init(path: String, reader: any BodyReader, timeout: Double) {
+        self.reader = reader
         self.timeout = timeout
-        self.blobs = blobs
         super.init(path: path)
     }
 
     override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        let length = transfer.attachment.length
-        guard offset < length else { return 0 }
-        let end = min(length, offset + Int64(buffer.count))
-        let readable: BodyTransfer.Readable
         do {
-            readable = try transfer.wait(forBytes: end, timeout: timeout, docID: docID)
+            return try reader.read(into: buffer, at: offset, timeout: timeout)
         } catch {
             throw FileSystemError(EIO)
         }
-        let descriptor = try fdLock.withLock { () -> Int32 in
-            if fd < 0 {
-                let path = switch readable {
-                case .blob(let blob): blobs.path(for: blob.key)
-                case .partial(let path): path
-                }
-                fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-                // The partial file may have just become the blob. It is renamed before the transfer
-                // says so (the directory is fsynced in between, seconds under a loaded disk), so
-                // wait for that, then open its final name: checking the state at once failed a reader.
-                if fd < 0, case .partial = readable, let blob = try? transfer.waitForBlob(timeout: timeout, docID: docID) {
-                    fd = Glibc.open(blobs.path(for: blob.key), O_RDONLY | O_CLOEXEC)
-                }
-                guard fd >= 0 else { throw FileSystemError(EIO) }
-            }
-            return fd
-        }
-        let count = pread(descriptor, buffer.baseAddress, Int(end - offset), off_t(offset))
-        guard count >= 0 else { throw FileSystemError(errno) }
-        return count
     }
 
-    override var size: Int64 { transfer.attachment.length }
+    override var size: Int64 { reader.length }
 
-    override func close() {
-        fdLock.withLock {
-            if fd >= 0 { Glibc.close(fd) }
-            fd = -1
-        }
-    }
+    override func close() { reader.close() }
 }
 
 /// An attachment whose body is not on this machine, and no remote to fetch it from:

@@ -67,12 +67,10 @@ extension DocumentFileSystem {
     private func openForReading(_ attachment: Attachment, docID: String, path: String) throws -> OpenFile {
         guard attachment.contentAvailable, let key = attachment.blobKey else {
             if let bodySource, let revID = try cached(docID).revision?.revID {
-                // Start or join its download; reads follow the bytes as they arrive.
-                let transfer = bodySource.fetch(attachment, docID: docID, revID: revID)
-                transfer.onFinish { [weak self] blob in if blob != nil { self?.documentChanged(docID) } }
-                return OpenFile(handle: handles.add(PendingBodyHandle(path: path, docID: docID, transfer: transfer,
-                                                                      timeout: fetchTimeout, blobs: database.blobs)),
-                                directIO: true, noFlush: true)
+                // Reads fetch what they need; the kernel caches what they got (mmap works too).
+                let reader = try bodySource.open(attachment, docID: docID, revID: revID)
+                return OpenFile(handle: handles.add(DeferredBodyHandle(path: path, reader: reader, timeout: fetchTimeout)),
+                                noFlush: true)
             }
             log.warning("\(path): the body of attachment \"\(attachment.name)\" is not on this machine (not downloaded)")
             return OpenFile(handle: handles.add(AbsentBodyHandle(path: path, docID: docID, attachment: attachment)), directIO: true,
@@ -141,7 +139,7 @@ extension DocumentFileSystem {
 
     public func read(_ number: UInt64, into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
         let handle = try handles.get(number)
-        if handle is BlobReadHandle || handle is BytesHandle || handle is PendingBodyHandle {
+        if handle is BlobReadHandle || handle is BytesHandle || handle is DeferredBodyHandle {
             // Immutable, or (a body arriving) guarded inside: no lock held while a read waits.
             return try handle.read(into: buffer, at: offset)
         }

@@ -54,16 +54,6 @@ public final class BlobStore: Sendable {
         try BlobWriter(store: self)
     }
 
-    /// A writer for a body fetched in pieces, by this process or by earlier ones: its bytes
-    /// wait in a file named after `digest` (the body's CouchDB digest), and a writer made
-    /// later for the same digest continues after them. Dropping or cancelling it keeps the
-    /// bytes; `discard()` drops them. Nil while another process writes the same body, or
-    /// when `digest` is not a plain `sha1-`/`md5-` digest that can name a file.
-    public func makeResumableWriter(digest: String) throws -> BlobWriter? {
-        guard let path = partialPath(for: digest) else { return nil }
-        return try BlobWriter(store: self, continuing: path)
-    }
-
     /// Where the partial body for `digest` waits: the base64 made file-name safe.
     func partialPath(for digest: String) -> String? {
         guard digest.hasPrefix("sha1-") || digest.hasPrefix("md5-"), digest.count < 100,
@@ -73,7 +63,7 @@ public final class BlobStore: Sendable {
 
     static let partialSuffix = ".partial"
 
-    /// Partial bodies waiting for their remaining bytes: (digest, bytes so far).
+    /// Partial bodies waiting for their remaining chunks (`PartialBody`): (digest, bytes on disk).
     public func partialBodies() -> [(digest: String, length: Int64)] {
         var result: [(String, Int64)] = []
         for name in BlobStore.names(in: temporaryDirectory) ?? [] {
@@ -81,7 +71,8 @@ public final class BlobStore: Sendable {
             var info = stat()
             guard stat("\(temporaryDirectory)/\(name)", &info) == 0 else { continue }
             let digest = name.dropLast(BlobStore.partialSuffix.count).replacingOccurrences(of: "_", with: "/")
-            result.append((digest, Int64(info.st_size)))
+            // The file is sparse: count the bytes it holds, not its size.
+            result.append((digest, min(Int64(info.st_size), Int64(info.st_blocks) * 512)))
         }
         return result.sorted { $0.0 < $1.0 }
     }
@@ -97,6 +88,7 @@ public final class BlobStore: Sendable {
             defer { close(fd) }
             guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { continue }
             if unlink(path) == 0 { freed += length }
+            unlink(String(path.dropLast(BlobStore.partialSuffix.count)) + PartialBody.mapSuffix)
         }
         return freed
     }
@@ -210,7 +202,7 @@ public final class BlobStore: Sendable {
     /// Makes the temporary file `fd` (at `temporaryPath`) the blob `key`: fsync, make it
     /// read-only, rename it into place and fsync the directory. Closes `fd`. Without
     /// `durable`, both fsyncs are left to the caller (a staged copy syncs once at its end).
-    fileprivate func install(_ fd: Int32, at temporaryPath: String, as key: BlobKey, durable: Bool = true) throws {
+    func install(_ fd: Int32, at temporaryPath: String, as key: BlobKey, durable: Bool = true) throws {
         defer { close(fd) }
         guard !durable || fsync(fd) == 0 else { throw SofaError.system("fsync", path: temporaryPath, errno: errno) }
         fchmod(fd, 0o444)
@@ -288,54 +280,16 @@ public final class BlobWriter {
     private let digest = MessageDigest(.sha1)
     public private(set) var length: Int64 = 0
     private var writeback = EarlyWriteback()
-    /// A resumable writer keeps its bytes when dropped or cancelled.
-    private let keepsBytes: Bool
 
     fileprivate init(store: BlobStore) throws {
         self.store = store
-        keepsBytes = false
         temporaryPath = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
         // 0444: a blob never changes once written, and `contentPath` hands it out as read-only.
         fd = open(temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
         guard fd >= 0 else { throw SofaError.system("create", path: temporaryPath, errno: errno) }
     }
 
-    /// Continues the partial body at `path` (creating it if missing): its bytes are hashed
-    /// again and writes go after them. Nil while another process holds it.
-    fileprivate init?(store: BlobStore, continuing path: String) throws {
-        self.store = store
-        keepsBytes = true
-        temporaryPath = path
-        while true {
-            // 0644 so that a later process can open it for writing again; `install` makes it 0444.
-            fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-            guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
-            guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-                close(fd)
-                return nil
-            }
-            // The holder before us may have finished (renamed the file into the store) or
-            // discarded it between our open and our lock: then lock the file now at `path`.
-            var opened = stat(), named = stat()
-            if fstat(fd, &opened) == 0, stat(path, &named) == 0, opened.st_ino == named.st_ino, opened.st_dev == named.st_dev { break }
-            close(fd)
-        }
-        do {
-            length = try store.hashFile(fd, path: path, into: digest)
-        } catch {
-            close(fd)
-            throw error
-        }
-        lseek(fd, 0, SEEK_END)
-    }
-
     deinit { cancel() }
-
-    /// Hashes the bytes written so far into `other` (a resumed body's MD5 check).
-    public func hashWritten(into other: MessageDigest) throws {
-        precondition(fd >= 0, "hash after finish or cancel")
-        _ = try store.hashFile(fd, path: temporaryPath, into: other)
-    }
 
     /// Appends bytes to the blob.
     public func write(_ bytes: UnsafeRawBufferPointer) throws {
@@ -358,7 +312,7 @@ public final class BlobWriter {
         precondition(fd >= 0, "finish after finish or cancel")
         let key = BlobKey(digest: digest.finalize())
         if let expected, expected != key {
-            discard()
+            cancel()
             throw SofaError.blobCorrupted(key: expected.hex, path: temporaryPath)
         }
         do {
@@ -372,16 +326,9 @@ public final class BlobWriter {
         return StoredBlob(key: key, length: length)
     }
 
-    /// Abandons the blob: deletes its temporary file, or keeps it for a later resumable
-    /// writer if this is one.
+    /// Abandons the blob: deletes its temporary file.
     public func cancel() {
-        if keepsBytes { closeFile() } else { discard() }
-    }
-
-    /// Abandons the blob and deletes its bytes.
-    public func discard() {
-        // Unlink while still holding the lock, so no other process continues these bytes.
-        if fd >= 0 || !keepsBytes { unlink(temporaryPath) }
+        if fd >= 0 { unlink(temporaryPath) }
         closeFile()
     }
 

@@ -31,6 +31,8 @@ public final class Database: @unchecked Sendable {
     public let isReadOnly: Bool
     /// Whether the file has `body_digests` (a version 1 database opened read-only has not).
     let hasBodyDigests: Bool
+    /// Whether the file has `body_events` (version 3).
+    let hasBodyEvents: Bool
 
     /// The one connection that writes. Guarded by `writeLock`.
     private let writer: SQLiteConnection
@@ -51,6 +53,7 @@ public final class Database: @unchecked Sendable {
         self.writer = writer
         self.isReadOnly = readOnly
         self.hasBodyDigests = schemaVersion >= 2
+        self.hasBodyEvents = schemaVersion >= 3
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
@@ -300,7 +303,42 @@ public final class Database: @unchecked Sendable {
                                .text(blob.key.hex), .text(storedDigest ?? digest), .text(digest), .integer(blob.length), .text(blob.key.hex))
             let changed = Int(connection.changes)
             if let storedDigest, storedDigest != digest { try recordAlias(digest, of: blob.key, in: connection) }
+            try recordBodyEvent(Set([digest, storedDigest ?? digest]), in: connection)
             return changed
+        }
+    }
+
+    /// Notes that the bodies named `digests` arrived or went, for mounts in other processes.
+    func recordBodyEvent(_ digests: Set<String>, in connection: SQLiteConnection) throws {
+        guard hasBodyEvents else { return }
+        for digest in digests.sorted() {
+            try connection.run("INSERT INTO body_events (digest) VALUES (?)", .text(digest))
+        }
+        try connection.run("DELETE FROM body_events WHERE seq <= last_insert_rowid() - 1000")
+    }
+
+    /// The latest body event (0 for none).
+    public func lastBodyEvent() throws -> Int64 {
+        guard hasBodyEvents else { return 0 }
+        return try read { try $0.query("SELECT COALESCE(MAX(seq), 0) FROM body_events") { $0.int64(0) }[0] }
+    }
+
+    /// Documents whose attachments (in any revision) use a body that arrived or went after
+    /// event `seq`, and the latest event.
+    public func documentsWithBodyEvents(after seq: Int64) throws -> (docIDs: [String], last: Int64) {
+        guard hasBodyEvents else { return ([], seq) }
+        return try read { connection in
+            let events = try connection.query("SELECT seq, digest FROM body_events WHERE seq > ? ORDER BY seq", .integer(seq)) {
+                ($0.int64(0), $0.text(1))
+            }
+            guard let last = events.last?.0 else { return ([], seq) }
+            var ids = Set<String>()
+            for digest in Set(events.map(\.1)) {
+                ids.formUnion(try connection.query(
+                    "SELECT DISTINCT d.doc_id FROM rev_attachments a JOIN docs d ON d.doc_key = a.doc_key WHERE a.digest = ?",
+                    .text(digest)) { $0.text(0) })
+            }
+            return (ids.sorted(), last)
         }
     }
 
@@ -323,6 +361,7 @@ public final class Database: @unchecked Sendable {
             let keys = try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL",
                                             .text(digest)) { $0.text(0) }
             try connection.run("UPDATE rev_attachments SET blob_key = NULL WHERE digest = ?", .text(digest))
+            try recordBodyEvent([digest], in: connection)
             // Keys still used under another digest stay.
             return try keys.filter { key in
                 try connection.query("SELECT COUNT(*) FROM rev_attachments WHERE blob_key = ?", .text(key)) { $0.int(0) }[0] == 0

@@ -1,7 +1,7 @@
 import DocumentModel
 import Foundation
 
-/// The SQLite schema of `db.sqlite3`, version 2.
+/// The SQLite schema of `db.sqlite3`, version 3.
 ///
 /// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
 ///   `last_sequence`, `revs_limit`.
@@ -16,14 +16,24 @@ import Foundation
 ///   gzip-encoded from CouchDB is stored decoded and its attachment's digest describes the
 ///   decoded bytes; CouchDB's name for it (the MD5 of its gzip form) is kept here, so a
 ///   later pull that names it so finds it.
+/// - `body_events` (version 3): bodies that arrived or went (downloaded, purged, evicted),
+///   by digest, so that a mount of the database sees such changes made by other processes
+///   (they change no document's sequence). The last thousand are kept.
+/// - `rev_attachments_by_digest` (version 3): presence is a matter of the digest, for every
+///   revision that references it.
 ///
-/// Version 1 databases are upgraded when opened for writing (one new table).
+/// Older databases are upgraded when opened for writing (new tables and an index).
 enum Schema {
-    static let version = 2
+    static let version = 3
 
     static let bodyDigestsTable = """
         CREATE TABLE IF NOT EXISTS body_digests (digest TEXT PRIMARY KEY, blob_key TEXT NOT NULL) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS body_digests_by_blob ON body_digests (blob_key);
+        """
+
+    static let version3Tables = """
+        CREATE TABLE IF NOT EXISTS body_events (seq INTEGER PRIMARY KEY AUTOINCREMENT, digest TEXT NOT NULL);
+        CREATE INDEX IF NOT EXISTS rev_attachments_by_digest ON rev_attachments (digest);
         """
 
     static func create(_ connection: SQLiteConnection, revsLimit: Int) throws {
@@ -64,7 +74,7 @@ enum Schema {
                 ) WITHOUT ROWID;
                 CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
                 CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
-                """ + bodyDigestsTable)
+                """ + bodyDigestsTable + version3Tables)
             try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
                                "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
                                .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
@@ -82,17 +92,17 @@ enum Schema {
     @discardableResult
     static func check(_ connection: SQLiteConnection, path: String, readOnly: Bool) throws -> Int {
         let userVersion = try connection.query("PRAGMA user_version") { $0.int(0) }[0]
-        guard userVersion == version || userVersion == 1 else {
+        guard (1...version).contains(userVersion) else {
             throw SofaError.notADatabase(path: path, reason: userVersion == 0
                 ? "\(Database.databaseFileName) holds no Sofa schema"
                 : "schema version \(userVersion) is not supported (expected \(version))")
         }
         if readOnly { return userVersion }
         try configure(connection)
-        if userVersion == 1 {
+        if userVersion < version {
             try connection.execute("BEGIN IMMEDIATE")
             do {
-                try connection.execute(bodyDigestsTable + "PRAGMA user_version = \(version);")
+                try connection.execute(bodyDigestsTable + version3Tables + "PRAGMA user_version = \(version);")
                 try connection.execute("COMMIT")
             } catch {
                 try? connection.execute("ROLLBACK")

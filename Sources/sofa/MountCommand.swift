@@ -59,11 +59,11 @@ struct Mount: SofaCommand {
         let signals = SignalWatcher([SIGINT, SIGTERM, SIGHUP])  // before any thread starts
 
         let database = try db.open()
-        var downloader: BodyDownloader?
+        var downloader: RemoteBodies?
         var session: ReplicationSession?
         if let url = remote ?? database.rememberedRemote {
             let remoteDatabase = try connection.remote(url)
-            downloader = BodyDownloader(database: database, remote: remoteDatabase, retry: connection.retryPolicy, caFile: connection.cacert)
+            downloader = RemoteBodies(database: database, remote: remoteDatabase, retry: connection.retryPolicy, caFile: connection.cacert)
             if !directions.isEmpty {
                 session = ReplicationSession(database: database, remote: remoteDatabase, directions: directions, continuous: continuous)
                 session?.downloads.enabled = !noDownloadAttachments
@@ -76,11 +76,9 @@ struct Mount: SofaCommand {
             var status: JSONObject = [:]
             if let session { status["replication"] = .object(session.status.json) }
             if let downloader {
-                status["downloads"] = .array(downloader.active.map { transfer in
-                    var entry: JSONObject = ["name": .string(transfer.attachment.name), "length": .integer(transfer.attachment.length),
-                                             "digest": .string(transfer.attachment.digest)]
-                    if case .transferring(let received) = transfer.state { entry["received"] = .integer(received) }
-                    return .object(entry)
+                status["downloads"] = .array(downloader.active.map { body in
+                    .object(["id": .string(body.docID), "name": .string(body.name), "digest": .string(body.digest),
+                             "length": .integer(body.length), "received": .integer(body.present), "fetching": .bool(body.fetching)])
                 })
             }
             return status

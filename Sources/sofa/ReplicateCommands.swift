@@ -308,13 +308,16 @@ struct Download: SofaCommand {
         guard let url = remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
         }
-        let downloader = BodyDownloader(database: db, remote: try connection.remote(url), retry: connection.retryPolicy,
-                                        caFile: connection.cacert)
+        let downloader = RemoteBodies(database: db, remote: try connection.remote(url), retry: connection.retryPolicy,
+                                      caFile: connection.cacert)
         signals.onSignal { downloader.cancel() }
         let terminal = isatty(STDERR_FILENO) == 1
         do {
-            let (count, bytes) = try downloader.downloadMissing(docID: id, name: name) { done, total, bytes in
-                if terminal { Output.write(STDERR_FILENO, "\rdownloaded \(done) of \(total) bodies, \(bytes >> 20) MiB") }
+            let meter = TransferMeter()
+            let (count, bytes) = try downloader.downloadMissing(docID: id, name: name, bodyProgress: { body in
+                if terminal { Output.write(STDERR_FILENO, "\r\u{1B}[K" + meter.line(body)) }
+            }) { done, total, bytes in
+                if terminal { Output.write(STDERR_FILENO, "\r\u{1B}[Kdownloaded \(done) of \(total) bodies, \(formatBytes(bytes))") }
             }
             if terminal { Output.write(STDERR_FILENO, "\n") }
             Output.line("downloaded \(counted(count, "attachment body", "attachment bodies")) (\(bytes) bytes)")
@@ -328,6 +331,23 @@ struct Download: SofaCommand {
             }
             throw SofaError.invalidArgument("download failed: \(error)\(resume)")
         }
+    }
+}
+
+/// A progress line for one body: bytes done and total, rate, time left.
+final class TransferMeter {
+    private var started: (digest: String, time: Date, bytes: Int64)?
+
+    func line(_ body: BodyProgress) -> String {
+        let now = Date()
+        if started?.digest != body.digest { started = (body.digest, now, body.present) }
+        let elapsed = now.timeIntervalSince(started!.time)
+        let rate = elapsed > 0.2 ? Double(body.present - started!.bytes) / elapsed : 0
+        var line = "\(body.docID)/\(body.name): \(formatBytes(body.present)) of \(formatBytes(body.length))"
+        if rate > 0 {
+            line += ", \(formatBytes(Int64(rate)))/s, \(Int((Double(body.length - body.present) / rate).rounded(.up))) s left"
+        }
+        return line
     }
 }
 

@@ -279,16 +279,17 @@ import TestSupport
         let copy = try Database.open(at: target)
         #expect(try ReplicationTests().snapshot(copy) == ReplicationTests().snapshot(source))
         let log = server.stop().stderr
-        #expect(log.range(of: #"GET /source/files/big\.bin\?rev=\S+ \(bytes=[1-9]\d*-\) 206"#, options: .regularExpression) != nil,
+        #expect(log.range(of: #"GET /source/files/big\.bin\?rev=\S+ \(bytes=[1-9]\d*-\d+\) 206"#, options: .regularExpression) != nil,
                 "the retry asked for the rest with a Range: \(log.suffix(2000))")
     }
 
-    /// The partial bodies waiting in `target`'s store: file name and size.
+    /// The partial bodies waiting in `target`'s store: file name and bytes held (they are sparse files).
     func partialDownloads(_ target: String) throws -> [String: Int] {
         let folder = target + "/attachments/tmp"
         var result: [String: Int] = [:]
         for name in try FileManager.default.contentsOfDirectory(atPath: folder) where name.hasSuffix(".partial") {
-            result[name] = (try FileManager.default.attributesOfItem(atPath: "\(folder)/\(name)")[.size] as? Int) ?? -1
+            var info = stat()
+            result[name] = stat("\(folder)/\(name)", &info) == 0 ? Int(info.st_blocks) * 512 : -1
         }
         return result
     }
@@ -334,14 +335,15 @@ import TestSupport
         #expect(resumed.stdout.contains("downloaded 1 attachment body"), "\(resumed.stdout)\(resumed.stderr)")
         let kept = afterCancel.values.first ?? 0
         let transferred = proxy.bytesFromServer - resumeStart
-        #expect(transferred < size - kept + (16 << 10), "\(transferred) bytes for the \(size - kept) missing")
+        // At most the chunk the stall cut through travels again (its bytes here are not a whole chunk), and headers.
+        #expect(transferred < size - kept + (32 << 10), "\(transferred) bytes for the \(size - kept) missing")
         #expect(try partialDownloads(target).isEmpty)
         #expect(try sofa("download", target).stdout.contains("downloaded 1 attachment body (19 bytes)"))
         #expect(try sofa("check", target).succeeded)
         let copy = try Database.open(at: target)
         #expect(try ReplicationTests().snapshot(copy) == ReplicationTests().snapshot(source))
         let log = server.stop().stderr
-        let ranges = log.matches(of: try Regex(#"GET /source/files/big\.bin\?rev=\S+ \(bytes=[1-9]\d*-\) 206"#)).count
+        let ranges = log.matches(of: try Regex(#"GET /source/files/big\.bin\?rev=\S+ \(bytes=[1-9]\d*-\d+\) 206"#)).count
         #expect(ranges == 2, "the two later runs each asked for the rest with a Range; saw \(ranges)")
     }
 
@@ -349,7 +351,9 @@ import TestSupport
     func readingADeferredBodyThroughTheMountFetchesItOnce() throws {
         let source = try ReplicationTests().makeSource(in: directory)
         let server = try ServedDatabases([source.path], logLevel: "debug")
-        let target = try deferredCopy(from: "http://127.0.0.1:\(server.port)/source")
+        let proxy = try FaultProxy(upstreamPort: server.port)
+        let target = try deferredCopy(from: "http://127.0.0.1:\(proxy.port)/source")
+        let pulled = proxy.bytesFromServer
         let mount = try MountedDatabase(target)
         let path = mount.path("docs/files/attachments/big.bin")
         #expect(try shell("getfattr --only-values -n user.sofa.available '\(path)'").stdout == "false")
@@ -365,9 +369,11 @@ import TestSupport
         // The body is installed just after the last reader got its bytes.
         #expect(try waitUntil { try shell("getfattr --only-values -n user.sofa.available '\(path)'").stdout == "true" })
         #expect(mount.unmount().succeeded)
-        let log = server.stop().stderr
-        let fetches = log.components(separatedBy: "GET /source/files/big.bin").count - 1
-        #expect(fetches == 1, "one transfer for eight readers, saw \(fetches)")
+        // Each chunk travelled once: the body's bytes, and the headers of the few ranged requests
+        // of the readahead's ramp (64 KiB, doubling to 4 MiB, then the rest in one).
+        let sent = proxy.bytesFromServer - pulled
+        #expect(sent >= 3 << 20 && sent < (3 << 20) + 64 << 10, "\(sent) bytes sent for a 3 MiB body read by eight readers")
+        _ = server.stop()
         #expect(try sofa("info", target).stdout.contains("Bodies not present: 0"))
     }
 

@@ -1,0 +1,607 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Logging
+
+/// Fetches deferred attachment bodies from the remote, as much of them as readers need.
+///
+/// A read of a body that is not here fetches the chunks it covers with an HTTP `Range`
+/// into the body's `PartialBody` (a sparse file and a map of the chunks here, kept across
+/// runs). A reader going forward gets a readahead that doubles with each read until the
+/// rest of the body streams ahead of it; a reader jumping around gets what it reads. When
+/// every chunk is here the body is hashed against its digest and becomes a blob.
+///
+/// A server that answers a range with the whole body (CouchDB does for the bodies it
+/// keeps compressed) gets one streamed transfer instead, checked as it arrives. Each
+/// answer's ETag must name the body's digest: a body that changed on the server is
+/// never mixed with the bytes already here. One transfer per chunk however many wait.
+public final class RemoteBodies: BodySource, @unchecked Sendable {
+    // Sendable invariant: `bodies` and `idleClients` are guarded by `lock`.
+    public let database: Database
+    public let remote: RemoteDatabase
+    let retry: RetryPolicy
+    let caFile: String?
+    /// Stops every transfer; what has arrived stays for the next read.
+    public let cancellation = Cancellation()
+    let log = Logger(label: "sofa.download")
+    private let lock = NSLock()
+    private var bodies: [String: DeferredBody] = [:]
+    private var idleClients: [HTTPClient] = []
+
+    public init(database: Database, remote: RemoteDatabase, retry: RetryPolicy = RetryPolicy(), caFile: String? = nil) {
+        self.database = database
+        self.remote = remote
+        self.retry = retry
+        self.caFile = caFile
+    }
+
+    public func open(_ attachment: Attachment, docID: String, revID: RevisionID) throws -> any BodyReader {
+        DeferredBodyReader(body: try acquire(attachment, docID: docID, revID: revID))
+    }
+
+    public func progress(of attachment: Attachment) -> BodyProgress? {
+        if let body = lock.withLock({ bodies[attachment.digest] }) { return body.progress }
+        // Nobody reads it now: what earlier reads left, as its saved map says.
+        return PartialBody.savedBytes(in: database.blobs, digest: attachment.digest, length: attachment.length).map {
+            BodyProgress(digest: attachment.digest, docID: "", name: attachment.name, present: $0, length: attachment.length,
+                         fetching: false)
+        }
+    }
+
+    /// Bodies partly here that are open or arriving now, for status files.
+    public var active: [BodyProgress] {
+        lock.withLock { Array(bodies.values) }.map(\.progress).sorted { $0.docID < $1.docID }
+    }
+
+    /// Stops every fetch under way; what arrived stays for the next read.
+    public func cancel() { cancellation.cancel() }
+
+    /// The body of `digest`, shared by everyone reading it, with one more user.
+    func acquire(_ attachment: Attachment, docID: String, revID: RevisionID) throws -> DeferredBody {
+        try lock.withLock {
+            if let body = bodies[attachment.digest], body.retain() { return body }
+            let body = try DeferredBody(owner: self, attachment: attachment, docID: docID, revID: revID)
+            _ = body.retain()
+            bodies[attachment.digest] = body
+            return body
+        }
+    }
+
+    /// Forgets a body nobody uses any more (it closed its file).
+    func release(_ body: DeferredBody) {
+        lock.withLock {
+            if bodies[body.attachment.digest] === body { bodies[body.attachment.digest] = nil }
+        }
+    }
+
+    /// A client logged in to the remote, from the pool of idle ones.
+    func takeClient() throws -> HTTPClient {
+        if let client = lock.withLock({ idleClients.popLast() }) { return client }
+        let client = try HTTPClient(remote: remote)
+        client.caFile = caFile
+        client.retry = retry
+        client.cancellation = cancellation
+        try client.withRetry { try client.logIn() }
+        return client
+    }
+
+    func returnClient(_ client: HTTPClient) {
+        lock.withLock { if idleClients.count < 8 { idleClients.append(client) } }
+    }
+
+    /// The URL of an attachment at a revision.
+    func url(docID: String, name: String, revID: RevisionID) -> String {
+        let path = name.split(separator: "/", omittingEmptySubsequences: false).map { percentEncodedPathSegment(String($0)) }
+            .joined(separator: "/")
+        return remote.url("\(percentEncodedPathSegment(docID))/\(path)?rev=\(revID)")
+    }
+
+    /// Downloads every deferred body of the current revisions (of one document, or one
+    /// attachment), one at a time; `progress` gets (done, total, bytes) after each body and
+    /// `bytesProgress` the body's bytes here while it arrives.
+    public func downloadMissing(docID: String? = nil, name: String? = nil,
+                                bodyProgress: ((BodyProgress) -> Void)? = nil,
+                                progress: ((Int, Int, Int64) -> Void)? = nil) throws -> (count: Int, bytes: Int64) {
+        let missing = try database.missingBodies().filter { entry in
+            (docID == nil || entry.docID == docID) && (name == nil || entry.attachment.name == name)
+        }
+        var seen = Set<String>()
+        let total = Set(missing.map { $0.attachment.digest }).count
+        var bytes: Int64 = 0
+        var done = 0
+        for (id, rev, attachment) in missing where seen.insert(attachment.digest).inserted {
+            if cancellation.isCancelled { throw ReplicationError.cancelled }
+            let body = try acquire(attachment, docID: id, revID: rev)
+            defer { body.releaseUser() }
+            try body.fetchAll(progress: bodyProgress)
+            bytes += attachment.length
+            done += 1
+            progress?(done, total, bytes)
+        }
+        return (done, bytes)
+    }
+}
+
+extension Database {
+    private static let remoteDocument = "_local/sofa-remote"
+
+    /// The remote this database last pulled from (no credentials), where deferred bodies are fetched.
+    public var rememberedRemote: String? {
+        (try? localDocument(withID: Database.remoteDocument))??.body["url"]?.stringValue
+    }
+
+    public func rememberRemote(_ url: String) throws {
+        let current = try localDocument(withID: Database.remoteDocument)
+        guard current?.body["url"]?.stringValue != url else { return }
+        _ = try replaceLocalDocument(Database.remoteDocument, body: ["url": .string(url)], after: current?.rev)
+    }
+}
+
+/// One open of a deferred body, with its own readahead: a read that starts where the last
+/// one ended (give or take the kernel's reordering) doubles the window fetched beyond it,
+/// from 64 KiB, until the window reaches the end of the body; any other read fetches
+/// only the chunks it covers.
+final class DeferredBodyReader: BodyReader, @unchecked Sendable {
+    // Sendable invariant: the readahead state is guarded by `lock`.
+    let body: DeferredBody
+    private let lock = NSLock()
+    private var nextOffset: Int64 = 0
+    private var window: Int64 = 0
+    private var closed = false
+
+    static let firstWindow: Int64 = 64 << 10
+    /// Past this window, the rest of the body streams.
+    static let streamingWindow: Int64 = 4 << 20
+    /// Reads this close to where the last one ended count as going forward.
+    static let slack: Int64 = 2 << 20
+
+    init(body: DeferredBody) { self.body = body }
+
+    var length: Int64 { body.attachment.length }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double) throws -> Int {
+        let ahead = lock.withLock { () -> Int64 in
+            let end = offset + Int64(buffer.count)
+            if abs(offset - nextOffset) <= DeferredBodyReader.slack {
+                window = window == 0 ? DeferredBodyReader.firstWindow : min(window * 2, DeferredBodyReader.streamingWindow)
+                nextOffset = max(nextOffset, end)
+            } else {
+                window = 0
+                nextOffset = end
+            }
+            return window >= DeferredBodyReader.streamingWindow ? Int64.max / 2 : window
+        }
+        return try body.read(into: buffer, at: offset, ahead: ahead, timeout: timeout)
+    }
+
+    func close() {
+        let first = lock.withLock { () -> Bool in
+            defer { closed = true }
+            return !closed
+        }
+        if first { body.releaseUser() }
+    }
+
+    deinit { close() }
+}
+
+/// One ranged GET under way: it delivers chunks `next..<end` in order.
+final class ChunkFetch: @unchecked Sendable {
+    // Sendable invariant: fields are guarded by the owning `DeferredBody`'s condition.
+    var next: Int
+    var end: Int
+    /// Set to stop the transfer at its next bytes.
+    var stop = false
+    /// Set (with `stop`) when nobody reads the body any more: stopping is then no failure.
+    var unread = false
+
+    init(_ chunks: Range<Int>) {
+        next = chunks.lowerBound
+        end = chunks.upperBound
+    }
+}
+
+/// A deferred body while someone reads or downloads it: its partial file, the fetches
+/// filling it, and the readers waiting for chunks.
+final class DeferredBody: @unchecked Sendable {
+    // Sendable invariant: every mutable field is guarded by `condition`.
+    let attachment: Attachment
+    let docID: String
+    let revID: RevisionID
+    unowned let owner: RemoteBodies
+    private let condition = NSCondition()
+    private var partial: PartialBody
+    private var fetches: [ChunkFetch] = []
+    private var blob: StoredBlob?
+    /// Counts fetches that failed for good, so a waiting reader notices one.
+    private var failures = 0
+    private var lastFailure: (any Error)?
+    /// The server answers ranges with the whole body: fetch it in one stream.
+    private var wholeOnly = false
+    /// A whole stream arrived and matched the digest as it came (a gzip stream, named by its MD5).
+    private var verifiedWhole = false
+    private var finishing = false
+    private var completeReader: BlobReader?
+    private var users = 0
+    private var released = false
+
+    init(owner: RemoteBodies, attachment: Attachment, docID: String, revID: RevisionID) throws {
+        self.owner = owner
+        self.attachment = attachment
+        self.docID = docID
+        self.revID = revID
+        partial = try PartialBody(store: owner.database.blobs, digest: attachment.digest, length: attachment.length)
+        if let stored = try? owner.database.storedBody(digest: attachment.digest) { blob = stored }
+    }
+
+    /// Adds a user; false once the body was released (the caller makes a new one).
+    func retain() -> Bool {
+        condition.withLock {
+            guard !released else { return false }
+            users += 1
+            return true
+        }
+    }
+
+    func releaseUser() {
+        let idle = condition.withLock { () -> Bool in
+            users -= 1
+            guard users == 0 else { return false }
+            for fetch in fetches {
+                fetch.stop = true
+                fetch.unread = true
+            }
+            return fetches.isEmpty
+        }
+        if idle { closeIfIdle() }
+    }
+
+    /// Closes the partial file once nobody reads and nothing arrives.
+    private func closeIfIdle() {
+        let close = condition.withLock { () -> Bool in
+            guard users == 0, fetches.isEmpty, !finishing, !released else { return false }
+            released = true
+            return true
+        }
+        guard close else { return }
+        owner.release(self)
+        partial.close()
+        // A body that is a blob needs no partial file (it was renamed into the store, or
+        // never written when the blob came from elsewhere).
+        if condition.withLock({ blob != nil }) { partial.discard() }
+    }
+
+    var progress: BodyProgress {
+        condition.withLock {
+            BodyProgress(digest: attachment.digest, docID: docID, name: attachment.name,
+                         present: blob != nil ? attachment.length : partial.presentBytes, length: attachment.length,
+                         fetching: !fetches.isEmpty)
+        }
+    }
+
+    // MARK: Reading
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, ahead: Int64, timeout: Double) throws -> Int {
+        let length = attachment.length
+        guard offset < length else { return 0 }
+        let count = Int(min(Int64(buffer.count), length - offset))
+        let target = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count])
+        let deadline = Date().addingTimeInterval(timeout)
+        let aheadChunks = Int(min(Int64(Int32.max), (ahead + Int64(PartialBody.chunkSize) - 1) / Int64(PartialBody.chunkSize)))
+        condition.lock()
+        let failuresBefore = failures
+        var scheduled = false
+        while true {
+            if let blob {
+                let reader = try blobReader(blob)
+                condition.unlock()
+                return try reader.read(into: target, at: offset)
+            }
+            let source = partial
+            let needed = source.chunks(covering: offset, count: Int64(count))
+            if source.arePresent(needed) {
+                // Keep a reader going forward ahead of itself.
+                if aheadChunks > 0 { schedule(needed.upperBound..<needed.upperBound, ahead: aheadChunks) }
+                condition.unlock()
+                return try source.read(into: target, at: offset)
+            }
+            if failures != failuresBefore && !needed.contains(where: isArriving) {
+                let error = lastFailure
+                condition.unlock()
+                owner.log.error("\(docID)/\(attachment.name): cannot fetch bytes \(offset)..<\(offset + Int64(count)): \(error.map { "\($0)" } ?? "failed")")
+                throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+            }
+            if !scheduled || !needed.allSatisfy({ source.isPresent($0) || isArriving($0) }) {
+                schedule(needed, ahead: aheadChunks)
+                scheduled = true
+            }
+            if !condition.wait(until: deadline) && Date() >= deadline {
+                condition.unlock()
+                owner.log.error("\(docID)/\(attachment.name): bytes \(offset)..<\(offset + Int64(count)) did not arrive within \(timeout) s")
+                throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+            }
+        }
+    }
+
+    /// The blob, once the body is one. Under `condition`.
+    private func blobReader(_ blob: StoredBlob) throws -> BlobReader {
+        if let reader = completeReader { return reader }
+        let reader = try owner.database.blobs.openReader(blob.key, expectedLength: blob.length)
+        completeReader = reader
+        return reader
+    }
+
+    /// Fetches every chunk not here yet and waits for the body to become a blob.
+    func fetchAll(progress: ((BodyProgress) -> Void)?) throws {
+        condition.lock()
+        let failuresBefore = failures
+        var lastReport = Date.distantPast
+        while blob == nil {
+            if owner.cancellation.isCancelled {
+                condition.unlock()
+                throw ReplicationError.cancelled
+            }
+            if failures != failuresBefore && fetches.isEmpty && !finishing {
+                let error = lastFailure
+                condition.unlock()
+                throw error ?? SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+            }
+            if !finishing { schedule(0..<partial.chunkCount, ahead: 0) }
+            if let progress, Date().timeIntervalSince(lastReport) >= 0.5 {
+                lastReport = Date()
+                let report = BodyProgress(digest: attachment.digest, docID: docID, name: attachment.name,
+                                          present: partial.presentBytes, length: attachment.length, fetching: true)
+                condition.unlock()
+                progress(report)
+                condition.lock()
+                continue
+            }
+            _ = condition.wait(until: Date().addingTimeInterval(0.5))
+        }
+        condition.unlock()
+    }
+
+    /// Whether a fetch under way will deliver `chunk`. Under `condition`.
+    private func isArriving(_ chunk: Int) -> Bool {
+        fetches.contains { $0.next <= chunk && chunk < $0.end }
+    }
+
+    /// Starts fetches for the chunks of `needed`, and `ahead` chunks after them, that are
+    /// neither here nor arriving: one ranged GET per run of them. Under `condition`.
+    private func schedule(_ needed: Range<Int>, ahead: Int) {
+        guard blob == nil, !finishing else { return }
+        if wholeOnly {
+            if fetches.isEmpty { start(0..<partial.chunkCount) }
+            return
+        }
+        let limit = min(partial.chunkCount, needed.upperBound + ahead)
+        var chunk = needed.lowerBound
+        while chunk < limit, let missing = partial.firstMissing(from: chunk, before: limit) {
+            if let fetch = fetches.first(where: { $0.next <= missing && missing < $0.end }) {
+                chunk = fetch.end
+                continue
+            }
+            var end = partial.firstPresent(from: missing + 1, before: limit) ?? limit
+            for fetch in fetches where fetch.next > missing && fetch.next < end { end = fetch.next }
+            start(missing..<end)
+            chunk = end
+        }
+    }
+
+    private func start(_ chunks: Range<Int>) {
+        let fetch = ChunkFetch(chunks)
+        fetches.append(fetch)
+        let thread = Thread { [self] in run(fetch) }
+        thread.name = "sofa-fetch"
+        thread.start()
+    }
+
+    // MARK: Fetching
+
+    private func run(_ fetch: ChunkFetch) {
+        var failure: (any Error)?
+        do {
+            if let stored = try? owner.database.storedBody(digest: attachment.digest) {
+                // Another process (or document) brought the body meanwhile.
+                condition.withLock { blob = stored }
+            } else {
+                let client = try owner.takeClient()
+                defer { owner.returnClient(client) }
+                client.onRetry = { [owner, docID, attachment] error, attempt in
+                    owner.log.warning("\(docID)/\(attachment.name): retrying after attempt \(attempt): \(error)")
+                }
+                try client.withRetry { try transfer(fetch, client: client) }
+            }
+        } catch {
+            failure = error
+        }
+        condition.withLock {
+            fetches.removeAll { $0 === fetch }
+            // A fetch stopped because nobody reads any more is no failure; any other end without the bytes is.
+            if let failure, !fetch.unread {
+                failures += 1
+                lastFailure = failure
+            }
+        }
+        condition.broadcast()
+        if failure == nil || fetch.unread { finishIfComplete() }
+        try? partial.save()
+        closeIfIdle()
+    }
+
+    /// One GET of the chunks `fetch` still has to deliver: a ranged one, or the whole
+    /// body when the server ignores ranges.
+    private func transfer(_ fetch: ChunkFetch, client: HTTPClient) throws {
+        let (from, end, whole, source, stopped) = condition.withLock { (fetch.next, fetch.end, wholeOnly, partial, fetch.stop) }
+        guard !stopped else { throw ReplicationError.cancelled }
+        guard from < end else { return }
+        let length = attachment.length
+        let first = Int64(from) * Int64(PartialBody.chunkSize)
+        let last = min(Int64(end) * Int64(PartialBody.chunkSize), length) - 1
+        var headers = ["Accept": "*/*", "Accept-Encoding": "gzip"]
+        if !whole { headers["Range"] = "bytes=\(first)-\(last)" }
+        let url = owner.url(docID: docID, name: attachment.name, revID: revID)
+        var stream: IncomingChunks?
+        let answer = try client.send("GET", url, headers: headers) { [self] bytes, status, responseHeaders in
+            guard status < 300 else { return false }
+            if stream == nil {
+                try checkTag(responseHeaders["etag"], source: source)
+                if status == 206 {
+                    guard responseHeaders["content-encoding"] == nil,
+                          let range = responseHeaders["content-range"].flatMap(ContentRange.init),
+                          range.first == first, range.last <= last, range.total == length else {
+                        // A server that gets ranges wrong gets asked for the whole body (the retry).
+                        condition.withLock { wholeOnly = true }
+                        throw ReplicationError.protocolError("\(attachment.name): asked for bytes \(first)-\(last)/\(length), "
+                                                             + "got \(responseHeaders["content-range"] ?? "no Content-Range")")
+                    }
+                    stream = IncomingChunks(body: source, fetch: fetch, from: first, decoder: nil, md5: nil)
+                } else {
+                    // The whole body: from now on this fetch delivers every chunk, and so do later ones.
+                    condition.withLock {
+                        wholeOnly = true
+                        fetch.next = 0
+                        fetch.end = source.chunkCount
+                    }
+                    let gzip = responseHeaders["content-encoding"]?.lowercased() == "gzip"
+                    stream = IncomingChunks(body: source, fetch: fetch, from: 0, decoder: gzip ? try GzipDecoder() : nil,
+                                            md5: attachment.digest.hasPrefix("md5-") ? MessageDigest(.md5) : nil)
+                }
+            }
+            if condition.withLock({ fetch.stop }) { throw ReplicationError.cancelled }
+            try stream!.receive(bytes) { [self] arrived in
+                condition.withLock { fetch.next = max(fetch.next, arrived) }
+                condition.broadcast()
+            }
+            return true
+        }
+        guard answer.status < 300 else { throw client.httpError(answer, url: url) }
+        guard let stream else { throw ReplicationError.protocolError("\(attachment.name): an empty answer") }
+        try stream.finish()
+        let delivered = condition.withLock { fetch.next >= fetch.end }
+        guard delivered else {
+            throw ReplicationError.network("\(attachment.name): the answer ended at byte \(stream.position) of \(length)")
+        }
+        if stream.from == 0 && stream.position == length, let md5 = stream.md5 {
+            let sent = "md5-" + Data(md5.finalize()).base64EncodedString()
+            guard sent == attachment.digest else {
+                // Not this body: none of what is here can be trusted.
+                condition.withLock { resetPartial() }
+                throw ReplicationError.protocolError("\(attachment.name): the body received does not match its digest \(attachment.digest)")
+            }
+            if stream.decoder != nil { condition.withLock { verifiedWhole = true } }
+        }
+    }
+
+    /// An answer tagged with another body's digest is another body: what is here is dropped.
+    private func checkTag(_ tag: String?, source: PartialBody) throws {
+        guard let tag, tag.hasPrefix("\""), let dash = attachment.digest.firstIndex(of: "-") else { return }
+        let expected = "\"\(attachment.digest[attachment.digest.index(after: dash)...])\""
+        guard tag != expected else { return }
+        condition.withLock { resetPartial() }
+        throw ReplicationError.protocolError("\(attachment.name): the server now has another body (ETag \(tag), "
+                                             + "expected \(expected)); what arrived of it is dropped")
+    }
+
+    /// Drops the partial body and starts an empty one. Under `condition`.
+    private func resetPartial() {
+        partial.discard()
+        if let fresh = try? PartialBody(store: owner.database.blobs, digest: attachment.digest, length: attachment.length) {
+            partial = fresh
+        }
+        for fetch in fetches { fetch.stop = true }
+    }
+
+    /// Once every chunk is here: hash, install as a blob, and tell the database.
+    private func finishIfComplete() {
+        let (source, verified) = condition.withLock { () -> (PartialBody?, Bool) in
+            guard blob == nil, !finishing, fetches.isEmpty, partial.isComplete else { return (nil, false) }
+            finishing = true
+            return (partial, verifiedWhole)
+        }
+        guard let source else { return }
+        do {
+            let (stored, digest) = try source.finish(verified: verified)
+            try owner.database.attachBody(digest: attachment.digest, blob: stored, storedDigest: digest)
+            condition.withLock { blob = stored }
+        } catch {
+            owner.log.error("\(docID)/\(attachment.name): \(error); fetching it again as one stream")
+            condition.withLock {
+                resetPartial()
+                wholeOnly = true
+                failures += 1
+                lastFailure = error
+            }
+        }
+        condition.withLock { finishing = false }
+        condition.broadcast()
+    }
+}
+
+/// `Content-Range: bytes FIRST-LAST/TOTAL`.
+struct ContentRange {
+    let first: Int64
+    let last: Int64
+    let total: Int64
+
+    init?(_ header: String) {
+        guard header.hasPrefix("bytes ") else { return nil }
+        let parts = header.dropFirst(6).split(separator: "/")
+        guard parts.count == 2, let total = Int64(parts[1]) else { return nil }
+        let bounds = parts[0].split(separator: "-")
+        guard bounds.count == 2, let first = Int64(bounds[0]), let last = Int64(bounds[1]), first <= last else { return nil }
+        (self.first, self.last, self.total) = (first, last, total)
+    }
+}
+
+/// Bytes of one answer written where they belong in the partial body; each chunk they
+/// complete is marked present and reported (`arrived` gets the next chunk expected).
+final class IncomingChunks {
+    let body: PartialBody
+    let fetch: ChunkFetch
+    let from: Int64
+    let decoder: GzipDecoder?
+    let md5: MessageDigest?
+    private(set) var position: Int64
+
+    init(body: PartialBody, fetch: ChunkFetch, from: Int64, decoder: GzipDecoder?, md5: MessageDigest?) {
+        self.body = body
+        self.fetch = fetch
+        self.from = from
+        self.decoder = decoder
+        self.md5 = md5
+        position = from
+    }
+
+    func receive(_ bytes: UnsafeRawBufferPointer, arrived: (Int) -> Void) throws {
+        md5?.update(bytes)
+        if let decoder {
+            var pieces: [[UInt8]] = []
+            try decoder.decode(Array(bytes)) { pieces.append($0) }
+            for piece in pieces { try piece.withUnsafeBytes { try write($0, arrived: arrived) } }
+        } else {
+            try write(bytes, arrived: arrived)
+        }
+    }
+
+    private func write(_ bytes: UnsafeRawBufferPointer, arrived: (Int) -> Void) throws {
+        guard position + Int64(bytes.count) <= body.length else {
+            throw ReplicationError.protocolError("\(body.digest): more bytes than the body's \(body.length)")
+        }
+        try body.write(bytes, at: position)
+        let before = Int(position / Int64(PartialBody.chunkSize))
+        position += Int64(bytes.count)
+        let complete = position == body.length ? body.chunkCount : Int(position / Int64(PartialBody.chunkSize))
+        if complete > before {
+            body.markPresent(before..<complete)
+            arrived(complete)
+        }
+    }
+
+    func finish() throws {
+        guard let decoder else { return }
+        do { try decoder.finish() } catch {
+            throw ReplicationError.protocolError("\(body.digest): truncated gzip body")
+        }
+    }
+}

@@ -1,0 +1,197 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// Deferred bodies read through a real mount, from a real `sofa serve`, with the bytes the
+/// server sends counted by a proxy: reads fetch the ranges they need, not whole bodies.
+@Suite(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
+final class DeferredReadTests {
+    let directory = TemporaryDirectory()
+    static let size: Int64 = 8 << 20
+
+    /// A served source with two documents sharing one 8 MiB body (`plain/body` and an
+    /// extensionless `twin/data`), a deferred pull of it through a proxy, and a mount.
+    struct Setup {
+        let source: Database
+        let server: ServedDatabases
+        let proxy: FaultProxy
+        let target: String
+        let bodyFile: String
+        let key: BlobKey
+    }
+
+    func setUp() throws -> Setup {
+        let bodyFile = directory.appending("body.bin")
+        let key = try writePatternFile(bodyFile, count: DeferredReadTests.size, seed: 7)
+        let sourcePath = directory.appending("source.sofa")
+        #expect(try sofa("create", sourcePath).succeeded)
+        for (id, name) in [("plain", "body.bin"), ("twin", "data")] {
+            #expect(try sofa("put", sourcePath, id, "{\"kind\":\"\(id)\"}").succeeded)
+            #expect(try sofa("attach", sourcePath, id, name, bodyFile).succeeded)
+        }
+        let server = try ServedDatabases([sourcePath])
+        let proxy = try FaultProxy(upstreamPort: server.port)
+        let target = directory.appending("deferred.sofa")
+        #expect(try sofa("create", target).succeeded)
+        let pulled = try sofa("pull", target, "http://127.0.0.1:\(proxy.port)/source", "--no-download-attachments")
+        #expect(pulled.succeeded && pulled.stdout.contains("2 deferred"), "\(pulled.stdout)\(pulled.stderr)")
+        return Setup(source: try Database.open(at: sourcePath), server: server, proxy: proxy, target: target,
+                     bodyFile: bodyFile, key: key)
+    }
+
+    /// `count` bytes of the source body at `offset`.
+    func expected(_ setup: Setup, at offset: Int64, count: Int) throws -> [UInt8] {
+        let handle = try #require(FileHandle(forReadingAtPath: setup.bodyFile))
+        defer { try? handle.close() }
+        try handle.seek(toOffset: UInt64(offset))
+        return [UInt8](try handle.read(upToCount: count) ?? Data())
+    }
+
+    /// Reads `count` bytes at `offset` of a mounted file with one pread.
+    func pread(_ path: String, at offset: Int64, count: Int) throws -> [UInt8] {
+        let fd = open(path, O_RDONLY)
+        guard fd >= 0 else { throw SofaError.io(operation: "open", path: path, errno: errno) }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: count)
+        let read = Glibc.pread(fd, &buffer, count, off_t(offset))
+        guard read >= 0 else { throw SofaError.io(operation: "read", path: path, errno: errno) }
+        return Array(buffer[0..<read])
+    }
+
+    func attribute(_ path: String, _ name: String) throws -> String {
+        try shell("getfattr --only-values -n \(name) '\(path)' 2>/dev/null").stdout
+    }
+
+    @Test func headTailAndScatteredReadsFetchWhatTheyReadThenCatFetchesTheRest() throws {
+        let setup = try setUp()
+        let mount = try MountedDatabase(setup.target)
+        let path = mount.path("docs/plain/attachments/body.bin")
+        var sent = setup.proxy.bytesFromServer
+
+        // head -c 4096: a few chunks, not the body.
+        let head = try shell("head -c 4096 '\(path)' | od -An -tx1 | head -c 200")
+        #expect(head.stdout == (try shell("head -c 4096 '\(setup.bodyFile)' | od -An -tx1 | head -c 200")).stdout)
+        #expect(setup.proxy.bytesFromServer - sent < 256 << 10, "head -c 4096 made the server send \(setup.proxy.bytesFromServer - sent) bytes")
+        sent = setup.proxy.bytesFromServer
+
+        // tail -c 4096.
+        #expect(try shell("tail -c 4096 '\(path)' > '\(directory.appending("tail"))'").succeeded)
+        #expect(try [UInt8](Data(contentsOf: URL(fileURLWithPath: directory.appending("tail"))))
+                == expected(setup, at: DeferredReadTests.size - 4096, count: 4096))
+        #expect(setup.proxy.bytesFromServer - sent < 256 << 10, "tail -c 4096 made the server send \(setup.proxy.bytesFromServer - sent) bytes")
+        sent = setup.proxy.bytesFromServer
+
+        // 40 scattered 4 KiB reads: each gets the right bytes; each fetches about a chunk.
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<40 {
+            let offset = Int64.random(in: 0..<(DeferredReadTests.size - 4096), using: &generator)
+            #expect(try pread(path, at: offset, count: 4096) == expected(setup, at: offset, count: 4096), "at \(offset)")
+        }
+        let scattered = setup.proxy.bytesFromServer - sent
+        #expect(scattered < 40 * (40 << 10), "40 scattered reads made the server send \(scattered) bytes")
+        #expect(try attribute(path, "user.sofa.available") == "false")
+        #expect(try attribute(path, "user.sofa.progress").hasSuffix("/\(DeferredReadTests.size)"))
+
+        // cat reads it all: only what is missing travels; the body becomes a blob.
+        let before = setup.proxy.bytesFromServer
+        let sum = try shell("sha1sum '\(path)'")
+        #expect(sum.stdout.hasPrefix(setup.key.hex), "\(sum.stdout)\(sum.stderr)")
+        #expect(setup.proxy.bytesFromServer - before < Int(DeferredReadTests.size), "cat sent the rest only")
+        #expect(waitUntil { (try? self.attribute(path, "user.sofa.available")) == "true" })
+        // The other document shares the body: present there too, without a byte more.
+        let afterCat = setup.proxy.bytesFromServer
+        #expect(waitUntil(3) { (try? self.attribute(mount.path("docs/twin/attachments/data"), "user.sofa.available")) == "true" })
+        #expect(try shell("sha1sum '\(mount.path("docs/twin/attachments/data"))'").stdout.hasPrefix(setup.key.hex))
+        #expect(setup.proxy.bytesFromServer == afterCat)
+        #expect(try sofa("info", setup.target).stdout.contains("Bodies not present: 0"))
+        #expect(mount.unmount().succeeded)
+        #expect(try sofa("check", setup.target).succeeded)
+    }
+
+    @Test func gioSniffsAnExtensionlessDeferredFileWithoutFetchingIt() throws {
+        let setup = try setUp()
+        let mount = try MountedDatabase(setup.target)
+        let sent = setup.proxy.bytesFromServer
+        let info = try shell("gio info -a standard::content-type '\(mount.path("docs/twin/attachments/data"))'")
+        #expect(info.succeeded && info.stdout.contains("standard::content-type"), "\(info.stdout)\(info.stderr)")
+        let fetched = setup.proxy.bytesFromServer - sent
+        #expect(fetched < 512 << 10, "sniffing the type fetched \(fetched) of \(DeferredReadTests.size) bytes")
+        #expect(mount.unmount().succeeded)
+    }
+
+    @Test func twoReadersAtOnceGetTheirBytesAndEachChunkTravelsOnce() throws {
+        let setup = try setUp()
+        let mount = try MountedDatabase(setup.target)
+        let path = mount.path("docs/plain/attachments/body.bin")
+        let sent = setup.proxy.bytesFromServer
+        // One reader from the start, one from the middle, at once.
+        let first = try ChildProcess(["/bin/sh", "-c", "sha1sum '\(path)'"])
+        let second = try ChildProcess(["/bin/sh", "-c", "tail -c +\(DeferredReadTests.size / 2 + 1) '\(path)' | sha1sum"])
+        let half = try shell("tail -c +\(DeferredReadTests.size / 2 + 1) '\(setup.bodyFile)' | sha1sum").stdout
+        #expect(first.wait().stdout.hasPrefix(setup.key.hex))
+        #expect(second.wait().stdout == half)
+        let fetched = setup.proxy.bytesFromServer - sent
+        #expect(fetched >= Int(DeferredReadTests.size) && fetched < Int(DeferredReadTests.size) + (128 << 10),
+                "\(fetched) bytes sent for an \(DeferredReadTests.size)-byte body")
+        #expect(mount.unmount().succeeded)
+    }
+
+    @Test func purgeAndDownloadByAnotherProcessShowInTheMountAndAPurgedBodyIsFetchedAgain() throws {
+        let setup = try setUp()
+        let mount = try MountedDatabase(setup.target)
+        let path = mount.path("docs/plain/attachments/body.bin")
+        let twin = mount.path("docs/twin/attachments/data")
+        #expect(try attribute(path, "user.sofa.available") == "false")
+
+        // sofa download in another process: both documents show the body within a second or so.
+        #expect(try sofa("download", setup.target, "plain").succeeded)
+        #expect(waitUntil(3) { (try? self.attribute(path, "user.sofa.available")) == "true" })
+        #expect(waitUntil(3) { (try? self.attribute(twin, "user.sofa.available")) == "true" })
+        #expect(try shell("sha1sum '\(twin)'").stdout.hasPrefix(setup.key.hex))
+
+        // purge-attachment in another process: the mount says so, and a read fetches it again.
+        #expect(try sofa("purge-attachment", setup.target, "plain", "body.bin").succeeded)
+        #expect(waitUntil(3) { (try? self.attribute(path, "user.sofa.available")) == "false" })
+        #expect(try attribute(twin, "user.sofa.available") == "false")
+        let sent = setup.proxy.bytesFromServer
+        #expect(try shell("sha1sum '\(twin)'").stdout.hasPrefix(setup.key.hex))
+        #expect(setup.proxy.bytesFromServer - sent >= Int(DeferredReadTests.size))
+        #expect(mount.unmount().succeeded)
+    }
+
+    @Test func aServerThatGetsRangesWrongIsAskedForTheWholeBody() throws {
+        let setup = try setUp()
+        let mount = try MountedDatabase(setup.target, arguments: ["--retry-delay", "0.05"])
+        // Every ranged answer claims to start one byte later than it does.
+        setup.proxy.replace("Content-Range: bytes 0-", with: "Content-Range: bytes 1-")
+        let path = mount.path("docs/plain/attachments/body.bin")
+        #expect(try pread(path, at: 0, count: 4096) == expected(setup, at: 0, count: 4096))
+        #expect(try shell("sha1sum '\(path)'").stdout.hasPrefix(setup.key.hex))
+        #expect(mount.unmount().succeeded)
+        #expect(try sofa("check", setup.target).succeeded)
+    }
+
+    @Test func aBodyThatChangesOnTheServerIsDroppedNotMixed() throws {
+        let setup = try setUp()
+        let mount = try MountedDatabase(setup.target, arguments: ["--retry-delay", "0.05", "--retries", "2"])
+        let path = mount.path("docs/plain/attachments/body.bin")
+        #expect(try pread(path, at: 0, count: 4096) == expected(setup, at: 0, count: 4096))
+        #expect(setup.proxy.bytesFromServer > 0)
+        // The server now tags its answers with another body's digest.
+        let digest = setup.key.digestString.dropFirst("sha1-".count)
+        let other = String(digest.reversed())
+        setup.proxy.replace("ETag: \"\(digest)\"", with: "ETag: \"\(other)\"")
+        let read = try shell("dd if='\(path)' of=/dev/null bs=4096 skip=1000 count=1 2>&1")
+        #expect(!read.succeeded && read.stdout.contains("Input/output error"), "\(read.stdout)")
+        // What had arrived is gone: nothing of the old bytes is kept beside new ones.
+        let kept = try DeferredBodyTests().partialDownloads(setup.target)
+        #expect(kept.values.allSatisfy { $0 == 0 }, "\(kept)")
+        // The server behaves again: the body is fetched afresh and whole.
+        setup.proxy.behave()
+        #expect(try shell("sha1sum '\(path)'").stdout.hasPrefix(setup.key.hex))
+        #expect(mount.unmount().succeeded)
+        #expect(try sofa("check", setup.target).succeeded)
+    }
+}
