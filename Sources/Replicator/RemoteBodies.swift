@@ -188,6 +188,7 @@ final class DeferredBodyReader: BodyReader, @unchecked Sendable {
 /// One ranged GET under way: it delivers chunks `next..<end` in order.
 final class ChunkFetch: @unchecked Sendable {
     // Sendable invariant: fields are guarded by the owning `DeferredBody`'s condition.
+    let start: Int
     var next: Int
     var end: Int
     /// Set to stop the transfer at its next bytes.
@@ -196,6 +197,7 @@ final class ChunkFetch: @unchecked Sendable {
     var unread = false
 
     init(_ chunks: Range<Int>) {
+        start = chunks.lowerBound
         next = chunks.lowerBound
         end = chunks.upperBound
     }
@@ -302,7 +304,9 @@ final class DeferredBody: @unchecked Sendable {
             if source.arePresent(needed) {
                 // Keep a reader going forward ahead of itself.
                 if aheadChunks > 0 { schedule(needed.upperBound..<needed.upperBound, ahead: aheadChunks) }
+                let install = !finishing && fetches.isEmpty && source.isComplete
                 condition.unlock()
+                if install { Thread.detachNewThread { [self] in finishIfComplete() } }
                 return try source.read(into: target, at: offset)
             }
             if failures != failuresBefore && !needed.contains(where: isArriving) {
@@ -338,6 +342,9 @@ final class DeferredBody: @unchecked Sendable {
         var lastReport = Date.distantPast
         while blob == nil {
             if owner.cancellation.isCancelled {
+                // Let the fetches stop (within a second) and save what arrived.
+                let deadline = Date().addingTimeInterval(5)
+                while !fetches.isEmpty && condition.wait(until: deadline) {}
                 condition.unlock()
                 throw ReplicationError.cancelled
             }
@@ -345,6 +352,13 @@ final class DeferredBody: @unchecked Sendable {
                 let error = lastFailure
                 condition.unlock()
                 throw error ?? SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+            }
+            if !finishing && fetches.isEmpty && partial.isComplete {
+                // Every chunk is here (an empty body, or one an earlier run fetched but did not install).
+                condition.unlock()
+                finishIfComplete()
+                condition.lock()
+                continue
             }
             if !finishing { schedule(0..<partial.chunkCount, ahead: 0) }
             if let progress, Date().timeIntervalSince(lastReport) >= 0.5 {
@@ -415,6 +429,8 @@ final class DeferredBody: @unchecked Sendable {
         } catch {
             failure = error
         }
+        // Saved before the fetch counts as ended: a waiter may exit the process right after.
+        try? condition.withLock { partial }.save()
         condition.withLock {
             fetches.removeAll { $0 === fetch }
             // A fetch stopped because nobody reads any more is no failure; any other end without the bytes is.
@@ -425,7 +441,6 @@ final class DeferredBody: @unchecked Sendable {
         }
         condition.broadcast()
         if failure == nil || fetch.unread { finishIfComplete() }
-        try? partial.save()
         closeIfIdle()
     }
 
@@ -445,7 +460,7 @@ final class DeferredBody: @unchecked Sendable {
         let answer = try client.send("GET", url, headers: headers) { [self] bytes, status, responseHeaders in
             guard status < 300 else { return false }
             if stream == nil {
-                try checkTag(responseHeaders["etag"], source: source)
+                try checkTag(responseHeaders["etag"], fetch: fetch)
                 if status == 206 {
                     guard responseHeaders["content-encoding"] == nil,
                           let range = responseHeaders["content-range"].flatMap(ContentRange.init),
@@ -486,7 +501,7 @@ final class DeferredBody: @unchecked Sendable {
             let sent = "md5-" + Data(md5.finalize()).base64EncodedString()
             guard sent == attachment.digest else {
                 // Not this body: none of what is here can be trusted.
-                condition.withLock { resetPartial() }
+                condition.withLock { resetPartial(keeping: fetch) }
                 throw ReplicationError.protocolError("\(attachment.name): the body received does not match its digest \(attachment.digest)")
             }
             if stream.decoder != nil { condition.withLock { verifiedWhole = true } }
@@ -494,22 +509,24 @@ final class DeferredBody: @unchecked Sendable {
     }
 
     /// An answer tagged with another body's digest is another body: what is here is dropped.
-    private func checkTag(_ tag: String?, source: PartialBody) throws {
+    private func checkTag(_ tag: String?, fetch: ChunkFetch) throws {
         guard let tag, tag.hasPrefix("\""), let dash = attachment.digest.firstIndex(of: "-") else { return }
         let expected = "\"\(attachment.digest[attachment.digest.index(after: dash)...])\""
         guard tag != expected else { return }
-        condition.withLock { resetPartial() }
-        throw ReplicationError.protocolError("\(attachment.name): the server now has another body (ETag \(tag), "
-                                             + "expected \(expected)); what arrived of it is dropped")
+        condition.withLock { resetPartial(keeping: fetch) }
+        throw ReplicationError.protocolError("\(attachment.name): the body the server sends (ETag \(tag)) does not match its digest "
+                                             + "\(attachment.digest); what arrived of it is dropped")
     }
 
-    /// Drops the partial body and starts an empty one. Under `condition`.
-    private func resetPartial() {
+    /// Drops the partial body and starts an empty one: other fetches stop (they write into the
+    /// old one), `current` starts its range again. Under `condition`.
+    private func resetPartial(keeping current: ChunkFetch? = nil) {
         partial.discard()
         if let fresh = try? PartialBody(store: owner.database.blobs, digest: attachment.digest, length: attachment.length) {
             partial = fresh
         }
-        for fetch in fetches { fetch.stop = true }
+        for fetch in fetches where fetch !== current { fetch.stop = true }
+        if let current { current.next = current.start }
     }
 
     /// Once every chunk is here: hash, install as a blob, and tell the database.

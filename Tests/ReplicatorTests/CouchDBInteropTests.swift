@@ -192,6 +192,37 @@ import TestSupport
         expectSame(try describe(port: couch.port, source), try describe(port: couch.port, early), "the retried push")
     }
 
+    /// Reads through a mount of a deferred copy: CouchDB answers ranges of the bodies it keeps
+    /// as they are, and the whole gzip stream for the ones it compressed.
+    @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
+    func aMountOfADeferredCopyReadsCouchDBsBodiesByRangeOrWhole() throws {
+        let source = try couch.newDatabase("deferred-mount")
+        try makeScenario(source)
+        let local = directory.appending("deferred-mount.sofa")
+        #expect(try sofa("create", local).succeeded)
+        #expect(try sofa("pull", local, couch.url(source), "--no-download-attachments").succeeded)
+        let mount = try MountedDatabase(local, arguments: ["--remote", couch.url(source)])
+        let big = mount.path("docs/sizes/attachments/big.bin")
+        let served = try couch.request("GET", "/\(source)/sizes/big.bin")
+        #expect(served.status == 200 && served.body.count == 3 << 20)
+        // A few bytes from the middle: a ranged read, the body stays deferred.
+        let middle = try shell("dd if='\(big)' bs=4096 skip=300 count=1 2>/dev/null | od -An -tx1")
+        let expected = Array(served.body[(300 * 4096)..<(301 * 4096)])
+        #expect(middle.stdout.split(whereSeparator: \.isWhitespace).map { UInt8($0, radix: 16)! } == expected)
+        #expect(try shell("getfattr --only-values -n user.sofa.available '\(big)'").stdout == "false")
+        // The whole of it, and a text body CouchDB serves only whole (gzip).
+        #expect(try shell("sha1sum '\(big)'").stdout.hasPrefix(MessageDigest.hash(.sha1, served.body).map { String(format: "%02x", $0) }.joined()))
+        let text = try shell("cat '\(mount.path("docs/text-doc/attachments/notes.txt"))'")
+        #expect(text.stdout == String(repeating: "hello, text body\n", count: 200), "\(text.stderr)")
+        #expect(mount.unmount().succeeded)
+        #expect(try sofa("check", local).succeeded)
+        // Fetched this way, the bodies push back as CouchDB had them.
+        #expect(try sofa("download", local, "--remote", couch.url(source)).succeeded)
+        let copy = try couch.newDatabase("after-mount")
+        #expect(try sofa("push", local, couch.url(copy)).succeeded)
+        expectSame(try describe(port: couch.port, source), try describe(port: couch.port, copy), "read through the mount, pushed")
+    }
+
     @Test func couchDBsReplicatorPushesIntoAndPullsFromSofaServe() throws {
         let source = try couch.newDatabase("for-serve")
         try makeScenario(source)
