@@ -30,6 +30,7 @@ public final class PartialBody: @unchecked Sendable {
     private var bits: [UInt64]
     private var present = 0
     private var unsaved = false
+    private var lastSave = Date.distantPast
     private var closed = false
 
     /// Opens (or creates) the partial body of `digest`. Throws for a digest that cannot
@@ -196,14 +197,21 @@ public final class PartialBody: @unchecked Sendable {
         }
     }
 
-    /// Syncs the bytes written, then merges the map into the one on disk.
-    public func save() throws {
+    /// Syncs the bytes written, then merges the map into the one on disk. With `atMostEvery`,
+    /// does nothing if the last save was more recent (fetches save as they end: a scattered
+    /// reader would otherwise pay a disk sync per read).
+    public func save(atMostEvery interval: Double = 0) throws {
         let pending = lock.withLock { () -> Bool in
-            defer { unsaved = false }
-            return unsaved
+            guard unsaved, interval == 0 || Date().timeIntervalSince(lastSave) >= interval else { return false }
+            unsaved = false
+            lastSave = Date()
+            return true
         }
         guard pending else { return }
-        guard fdatasync(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
+        // A new body's map claims nothing: no bytes need to be on disk before it.
+        if lock.withLock({ present }) > 0 {
+            guard fdatasync(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
+        }
         try withMapFile { mapFD in
             let mine = lock.withLock { bits }
             let merged = zip(mine, readMap(mapFD) ?? mine).map { $0 | $1 }

@@ -99,6 +99,14 @@ final class LocalPeer: ReplicationPeer {
         return failures
     }
 
+    /// Whether `attachment` is one an ancestor here has without its body (same name and revpos,
+    /// CouchDB's identity of an unchanged attachment): an edit that keeps a deferred body
+    /// never fetches it, whatever the download rules.
+    private func isKeptDeferred(_ attachment: Attachment, ancestors: [String: Attachment]) -> Bool {
+        guard attachment.revpos > 0, let known = ancestors[attachment.name] else { return false }
+        return known.revpos == attachment.revpos && known.length == attachment.length && !known.contentAvailable
+    }
+
     /// `revision` with each attachment's body: one here already, one fetched from `source`, or
     /// none (deferred) when the download policy says so.
     private func withBodies(_ revision: ReplicatedRevision, from source: ReplicationPeer,
@@ -111,7 +119,7 @@ final class LocalPeer: ReplicationPeer {
                 // Here already (an earlier revision, another document): it never travels again.
                 if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
                 attachments.append(attachment.withBody(blob, digest: digest))
-            } else if downloads.allows(attachment) {
+            } else if downloads.allows(attachment) && !isKeptDeferred(attachment, ancestors: ancestors) {
                 let (blob, digest) = try source.fetchBody(of: attachment, docID: revision.docID, rev: revision.revID, into: database.blobs)
                 if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
                 result.attachmentsDownloaded += 1

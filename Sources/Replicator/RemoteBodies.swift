@@ -133,7 +133,25 @@ extension Database {
     public func rememberRemote(_ url: String) throws {
         let current = try localDocument(withID: Database.remoteDocument)
         guard current?.body["url"]?.stringValue != url else { return }
-        _ = try replaceLocalDocument(Database.remoteDocument, body: ["url": .string(url)], after: current?.rev)
+        var body = current?.body ?? [:]
+        body["url"] = .string(url)
+        _ = try replaceLocalDocument(Database.remoteDocument, body: body, after: current?.rev)
+    }
+
+    /// The download rules pulls from `url` (no credentials) were last given, if any: later
+    /// pulls, syncs and mounts that give none follow them.
+    public func downloadPolicy(for url: String) -> DownloadPolicy? {
+        (try? localDocument(withID: Database.remoteDocument))??.body["downloads"]?[url].map(DownloadPolicy.init(json:))
+    }
+
+    public func setDownloadPolicy(_ policy: DownloadPolicy, for url: String) throws {
+        let current = try localDocument(withID: Database.remoteDocument)
+        var body = current?.body ?? [:]
+        var policies = body["downloads"]?.objectValue ?? [:]
+        guard policies[url] != policy.json else { return }
+        policies[url] = policy.json
+        body["downloads"] = .object(policies)
+        _ = try replaceLocalDocument(Database.remoteDocument, body: body, after: current?.rev)
     }
 }
 
@@ -430,7 +448,7 @@ final class DeferredBody: @unchecked Sendable {
             failure = error
         }
         // Saved before the fetch counts as ended: a waiter may exit the process right after.
-        try? condition.withLock { partial }.save()
+        try? condition.withLock { partial }.save(atMostEvery: 1)
         condition.withLock {
             fetches.removeAll { $0 === fetch }
             // A fetch stopped because nobody reads any more is no failure; any other end without the bytes is.

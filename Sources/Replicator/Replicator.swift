@@ -40,6 +40,36 @@ public struct DownloadPolicy: Sendable {
 
     public init() {}
 
+    /// Downloads nothing: every body is fetched when read.
+    public static var none: DownloadPolicy {
+        var policy = DownloadPolicy()
+        policy.enabled = false
+        return policy
+    }
+
+    /// As stored with the database (`Database.downloadPolicy(for:)`).
+    public var json: JSONValue {
+        var object: JSONObject = ["enabled": .bool(enabled)]
+        if let maximumSize { object["max"] = .integer(maximumSize) }
+        if !types.isEmpty { object["types"] = .array(types.map { .string($0) }) }
+        return .object(object)
+    }
+
+    public init(json: JSONValue) {
+        enabled = json["enabled"]?.boolValue ?? true
+        maximumSize = json["max"]?.int64Value
+        types = json["types"]?.arrayValue?.compactMap(\.stringValue) ?? []
+    }
+
+    /// In words, for `sofa download-policy`.
+    public var description: String {
+        guard enabled else { return "none: bodies are fetched when read" }
+        var parts: [String] = []
+        if let maximumSize { parts.append("up to \(maximumSize) bytes") }
+        if !types.isEmpty { parts.append("of types \(types.joined(separator: ","))") }
+        return parts.isEmpty ? "all bodies" : "bodies " + parts.joined(separator: " ") + "; the others when read"
+    }
+
     public func allows(_ attachment: Attachment) -> Bool {
         guard enabled else { return false }
         if let maximumSize, attachment.length > maximumSize { return false }

@@ -63,31 +63,21 @@ struct ReplicationDataset {
 }
 
 /// `sofa-bench sync`: pull and push of 10,000 documents (1,000 with a 100 KB attachment)
-/// against `sofa serve` on 127.0.0.1, and a 1 GiB deferred attachment read through the
-/// mount against curl downloading it from the same server.
+/// against `sofa serve` on 127.0.0.1. (Deferred bodies read through the mount: `deferred`.)
 func syncBenchmark(_ options: Options) throws {
     let work = try makeWorkFolder("sync", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
     let sofa = sofaBinary
     let dataset = ReplicationDataset(options)
     let (documents, withAttachment, attachmentSize) = (dataset.documents, dataset.withAttachment, dataset.attachmentSize)
-    let size = Int64(options.attachmentMiB) << 20
-    print("Sofa sync benchmark: \(dataset.summary); \(options.attachmentMiB) MiB deferred attachment; in \(work)")
+    print("Sofa sync benchmark: \(dataset.summary); in \(work)")
     print(String(repeating: "-", count: 104))
 
     _ = try dataset.makeSource(at: "\(work)/source.sofa")
-    // The big body lives in a database of its own on the server.
-    let hugeDatabase = try Database.create(at: "\(work)/huge.sofa")
-    let hugeSource = "\(work)/huge.bin"
-    try writeSource(hugeSource, size: size)
-    var huge = try hugeDatabase.newRevision(of: "huge")
-    try huge.setAttachment("huge.bin", contentsOf: hugeSource)
-    try hugeDatabase.save(huge)
-    unlink(hugeSource)
     _ = try Database.create(at: "\(work)/pushed.sofa")
 
     // The server, on a free port, serving the source and an empty target for pushes.
-    let server = try ServeProcess(sofa: sofa, databases: ["\(work)/source.sofa", "\(work)/pushed.sofa", "\(work)/huge.sofa"], work: work)
+    let server = try ServeProcess(sofa: sofa, databases: ["\(work)/source.sofa", "\(work)/pushed.sofa"], work: work)
     defer { server.stop() }
     let port = server.port
     let base = "http://127.0.0.1:\(port)"
@@ -104,30 +94,4 @@ func syncBenchmark(_ options: Options) throws {
     }
     let again = try timeWithRSS([sofa, "pull", "\(work)/pulled.sofa", "\(base)/source"])
     row("pull again, nothing new", String(format: "%6.2f s", again.seconds))
-
-    // The 1 GiB body, deferred, read through the mount; curl downloads the same body alongside.
-    _ = try timeShell("\(sofa) create \(work)/deferred.sofa > /dev/null && \(sofa) pull \(work)/deferred.sofa \(base)/huge --no-download-attachments > /dev/null")
-    let mountPoint = "\(work)/mnt"
-    try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
-    let file = "\(mountPoint)/docs/huge/attachments/huge.bin"
-    func mount() throws { _ = try timeShell("\(sofa) mount \(work)/deferred.sofa \(mountPoint) --remote \(base)/huge") }
-    func unmount() { _ = try? timeShell("fusermount3 -u \(mountPoint) 2>/dev/null") }
-    defer { unmount() }
-    let curl = median(try (0..<3).map { _ in try timeShell("curl -sf -o /dev/null \(base)/huge/huge/huge.bin") })
-    var firstByte: [Double] = [], whole: [Double] = []
-    for _ in 0..<3 {
-        try mount()
-        firstByte.append(try timeShell("head -c 1 \(file) > /dev/null"))
-        // Let that transfer finish, then make the body deferred again for the throughput run.
-        _ = try timeShell("cat \(file) > /dev/null")
-        unmount()
-        _ = try timeShell("\(sofa) purge-attachment \(work)/deferred.sofa huge huge.bin > /dev/null")
-        try mount()
-        whole.append(try timeShell("cat \(file) > /dev/null"))
-        unmount()
-        _ = try timeShell("\(sofa) purge-attachment \(work)/deferred.sofa huge huge.bin > /dev/null")
-    }
-    row("mount: first byte of \(options.attachmentMiB) MiB deferred", String(format: "%8.3f s", median(firstByte)))
-    row("mount: \(options.attachmentMiB) MiB deferred, read whole", mibps(size, median(whole)), "curl " + mibps(size, curl),
-        "ratio " + ratio(curl / median(whole)))
 }

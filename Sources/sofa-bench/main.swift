@@ -21,9 +21,9 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync", "copy", "couchdb": suite = argument
+            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -215,11 +215,12 @@ func storage(_ options: Options) throws {
     row("peak RSS of this process", String(format: "%.0f MB", Double(peakRSS()) / 1e6))
 }
 
-func writeSource(_ path: String, size: Int64) throws {
+/// Writes `size` bytes of an incompressible pattern; another `seed`, other bytes.
+func writeSource(_ path: String, size: Int64, seed: UInt64 = 0) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
     precondition(fd >= 0)
     defer { close(fd) }
-    var state: UInt64 = 0x9E37_79B9_7F4A_7C15
+    var state: UInt64 = 0x9E37_79B9_7F4A_7C15 &+ seed &* 0x2545_F491_4F6C_DD1D
     var chunk = [UInt64](repeating: 0, count: (1 << 20) / 8)
     var remaining = size
     while remaining > 0 {
@@ -243,6 +244,7 @@ do {
     case "sync": try syncBenchmark(options)
     case "copy": try copyBenchmark(options)
     case "couchdb": try couchDBBenchmark(options)
+    case "deferred": try deferredBenchmark(options)
     default: try storage(options)
     }
 } catch {

@@ -121,7 +121,7 @@ struct Cp: SofaCommand {
             let (database, created) = try openOrCreate(to)
             do {
                 let replicator = try remote.makeReplicator(.pull, database: database, url: url)
-                replicator.downloads = try downloads.policy()
+                replicator.downloads = try downloads.policy(for: database, url: url)
                 try report([("pull", try replicate(replicator, json: remote.json))], json: remote.json)
             } catch {
                 // A new database that received nothing is removed; one that received some keeps

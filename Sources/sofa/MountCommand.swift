@@ -28,7 +28,8 @@ struct Mount: SofaCommand {
     @Flag(help: "With --remote: push the revisions made here to it.") var push = false
     @Flag(help: "With --remote: pull and push.") var sync = false
     @Flag(help: "Keep replicating while mounted; edits made offline go out when the remote returns.") var continuous = false
-    @Flag(help: "With --pull or --sync: store attachment bodies as metadata only; reads fetch them.") var noDownloadAttachments = false
+    @OptionGroup(title: "With --pull or --sync: which bodies to download (default: the rules the database's last pull was given)")
+    var downloads: DownloadOptions
     @Option(help: "When the database does not exist, create it from this snapshot (.zip) or database, as `sofa copy` does.")
     var seed: String?
 
@@ -66,7 +67,7 @@ struct Mount: SofaCommand {
             downloader = RemoteBodies(database: database, remote: remoteDatabase, retry: connection.retryPolicy, caFile: connection.cacert)
             if !directions.isEmpty {
                 session = ReplicationSession(database: database, remote: remoteDatabase, directions: directions, continuous: continuous)
-                session?.downloads.enabled = !noDownloadAttachments
+                session?.downloads = try downloads.policy(for: database, url: url)
                 session?.retry = connection.retryPolicy
                 session?.caFile = connection.cacert
             }
@@ -120,7 +121,10 @@ struct Mount: SofaCommand {
         if push { arguments.append("--push") }
         if sync { arguments.append("--sync") }
         if continuous { arguments.append("--continuous") }
-        if noDownloadAttachments { arguments.append("--no-download-attachments") }
+        if downloads.noDownloadAttachments { arguments.append("--no-download-attachments") }
+        if downloads.downloadAttachments { arguments.append("--download-attachments") }
+        if let max = downloads.downloadAttachmentsMax { arguments += ["--download-attachments-max", max] }
+        if let types = downloads.downloadAttachmentsTypes { arguments += ["--download-attachments-types", types] }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

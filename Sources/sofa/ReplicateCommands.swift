@@ -157,10 +157,14 @@ struct ReplicationOptions: ParsableArguments {
     }
 }
 
-/// Options of pulls: which attachment bodies to download now.
+/// Options of pulls: which attachment bodies to download now. Rules given are stored with
+/// the database for the remote, and pulls, syncs and mounts that give none follow them.
 struct DownloadOptions: ParsableArguments {
     @Flag(help: "Store attachment bodies as metadata only; they are fetched when read.")
     var noDownloadAttachments = false
+
+    @Flag(help: "Download every body (the default, until other rules are given).")
+    var downloadAttachments = false
 
     @Option(help: "Download only bodies up to this size (bytes, or with K, M, G).")
     var downloadAttachmentsMax: String?
@@ -168,7 +172,17 @@ struct DownloadOptions: ParsableArguments {
     @Option(help: "Download only bodies of these types, e.g. 'image/*,text/*'.")
     var downloadAttachmentsTypes: String?
 
-    func policy() throws -> DownloadPolicy {
+    func validate() throws {
+        if noDownloadAttachments && (downloadAttachments || downloadAttachmentsMax != nil || downloadAttachmentsTypes != nil) {
+            throw ValidationError("--no-download-attachments cannot go with other download rules")
+        }
+    }
+
+    /// The rules given on this command line, if any.
+    func given() throws -> DownloadPolicy? {
+        guard noDownloadAttachments || downloadAttachments || downloadAttachmentsMax != nil || downloadAttachmentsTypes != nil else {
+            return nil
+        }
         var policy = DownloadPolicy()
         policy.enabled = !noDownloadAttachments
         if let text = downloadAttachmentsMax {
@@ -177,6 +191,16 @@ struct DownloadOptions: ParsableArguments {
         }
         policy.types = downloadAttachmentsTypes?.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } ?? []
         return policy
+    }
+
+    /// The rules for pulls from `url`: the ones given (stored for next time), or the stored ones.
+    func policy(for database: Database, url: String) throws -> DownloadPolicy {
+        let key = try RemoteDatabase(url).url
+        if let policy = try given() {
+            if !database.isReadOnly { try database.setDownloadPolicy(policy, for: key) }
+            return policy
+        }
+        return database.downloadPolicy(for: key) ?? DownloadPolicy()
     }
 }
 
@@ -247,9 +271,10 @@ struct Pull: SofaCommand {
 
     func execute() throws {
         let db = try Database.open(at: options.database)
-        if options.continuous { return try options.runContinuously([.pull], database: db, downloads: downloads.policy()) }
+        let policy = try downloads.policy(for: db, url: options.url)
+        if options.continuous { return try options.runContinuously([.pull], database: db, downloads: policy) }
         let replicator = try options.makeReplicator(.pull, database: db)
-        replicator.downloads = try downloads.policy()
+        replicator.downloads = policy
         try report([("pull", try replicate(replicator, json: options.json))], json: options.json)
     }
 }
@@ -272,9 +297,10 @@ struct Sync: SofaCommand {
 
     func execute() throws {
         let db = try Database.open(at: options.database)
-        if options.continuous { return try options.runContinuously([.pull, .push], database: db, downloads: downloads.policy()) }
+        let policy = try downloads.policy(for: db, url: options.url)
+        if options.continuous { return try options.runContinuously([.pull, .push], database: db, downloads: policy) }
         let puller = try options.makeReplicator(.pull, database: db)
-        puller.downloads = try downloads.policy()
+        puller.downloads = policy
         let pulled = try replicate(puller, json: options.json)
         let pushed = try replicate(try options.makeReplicator(.push, database: db), json: options.json)
         try report([("pull", pulled), ("push", pushed)], json: options.json)
@@ -331,6 +357,26 @@ struct Download: SofaCommand {
             }
             throw SofaError.invalidArgument("download failed: \(error)\(resume)")
         }
+    }
+}
+
+struct DownloadRules: SofaCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "download-policy",
+        abstract: "Show or change which attachment bodies pulls from a remote download (the others are fetched when read).",
+        discussion: "The rules are stored with the database for the remote, and pulls, syncs and mounts that give none follow them.")
+
+    @Argument(help: "The database.") var database: String
+    @Option(help: "The remote database URL (default: where the database last pulled from).") var remote: String?
+    @OptionGroup var downloads: DownloadOptions
+
+    func execute() throws {
+        let db = try Database.open(at: database)
+        guard let url = remote ?? db.rememberedRemote else {
+            throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
+        }
+        let policy = try downloads.policy(for: db, url: url)
+        Output.line("\(try RemoteDatabase(url).url): \(policy.description)")
     }
 }
 

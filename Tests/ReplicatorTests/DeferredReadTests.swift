@@ -161,6 +161,45 @@ final class DeferredReadTests {
         #expect(mount.unmount().succeeded)
     }
 
+    @Test func theDownloadRulesOfAPullAreKeptAndAnEditThatKeepsADeferredBodyNeverFetchesIt() throws {
+        let setup = try setUp()
+        let url = "http://127.0.0.1:\(setup.proxy.port)/source"
+        let shown = try sofa("download-policy", setup.target)
+        #expect(shown.stdout.contains("none: bodies are fetched when read"), "\(shown.stdout)\(shown.stderr)")
+
+        // On the server: a properties-only edit of a document whose body is deferred here, and a
+        // new document with a body.
+        let connection = try setup.server.connect()
+        let plain = try #require(try connection.json("GET", "/source/plain").json)
+        var edited = try #require(plain.objectValue)
+        edited["kind"] = "edited on the server"
+        #expect(try connection.json("PUT", "/source/plain", .object(edited)).status == 201)
+        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: setup.bodyFile)))
+        #expect(try connection.request("PUT", "/source/fresh/new.bin", headers: [("Content-Type", "application/octet-stream")],
+                                       body: Array(bytes.reversed())).status == 201)
+
+        // A synced mount given no rules follows the pull's: nothing is downloaded.
+        let sent = setup.proxy.bytesFromServer
+        let mount = try MountedDatabase(setup.target, arguments: ["--remote", url, "--sync", "--continuous"])
+        #expect(waitUntil(20) {
+            (try? String(contentsOfFile: mount.path("docs/plain/properties.json"), encoding: .utf8))?.contains("edited on the server") == true
+                && FileManager.default.fileExists(atPath: mount.path("docs/fresh/attachments/new.bin"))
+        })
+        #expect(try attribute(mount.path("docs/plain/attachments/body.bin"), "user.sofa.available") == "false")
+        #expect(try attribute(mount.path("docs/fresh/attachments/new.bin"), "user.sofa.available") == "false")
+        #expect(setup.proxy.bytesFromServer - sent < 1 << 20, "\(setup.proxy.bytesFromServer - sent) bytes came for metadata")
+        #expect(mount.unmount().succeeded)
+
+        // Changed with the one command, the rules apply to the next pull: a new body comes, the kept one stays deferred.
+        #expect(try sofa("download-policy", setup.target, "--download-attachments").stdout.contains("all bodies"))
+        #expect(try connection.request("PUT", "/source/later/small.txt", headers: [("Content-Type", "text/plain")],
+                                       body: Array("small body\n".utf8)).status == 201)
+        let pulled = try sofa("pull", setup.target, url)
+        #expect(pulled.succeeded && pulled.stdout.contains("1 attachment bodies downloaded"), "\(pulled.stdout)\(pulled.stderr)")
+        #expect(try sofa("cat-attachment", setup.target, "later", "small.txt").stdout == "small body\n")
+        #expect(try sofa("cat-attachment", setup.target, "plain", "body.bin").status == 1)
+    }
+
     @Test func aServerThatGetsRangesWrongIsAskedForTheWholeBody() throws {
         let setup = try setUp()
         let mount = try MountedDatabase(setup.target, arguments: ["--retry-delay", "0.05"])
