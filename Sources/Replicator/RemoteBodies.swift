@@ -81,6 +81,7 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
         client.caFile = caFile
         client.retry = retry
         client.cancellation = cancellation
+        client.receiveBufferSize = 512 << 10
         try client.withRetry { try client.logIn() }
         return client
     }
@@ -242,6 +243,8 @@ final class DeferredBody: @unchecked Sendable {
     private var verifiedWhole = false
     private var finishing = false
     private var completeReader: BlobReader?
+    /// Readers waiting for chunks: arrivals wake them only if there are some.
+    private var waiting = 0
     private var users = 0
     private var released = false
 
@@ -337,7 +340,10 @@ final class DeferredBody: @unchecked Sendable {
                 schedule(needed, ahead: aheadChunks)
                 scheduled = true
             }
-            if !condition.wait(until: deadline) && Date() >= deadline {
+            waiting += 1
+            let woken = condition.wait(until: deadline)
+            waiting -= 1
+            if !woken && Date() >= deadline {
                 condition.unlock()
                 owner.log.error("\(docID)/\(attachment.name): bytes \(offset)..<\(offset + Int64(count)) did not arrive within \(timeout) s")
                 throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
@@ -388,7 +394,9 @@ final class DeferredBody: @unchecked Sendable {
                 condition.lock()
                 continue
             }
+            waiting += 1
             _ = condition.wait(until: Date().addingTimeInterval(0.5))
+            waiting -= 1
         }
         condition.unlock()
     }
@@ -503,8 +511,11 @@ final class DeferredBody: @unchecked Sendable {
             }
             if condition.withLock({ fetch.stop }) { throw ReplicationError.cancelled }
             try stream!.receive(bytes) { [self] arrived in
-                condition.withLock { fetch.next = max(fetch.next, arrived) }
-                condition.broadcast()
+                let wake = condition.withLock { () -> Bool in
+                    fetch.next = max(fetch.next, arrived)
+                    return waiting > 0
+                }
+                if wake { condition.broadcast() }
             }
             return true
         }
