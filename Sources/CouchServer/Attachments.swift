@@ -27,6 +27,11 @@ extension CouchServer {
             guard let attachment = revision.attachment(named: name) else {
                 throw HTTPError(.notFound, "not_found", "Document is missing attachment")
             }
+            if !attachment.contentAvailable,
+               let source = self.registry.bodySource(for: db, make: self.configuration.bodySource) {
+                // Deferred here: fetched from the database's remote as the answer streams (ranges too).
+                return (attachment, ReaderBox(try source.open(attachment, docID: id, revID: revision.revID)))
+            }
             return (attachment, ReaderBox(try db.openContent(of: attachment, docID: id)))
         }
         let digest = attachment.digest.split(separator: "-", maxSplits: 1).last.map(String.init) ?? attachment.digest
@@ -45,12 +50,12 @@ extension CouchServer {
         if let range = request.headers["Range"].first, let (start, end) = try byteRange(range, length: length) {
             headers.replaceOrAdd(name: "Content-Range", value: "bytes \(start)-\(end)/\(length)")
             try await request.response.start(.partialContent, headers: headers, contentLength: end - start + 1)
-            try await request.response.streamBody(reader.reader, server: self, offset: start, length: end - start + 1)
+            try await request.response.streamBody(reader, server: self, offset: start, length: end - start + 1)
             return try await request.response.finish()
         }
         try await request.response.start(.ok, headers: headers, contentLength: length)
         if !request.response.isHead {
-            try await request.response.streamBody(reader.reader, server: self, length: length)
+            try await request.response.streamBody(reader, server: self, length: length)
         }
         try await request.response.finish()
     }

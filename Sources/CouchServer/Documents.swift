@@ -110,7 +110,7 @@ extension CouchServer {
             try await response.write("--\(boundary)\r\nContent-Disposition: attachment; filename=\"\(name)\"\r\n"
                 + "Content-Type: \(attachment.contentType)\r\nContent-Length: \(attachment.length)\r\n\r\n")
             let reader = try await blocking { ReaderBox(try db.openContent(of: attachment, docID: id)) }
-            try await response.streamBody(reader.reader, server: self, length: attachment.length)
+            try await response.streamBody(reader, server: self, length: attachment.length)
             try await response.write("\r\n")
         }
     }

@@ -223,8 +223,7 @@ func makeBoundary() -> String {
 extension ResponseWriter {
     /// Streams a blob's bytes, in pieces of `pieceSize`: the whole body, read in order so
     /// the reader verifies its hash at the end, or `length` bytes from `offset` (a range).
-    func streamBody(_ reader: BlobReader, server: CouchServer, offset: Int64? = nil, length: Int64, pieceSize: Int = 256 * 1024) async throws {
-        let box = ReaderBox(reader)
+    func streamBody(_ box: ReaderBox, server: CouchServer, offset: Int64? = nil, length: Int64, pieceSize: Int = 256 * 1024) async throws {
         // One piece is read (and hashed) on the pool while the previous one is being sent.
         func read(from start: Int64) -> Task<ByteBuffer, any Error> {
             let count = Int(min(Int64(pieceSize), length - start))
@@ -248,10 +247,26 @@ extension ResponseWriter {
     }
 }
 
-/// Carries a BlobReader into pool closures; used by one request at a time, one piece at a time.
+/// Carries a body reader into pool closures; used by one request at a time, one piece at a time.
+/// A stored body is a `BlobReader` (hash-checked when read in order); a deferred one is fetched
+/// from the remote by a `BodyReader` (checked by its digest when complete, before it is kept).
 final class ReaderBox: @unchecked Sendable {
-    let reader: BlobReader
-    init(_ reader: BlobReader) { self.reader = reader }
+    private let blob: BlobReader?
+    private let deferred: (any BodyReader)?
+    /// Where the next in-order piece of a deferred body starts.
+    private var next: Int64 = 0
+
+    init(_ reader: BlobReader) {
+        blob = reader
+        deferred = nil
+    }
+
+    init(_ reader: any BodyReader) {
+        blob = nil
+        deferred = reader
+    }
+
+    deinit { deferred?.close() }
 
     /// `count` bytes, from `position` (a range, unverified) or next in order (verified:
     /// the last piece is only returned once the whole body matched its hash).
@@ -261,17 +276,24 @@ final class ReaderBox: @unchecked Sendable {
         while filled < count {
             let read = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count - filled) { raw in
                 let target = UnsafeMutableRawBufferPointer(rebasing: raw.prefix(count - filled))
-                return try position.map { try reader.read(into: target, at: $0 + Int64(filled)) } ?? reader.read(into: target)
+                if let deferred {
+                    return try deferred.read(into: target, at: (position ?? next) + Int64(filled), timeout: 30)
+                }
+                return try position.map { try blob!.read(into: target, at: $0 + Int64(filled)) } ?? blob!.read(into: target)
             }
-            guard read > 0 else { throw SofaError.blobCorrupted(key: reader.key.hex, path: reader.path) }
+            guard read > 0 else { throw corrupted }
             filled += read
         }
-        if position == nil && last {
+        if deferred != nil {
+            if position == nil { next += Int64(count) }
+        } else if position == nil && last {
             var probe: UInt8 = 0
-            guard try withUnsafeMutableBytes(of: &probe, { try reader.read(into: $0) }) == 0 else {
-                throw SofaError.blobCorrupted(key: reader.key.hex, path: reader.path)
-            }
+            guard try withUnsafeMutableBytes(of: &probe, { try blob!.read(into: $0) }) == 0 else { throw corrupted }
         }
         return buffer
+    }
+
+    private var corrupted: SofaError {
+        blob.map { SofaError.blobCorrupted(key: $0.key.hex, path: $0.path) } ?? SofaError.invalidArgument("a deferred body ended early")
     }
 }

@@ -30,6 +30,9 @@ public final class CouchServer: @unchecked Sendable {
         public var user: String?
         public var password: String?
         public var readOnly = false
+        /// Where a database's deferred bodies come from when asked for (`sofa serve`: its
+        /// remembered remote); called once per database. Nil: such bodies answer 404.
+        public var bodySource: (@Sendable (Database) -> (any BodySource)?)?
 
         public init(databases: [String: String], directory: String? = nil) {
             self.databases = databases
@@ -260,6 +263,19 @@ final class DatabaseRegistry: @unchecked Sendable {
     private var paths: [String: String]
     private var open: [String: Database] = [:]
     let directory: String?
+
+    /// Body sources by database path, made on first need. Guarded by `lock`.
+    private var bodySources: [String: (any BodySource)?] = [:]
+
+    /// Where `database`'s deferred bodies come from, if anywhere: `make` is asked once.
+    func bodySource(for database: Database, make: ((Database) -> (any BodySource)?)?) -> (any BodySource)? {
+        lock.withLock {
+            if let known = bodySources[database.path] { return known }
+            let source = make?(database)
+            bodySources[database.path] = .some(source)
+            return source
+        }
+    }
 
     init(databases: [String: String], directory: String?) throws {
         for name in databases.keys { try DatabaseRegistry.validate(name) }

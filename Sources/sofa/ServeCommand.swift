@@ -4,6 +4,7 @@ import DocumentModel
 import DocumentStore
 import Foundation
 import Logging
+import Replicator
 
 /// `sofa serve DB…`: share databases over the CouchDB HTTP API.
 struct Serve: SofaCommand {
@@ -63,6 +64,10 @@ struct Serve: SofaCommand {
         configuration.host = host
         configuration.port = port
         configuration.readOnly = readOnly
+        // Bodies a database defers are fetched from where it last pulled, when a client asks.
+        configuration.bodySource = { database in
+            database.rememberedRemote.flatMap { try? RemoteDatabase($0) }.map { RemoteBodies(database: database, remote: $0) }
+        }
         if let user, let passwordFile {
             let password = try readPassword(passwordFile)
             guard !password.isEmpty else { throw SofaError.invalidArgument("\(passwordFile) holds no password") }

@@ -200,6 +200,23 @@ final class DeferredReadTests {
         #expect(try sofa("cat-attachment", setup.target, "plain", "body.bin").status == 1)
     }
 
+    @Test func sofaServeOfADeferredCopyFetchesItsBodiesFromItsRemote() throws {
+        let setup = try setUp()
+        let served = try ServedDatabases([setup.target])
+        let connection = try served.connect()
+        // A range: passed through, a few chunks fetched.
+        let sent = setup.proxy.bytesFromServer
+        let range = try connection.request("GET", "/deferred/plain/body.bin", headers: [("Range", "bytes=5000000-5000999")])
+        let wanted = try expected(setup, at: 5_000_000, count: 1000)
+        #expect(range.status == 206 && range.body == wanted, "\(range.status)")
+        #expect(setup.proxy.bytesFromServer - sent < 256 << 10)
+        // The whole body, streamed as it arrives; then it is here.
+        let whole = try connection.request("GET", "/deferred/twin/data")
+        #expect(whole.status == 200 && MessageDigest.hash(.sha1, whole.body) == setup.key.digestBytes)
+        #expect(waitUntil { (try? sofa("info", setup.target).stdout.contains("Bodies not present: 0")) == true })
+        _ = served.stop()
+    }
+
     @Test func aServerThatGetsRangesWrongIsAskedForTheWholeBody() throws {
         let setup = try setUp()
         let mount = try MountedDatabase(setup.target, arguments: ["--retry-delay", "0.05"])
