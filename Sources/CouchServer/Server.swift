@@ -94,6 +94,8 @@ public final class CouchServer: @unchecked Sendable {
                 }
             }
         }
+        // Deferred bodies being fetched for clients end before the process does.
+        registry.shutDownBodySources()
     }
 
     /// Open connections, and whether each is handling a request. Guarded by `stopLock`.
@@ -266,6 +268,12 @@ final class DatabaseRegistry: @unchecked Sendable {
 
     /// Body sources by database path, made on first need. Guarded by `lock`.
     private var bodySources: [String: (any BodySource)?] = [:]
+
+    /// Ends the fetches of every body source (before the process exits).
+    func shutDownBodySources() {
+        let sources = lock.withLock { bodySources.values.compactMap { $0 } }
+        for source in sources { source.shutDown(waitingAtMost: 30) }
+    }
 
     /// Where `database`'s deferred bodies come from, if anywhere: `make` is asked once.
     func bodySource(for database: Database, make: ((Database) -> (any BodySource)?)?) -> (any BodySource)? {

@@ -11,6 +11,10 @@ public protocol BodySource: AnyObject, Sendable {
 
     /// How much of `attachment`'s body is here, when part of it is.
     func progress(of attachment: Attachment) -> BodyProgress?
+
+    /// Stops every fetch and waits (at most `seconds`) until they ended and saved what
+    /// arrived, and bodies complete were installed: called before the process exits.
+    func shutDown(waitingAtMost seconds: Double)
 }
 
 /// An open deferred body. Thread-safe; each open keeps its own readahead.

@@ -56,6 +56,12 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
     /// Stops every fetch under way; what arrived stays for the next read.
     public func cancel() { cancellation.cancel() }
 
+    public func shutDown(waitingAtMost seconds: Double) {
+        cancel()
+        let deadline = Date().addingTimeInterval(seconds)
+        while !lock.withLock({ bodies.values.allSatisfy { $0.isIdle } }) && Date() < deadline { usleep(10_000) }
+    }
+
     /// The body of `digest`, shared by everyone reading it, with one more user.
     func acquire(_ attachment: Attachment, docID: String, revID: RevisionID) throws -> DeferredBody {
         try lock.withLock {
@@ -294,6 +300,9 @@ final class DeferredBody: @unchecked Sendable {
         if condition.withLock({ blob != nil }) { partial.discard() }
     }
 
+    /// Nothing arrives or is being installed.
+    var isIdle: Bool { condition.withLock { fetches.isEmpty && !finishing } }
+
     var progress: BodyProgress {
         condition.withLock {
             BodyProgress(digest: attachment.digest, docID: docID, name: attachment.name,
@@ -325,9 +334,10 @@ final class DeferredBody: @unchecked Sendable {
             if source.arePresent(needed) {
                 // Keep a reader going forward ahead of itself.
                 if aheadChunks > 0 { schedule(needed.upperBound..<needed.upperBound, ahead: aheadChunks) }
-                let install = !finishing && fetches.isEmpty && source.isComplete
+                // Complete but not installed (an earlier run's chunks): install it, not in this read's time.
+                let claim = claimFinish()
                 condition.unlock()
-                if install { Thread.detachNewThread { [self] in finishIfComplete() } }
+                if let (complete, verified) = claim { Thread.detachNewThread { [self] in install(complete, verified: verified) } }
                 return try source.read(into: target, at: offset)
             }
             if failures != failuresBefore && !needed.contains(where: isArriving) {
@@ -560,12 +570,18 @@ final class DeferredBody: @unchecked Sendable {
 
     /// Once every chunk is here: hash, install as a blob, and tell the database.
     private func finishIfComplete() {
-        let (source, verified) = condition.withLock { () -> (PartialBody?, Bool) in
-            guard blob == nil, !finishing, fetches.isEmpty, partial.isComplete else { return (nil, false) }
-            finishing = true
-            return (partial, verifiedWhole)
-        }
-        guard let source else { return }
+        guard let (source, verified) = condition.withLock({ claimFinish() }) else { return }
+        install(source, verified: verified)
+    }
+
+    /// Whether the body is ready to install, and if so, the claim to do it. Under `condition`.
+    private func claimFinish() -> (PartialBody, Bool)? {
+        guard blob == nil, !finishing, fetches.isEmpty, partial.isComplete else { return nil }
+        finishing = true
+        return (partial, verifiedWhole)
+    }
+
+    private func install(_ source: PartialBody, verified: Bool) {
         do {
             let (stored, digest) = try source.finish(verified: verified)
             try owner.database.attachBody(digest: attachment.digest, blob: stored, storedDigest: digest)
@@ -581,6 +597,7 @@ final class DeferredBody: @unchecked Sendable {
         }
         condition.withLock { finishing = false }
         condition.broadcast()
+        closeIfIdle()
     }
 }
 

@@ -104,6 +104,8 @@ struct Mount: SofaCommand {
         mount.run()
         session?.stop()
         session?.wait()
+        // Fetches still running end (and save what arrived) before the process does.
+        downloader?.shutDown(waitingAtMost: 30)
         watcher.stop()
         signals.cancel()
     }
