@@ -217,6 +217,29 @@ final class DeferredReadTests {
         _ = served.stop()
     }
 
+    @Test func aDiskThatFillsWhileChunksArriveFailsTheReadAndLosesNothing() throws {
+        let setup = try setUp()
+        // The deferred copy on a 6 MiB file system: its 8 MiB body cannot all arrive.
+        let small = directory.appending("small-disk")
+        #expect(try shell("mkdir -p '\(small)' && mount -t tmpfs -o size=6m tmpfs '\(small)'").succeeded)
+        defer { _ = try? shell("umount -l '\(small)'") }
+        #expect(try shell("cp -a '\(setup.target)' '\(small)/db.sofa'").succeeded)
+        let mount = try MountedDatabase(small + "/db.sofa", arguments: ["--remote", "http://127.0.0.1:\(setup.proxy.port)/source",
+                                                                         "--retries", "1"])
+        let path = mount.path("docs/plain/attachments/body.bin")
+        let full = try shell("cat '\(path)' > /dev/null")
+        #expect(!full.succeeded && full.stderr.contains("Input/output error"), "\(full.stderr)")
+        // What fitted is readable and right; the database is whole.
+        #expect(try pread(path, at: 0, count: 4096) == expected(setup, at: 0, count: 4096))
+        // Room again: the read completes, with the right bytes.
+        #expect(try shell("mount -o remount,size=64m '\(small)'").succeeded)
+        #expect(try shell("sha1sum '\(path)'").stdout.hasPrefix(setup.key.hex))
+        let log = mount.unmount()
+        #expect(log.succeeded)
+        #expect(log.stderr.lowercased().contains("no space left on device"), "the mount says why: \(log.stderr.suffix(1500))")
+        #expect(try sofa("check", small + "/db.sofa").succeeded)
+    }
+
     @Test func aServerThatGetsRangesWrongIsAskedForTheWholeBody() throws {
         let setup = try setUp()
         let mount = try MountedDatabase(setup.target, arguments: ["--retry-delay", "0.05"])
