@@ -320,11 +320,24 @@ public final class PartialBody: @unchecked Sendable {
             discard()
             throw SofaError.blobCorrupted(key: digest, path: path)
         }
+        let blob = StoredBlob(key: key, length: length)
+        if store.contains(key) {
+            // Another process (a second mount, sofa download) installed the same body first.
+            if isOurs(path) { unlink(path) }
+            unlink(mapPath)
+            return (blob, stored)
+        }
         let installFD = open(path, O_RDONLY | O_CLOEXEC)
         guard installFD >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         try store.install(installFD, at: path, as: key)
         unlink(mapPath)
-        return (StoredBlob(key: key, length: length), stored)
+        return (blob, stored)
+    }
+
+    /// Whether `path` still names the file this object writes.
+    private func isOurs(_ path: String) -> Bool {
+        var named = stat(), opened = stat()
+        return stat(path, &named) == 0 && fstat(fd, &opened) == 0 && named.st_ino == opened.st_ino && named.st_dev == opened.st_dev
     }
 
     /// Deletes the partial body and its map (a body that failed its digest).

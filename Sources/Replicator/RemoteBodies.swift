@@ -583,6 +583,14 @@ final class DeferredBody: @unchecked Sendable {
 
     private func install(_ source: PartialBody, verified: Bool) {
         do {
+            if let stored = try? owner.database.storedBody(digest: attachment.digest) {
+                // Installed meanwhile by another process reading the same body.
+                condition.withLock { blob = stored }
+                condition.withLock { finishing = false }
+                condition.broadcast()
+                closeIfIdle()
+                return
+            }
             let (stored, digest) = try source.finish(verified: verified)
             try owner.database.attachBody(digest: attachment.digest, blob: stored, storedDigest: digest)
             condition.withLock { blob = stored }

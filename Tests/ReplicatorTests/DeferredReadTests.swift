@@ -240,6 +240,24 @@ final class DeferredReadTests {
         #expect(try sofa("check", small + "/db.sofa").succeeded)
     }
 
+    @Test func twoMountsOfOneDatabaseReadOneDeferredBodyAtOnce() throws {
+        let setup = try setUp()
+        let first = try MountedDatabase(setup.target)
+        let second = try MountedDatabase(setup.target)
+        let readers = try [first, second].map { mount in
+            try ChildProcess(["/bin/sh", "-c", "sha1sum '\(mount.path("docs/plain/attachments/body.bin"))'"])
+        }
+        for reader in readers { #expect(reader.wait().stdout.hasPrefix(setup.key.hex)) }
+        // Both see it installed (one of them installed it, the other found it there).
+        for mount in [first, second] {
+            #expect(waitUntil(3) { (try? self.attribute(mount.path("docs/plain/attachments/body.bin"), "user.sofa.available")) == "true" })
+        }
+        #expect(first.unmount().succeeded)
+        #expect(second.unmount().succeeded)
+        #expect(try sofa("check", setup.target).succeeded)
+        #expect(try DeferredBodyTests().partialDownloads(setup.target).isEmpty)
+    }
+
     @Test func aServerThatGetsRangesWrongIsAskedForTheWholeBody() throws {
         let setup = try setUp()
         let mount = try MountedDatabase(setup.target, arguments: ["--retry-delay", "0.05"])
