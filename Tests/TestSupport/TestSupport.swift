@@ -55,6 +55,14 @@ public struct ProcessResult: Sendable {
 }
 
 /// A child process started with posix_spawn; stdout and stderr go to files.
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34), which Swift's Glibc module does not export.
+private let closeFrom: @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32 = {
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else {
+        fatalError("glibc 2.34 or later is needed (posix_spawn_file_actions_addclosefrom_np)")
+    }
+    return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+}()
+
 public final class ChildProcess: @unchecked Sendable {
     public let pid: pid_t
     private let outputPath: String
@@ -83,6 +91,10 @@ public final class ChildProcess: @unchecked Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, stdin, O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
         posix_spawn_file_actions_addopen(&actions, 2, errorPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        // Nothing else of this process's: tests run in parallel, and a file another test has open
+        // in a mount, inherited by this child, would keep that mount busy (its unmount then waits
+        // for this child, which may wait for that test).
+        _ = closeFrom(&actions, 3)
         var env = ProcessInfo.processInfo.environment
         for (key, value) in environment { env[key] = value }
         let argv = arguments.map { strdup($0) } + [nil]
