@@ -177,8 +177,9 @@ final class DeferredBodyReader: BodyReader, @unchecked Sendable {
     static let firstWindow: Int64 = 64 << 10
     /// Past this window, the rest of the body streams.
     static let streamingWindow: Int64 = 4 << 20
-    /// Reads this close to where the last one ended count as going forward.
-    static let slack: Int64 = 2 << 20
+    /// Reads this close to where the last one ended count as going forward (or the current
+    /// window, if bigger: the kernel's readahead requests arrive a little out of order).
+    static let slack: Int64 = 128 << 10
 
     init(body: DeferredBody) { self.body = body }
 
@@ -187,7 +188,7 @@ final class DeferredBodyReader: BodyReader, @unchecked Sendable {
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double) throws -> Int {
         let ahead = lock.withLock { () -> Int64 in
             let end = offset + Int64(buffer.count)
-            if abs(offset - nextOffset) <= DeferredBodyReader.slack {
+            if abs(offset - nextOffset) <= max(DeferredBodyReader.slack, window) {
                 window = window == 0 ? DeferredBodyReader.firstWindow : min(window * 2, DeferredBodyReader.streamingWindow)
                 nextOffset = max(nextOffset, end)
             } else {

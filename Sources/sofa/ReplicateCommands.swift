@@ -325,6 +325,7 @@ struct Download: SofaCommand {
     @Argument(help: "Only this document.") var id: String?
     @Argument(help: "Only this attachment of it.") var name: String?
     @Option(help: "The remote database URL.") var remote: String?
+    @Flag(help: "Print JSON events (progress of each body, each body done) and a final summary.") var json = false
     @OptionGroup var connection: ConnectionOptions
 
     func execute() throws {
@@ -340,13 +341,28 @@ struct Download: SofaCommand {
         let terminal = isatty(STDERR_FILENO) == 1
         do {
             let meter = TransferMeter()
+            let json = self.json
             let (count, bytes) = try downloader.downloadMissing(docID: id, name: name, bodyProgress: { body in
-                if terminal { Output.write(STDERR_FILENO, "\r\u{1B}[K" + meter.line(body)) }
+                if json {
+                    Output.line(JSONValue.object(["event": "progress", "id": .string(body.docID), "name": .string(body.name),
+                                                  "bytes": .integer(body.present), "length": .integer(body.length)]).jsonString())
+                } else if terminal {
+                    Output.write(STDERR_FILENO, "\r\u{1B}[K" + meter.line(body))
+                }
             }) { done, total, bytes in
-                if terminal { Output.write(STDERR_FILENO, "\r\u{1B}[Kdownloaded \(done) of \(total) bodies, \(formatBytes(bytes))") }
+                if json {
+                    Output.line(JSONValue.object(["event": "downloaded", "bodies": .integer(Int64(done)), "of": .integer(Int64(total)),
+                                                  "bytes": .integer(bytes)]).jsonString())
+                } else if terminal {
+                    Output.write(STDERR_FILENO, "\r\u{1B}[Kdownloaded \(done) of \(total) bodies, \(formatBytes(bytes))")
+                }
             }
-            if terminal { Output.write(STDERR_FILENO, "\n") }
-            Output.line("downloaded \(counted(count, "attachment body", "attachment bodies")) (\(bytes) bytes)")
+            if terminal && !json { Output.write(STDERR_FILENO, "\n") }
+            if json {
+                Output.line(JSONValue.object(["ok": true, "bodies_downloaded": .integer(Int64(count)), "bytes": .integer(bytes)]).jsonString())
+            } else {
+                Output.line("downloaded \(counted(count, "attachment body", "attachment bodies")) (\(bytes) bytes)")
+            }
         } catch let error as ReplicationError {
             if terminal { Output.write(STDERR_FILENO, "\n") }
             let kept = db.blobs.partialBodies().reduce(0) { $0 + $1.length }

@@ -9,9 +9,9 @@ import TestSupport
 @Suite(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
 final class DeferredReadTests {
     let directory = TemporaryDirectory()
-    static let size: Int64 = 8 << 20
+    static let size: Int64 = 4 << 20
 
-    /// A served source with two documents sharing one 8 MiB body (`plain/body` and an
+    /// A served source with two documents sharing one 4 MiB body (`plain/body` and an
     /// extensionless `twin/data`), a deferred pull of it through a proxy, and a mount.
     struct Setup {
         let source: Database
@@ -102,7 +102,7 @@ final class DeferredReadTests {
         #expect(waitUntil { (try? self.attribute(path, "user.sofa.available")) == "true" })
         // The other document shares the body: present there too, without a byte more.
         let afterCat = setup.proxy.bytesFromServer
-        #expect(waitUntil(3) { (try? self.attribute(mount.path("docs/twin/attachments/data"), "user.sofa.available")) == "true" })
+        #expect(waitUntil(10) { (try? self.attribute(mount.path("docs/twin/attachments/data"), "user.sofa.available")) == "true" })
         #expect(try shell("sha1sum '\(mount.path("docs/twin/attachments/data"))'").stdout.hasPrefix(setup.key.hex))
         #expect(setup.proxy.bytesFromServer == afterCat)
         #expect(try sofa("info", setup.target).stdout.contains("Bodies not present: 0"))
@@ -147,13 +147,13 @@ final class DeferredReadTests {
 
         // sofa download in another process: both documents show the body within a second or so.
         #expect(try sofa("download", setup.target, "plain").succeeded)
-        #expect(waitUntil(3) { (try? self.attribute(path, "user.sofa.available")) == "true" })
-        #expect(waitUntil(3) { (try? self.attribute(twin, "user.sofa.available")) == "true" })
+        #expect(waitUntil(10) { (try? self.attribute(path, "user.sofa.available")) == "true" })
+        #expect(waitUntil(10) { (try? self.attribute(twin, "user.sofa.available")) == "true" })
         #expect(try shell("sha1sum '\(twin)'").stdout.hasPrefix(setup.key.hex))
 
         // purge-attachment in another process: the mount says so, and a read fetches it again.
         #expect(try sofa("purge-attachment", setup.target, "plain", "body.bin").succeeded)
-        #expect(waitUntil(3) { (try? self.attribute(path, "user.sofa.available")) == "false" })
+        #expect(waitUntil(10) { (try? self.attribute(path, "user.sofa.available")) == "false" })
         #expect(try attribute(twin, "user.sofa.available") == "false")
         let sent = setup.proxy.bytesFromServer
         #expect(try shell("sha1sum '\(twin)'").stdout.hasPrefix(setup.key.hex))
@@ -206,8 +206,8 @@ final class DeferredReadTests {
         let connection = try served.connect()
         // A range: passed through, a few chunks fetched.
         let sent = setup.proxy.bytesFromServer
-        let range = try connection.request("GET", "/deferred/plain/body.bin", headers: [("Range", "bytes=5000000-5000999")])
-        let wanted = try expected(setup, at: 5_000_000, count: 1000)
+        let range = try connection.request("GET", "/deferred/plain/body.bin", headers: [("Range", "bytes=3000000-3000999")])
+        let wanted = try expected(setup, at: 3_000_000, count: 1000)
         #expect(range.status == 206 && range.body == wanted, "\(range.status)")
         #expect(setup.proxy.bytesFromServer - sent < 256 << 10)
         // The whole body, streamed as it arrives; then it is here.
@@ -219,9 +219,9 @@ final class DeferredReadTests {
 
     @Test func aDiskThatFillsWhileChunksArriveFailsTheReadAndLosesNothing() throws {
         let setup = try setUp()
-        // The deferred copy on a 6 MiB file system: its 8 MiB body cannot all arrive.
+        // The deferred copy on a 3 MiB file system: its 4 MiB body cannot all arrive.
         let small = directory.appending("small-disk")
-        #expect(try shell("mkdir -p '\(small)' && mount -t tmpfs -o size=6m tmpfs '\(small)'").succeeded)
+        #expect(try shell("mkdir -p '\(small)' && mount -t tmpfs -o size=3m tmpfs '\(small)'").succeeded)
         defer { _ = try? shell("umount -l '\(small)'") }
         #expect(try shell("cp -a '\(setup.target)' '\(small)/db.sofa'").succeeded)
         let mount = try MountedDatabase(small + "/db.sofa", arguments: ["--remote", "http://127.0.0.1:\(setup.proxy.port)/source",
@@ -250,12 +250,27 @@ final class DeferredReadTests {
         for reader in readers { #expect(reader.wait().stdout.hasPrefix(setup.key.hex)) }
         // Both see it installed (one of them installed it, the other found it there).
         for mount in [first, second] {
-            #expect(waitUntil(3) { (try? self.attribute(mount.path("docs/plain/attachments/body.bin"), "user.sofa.available")) == "true" })
+            #expect(waitUntil(10) { (try? self.attribute(mount.path("docs/plain/attachments/body.bin"), "user.sofa.available")) == "true" })
         }
         #expect(first.unmount().succeeded)
         #expect(second.unmount().succeeded)
         #expect(try sofa("check", setup.target).succeeded)
         #expect(try DeferredBodyTests().partialDownloads(setup.target).isEmpty)
+    }
+
+    @Test func downloadPrintsJSONEventsForScripts() throws {
+        let setup = try setUp()
+        let result = try sofa("download", setup.target, "--json")
+        #expect(result.succeeded, "\(result.stderr)")
+        let events = try result.stdout.split(separator: "\n").map { try JSONParser.parse(Array($0.utf8)) }
+        let last = try #require(events.last)
+        #expect(last["ok"]?.boolValue == true && last["bodies_downloaded"]?.int64Value == 1, "\(result.stdout)")
+        #expect(last["bytes"]?.int64Value == DeferredReadTests.size)
+        #expect(events.contains { $0["event"]?.stringValue == "downloaded" && $0["bodies"]?.int64Value == 1 })
+        for progress in events where progress["event"]?.stringValue == "progress" {
+            #expect(progress["length"]?.int64Value == DeferredReadTests.size && (progress["bytes"]?.int64Value ?? -1) >= 0)
+        }
+        #expect(result.stderr.isEmpty, "no terminal lines mixed in: \(result.stderr)")
     }
 
     @Test func aServerThatGetsRangesWrongIsAskedForTheWholeBody() throws {
