@@ -326,7 +326,11 @@ final class DeferredBody: @unchecked Sendable {
         var scheduled = false
         while true {
             if let blob {
-                let reader = try blobReader(blob)
+                let reader: BlobReader
+                do { reader = try blobReader(blob) } catch {
+                    condition.unlock()
+                    throw error
+                }
                 condition.unlock()
                 return try reader.read(into: target, at: offset)
             }
