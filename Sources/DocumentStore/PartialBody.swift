@@ -154,14 +154,19 @@ public final class PartialBody: @unchecked Sendable {
 
     /// Bytes of the body here so far.
     public var presentBytes: Int64 {
-        lock.withLock {
-            var bytes = Int64(present) * Int64(PartialBody.chunkSize)
-            let last = chunkCount - 1
-            if last >= 0, bits[last / 64] & (UInt64(1) << UInt64(last % 64)) != 0 {
-                bytes -= Int64(PartialBody.chunkSize) - chunkRange(last).count
-            }
-            return bytes
+        lock.withLock { PartialBody.bytesPresent(in: bits, length: length) }
+    }
+
+    /// The bytes the chunks marked in `words` hold (the last chunk may be short).
+    private static func bytesPresent(in words: [UInt64], length: Int64) -> Int64 {
+        let size = Int64(chunkSize)
+        let chunkCount = Int((length + size - 1) / size)
+        var bytes = Int64(words.reduce(0) { $0 + $1.nonzeroBitCount }) * size
+        let last = chunkCount - 1
+        if last >= 0, words[last / 64] & (UInt64(1) << UInt64(last % 64)) != 0 {
+            bytes -= size - (length - Int64(last) * size)
         }
+        return bytes
     }
 
     /// The byte range of `chunk`.
@@ -227,23 +232,10 @@ public final class PartialBody: @unchecked Sendable {
 
     /// Bytes of the body of `digest` that a saved map says are here, without opening it for writing.
     public static func savedBytes(in store: BlobStore, digest: String, length: Int64) -> Int64? {
-        guard let path = store.partialPath(for: digest) else { return nil }
-        let mapPath = String(path.dropLast(BlobStore.partialSuffix.count)) + mapSuffix
-        guard let bytes = FileManager.default.contents(atPath: mapPath), bytes.count >= 24,
-              Array(bytes.prefix(8)) == magic else { return nil }
-        let chunkCount = Int((length + Int64(chunkSize) - 1) / Int64(chunkSize))
-        var present = 0
-        var lastPresent = false
-        for chunk in 0..<chunkCount {
-            let index = 24 + chunk / 8
-            guard index < bytes.count else { break }
-            if bytes[bytes.startIndex + index] & (1 << UInt8(chunk % 8)) != 0 {
-                present += 1
-                lastPresent = chunk == chunkCount - 1
-            }
-        }
-        let short = lastPresent ? Int64(chunkSize) - (length - Int64(chunkCount - 1) * Int64(chunkSize)) : 0
-        return Int64(present) * Int64(chunkSize) - short
+        guard let path = store.partialPath(for: digest),
+              let bytes = FileManager.default.contents(atPath: String(path.dropLast(BlobStore.partialSuffix.count)) + mapSuffix),
+              let words = decodeMap([UInt8](bytes), length: length) else { return nil }
+        return bytesPresent(in: words, length: length)
     }
 
     /// Runs `body` with the map file open and locked; nil when there is no map and `body` reads.
@@ -258,14 +250,23 @@ public final class PartialBody: @unchecked Sendable {
 
     /// The map in `mapFD`, if it is one for this body.
     private func readMap(_ mapFD: Int32) -> [UInt64]? {
-        let headerSize = 24
-        let size = headerSize + bits.count * 8
+        let size = PartialBody.mapHeaderSize + bits.count * 8
         var bytes = [UInt8](repeating: 0, count: size)
-        guard pread(mapFD, &bytes, size, 0) == size, Array(bytes[0..<8]) == PartialBody.magic else { return nil }
+        guard pread(mapFD, &bytes, size, 0) == size else { return nil }
+        return PartialBody.decodeMap(bytes, length: length)
+    }
+
+    private static let mapHeaderSize = 24
+
+    /// The chunk bits of a saved map, if it is one for a body of `length` bytes.
+    private static func decodeMap(_ bytes: [UInt8], length: Int64) -> [UInt64]? {
+        let wordCount = (Int((length + Int64(chunkSize) - 1) / Int64(chunkSize)) + 63) / 64
+        let size = mapHeaderSize + wordCount * 8
+        guard bytes.count >= size, Array(bytes[0..<8]) == magic else { return nil }
         let words = bytes.withUnsafeBytes { raw in
             (0..<(size / 8)).map { UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 8, as: UInt64.self)) }
         }
-        guard words[1] == UInt64(length), words[2] == UInt64(PartialBody.chunkSize) else { return nil }
+        guard words[1] == UInt64(length), words[2] == UInt64(chunkSize) else { return nil }
         return Array(words[3...])
     }
 

@@ -587,13 +587,15 @@ final class DeferredBody: @unchecked Sendable {
     }
 
     private func install(_ source: PartialBody, verified: Bool) {
+        defer {
+            condition.withLock { finishing = false }
+            condition.broadcast()
+            closeIfIdle()
+        }
         do {
             if let stored = try? owner.database.storedBody(digest: attachment.digest) {
                 // Installed meanwhile by another process reading the same body.
                 condition.withLock { blob = stored }
-                condition.withLock { finishing = false }
-                condition.broadcast()
-                closeIfIdle()
                 return
             }
             let (stored, digest) = try source.finish(verified: verified)
@@ -608,9 +610,6 @@ final class DeferredBody: @unchecked Sendable {
                 lastFailure = error
             }
         }
-        condition.withLock { finishing = false }
-        condition.broadcast()
-        closeIfIdle()
     }
 }
 
