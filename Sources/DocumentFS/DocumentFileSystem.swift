@@ -380,6 +380,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     static let availableAttribute = "user.sofa.available"
     /// While a body is downloading: `RECEIVED/LENGTH` bytes.
     static let progressAttribute = "user.sofa.progress"
+    /// `true` keeps the body here (the cache never evicts it; a deferred one is fetched);
+    /// settable with `setfattr -n user.sofa.pinned -v true`, `false` or `setfattr -x` unpins.
+    static let pinnedAttribute = "user.sofa.pinned"
     static let contentTypeAttribute = "user.mime_type"
 
     /// The extended attributes of a node, by name.
@@ -411,11 +414,15 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     private func attachmentAttributes(_ attachment: Attachment, revision: RevisionID) -> [String: String] {
+        // Asked of the store, not only of the revision cached: a body evicted or purged by another
+        // process a moment ago is gone before the watcher says so.
+        let here = attachment.contentAvailable && attachment.blobKey.map(database.blobs.contains) == true
         var attributes = [DocumentFileSystem.revisionAttribute: revision.description,
                           DocumentFileSystem.digestAttribute: attachment.digest,
-                          DocumentFileSystem.availableAttribute: attachment.contentAvailable ? "true" : "false",
-                          DocumentFileSystem.contentTypeAttribute: attachment.contentType]
-        if !attachment.contentAvailable, let progress = bodySource?.progress(of: attachment) {
+                          DocumentFileSystem.availableAttribute: here ? "true" : "false",
+                          DocumentFileSystem.contentTypeAttribute: attachment.contentType,
+                          DocumentFileSystem.pinnedAttribute: database.isPinned(digest: attachment.digest) ? "true" : "false"]
+        if !here, let progress = bodySource?.progress(of: attachment) {
             if progress.present == attachment.length {
                 attributes[DocumentFileSystem.availableAttribute] = "true"
             } else {
@@ -440,6 +447,15 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public func setExtendedAttribute(_ name: String, of path: String, to value: [UInt8], flags: Int32) throws {
         let current = try extendedAttributes(of: path)
+        if name == DocumentFileSystem.pinnedAttribute, current[name] != nil {
+            let text = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased()
+            switch text {
+            case "true", "1", "yes", "on": try pin(path, true)
+            case "false", "0", "no", "off", "": try pin(path, false)
+            default: throw FileSystemError(EINVAL)
+            }
+            return
+        }
         guard name == DocumentFileSystem.contentTypeAttribute, case .attachment(let id, let attachmentName) = Node(path: path),
               current[name] != nil else {
             // user.sofa.* are derived: copying them (cp -a, rsync -X) is accepted and changes nothing.
@@ -456,8 +472,31 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     public func removeExtendedAttribute(_ name: String, of path: String) throws {
+        if name == DocumentFileSystem.pinnedAttribute, try extendedAttributes(of: path)[name] != nil {
+            try pin(path, false)
+            return
+        }
         _ = try attributes(of: path)
         throw FileSystemError(ENOTSUP)
+    }
+
+    /// Pins or unpins the body of the attachment at `path`; pinning one not here starts fetching it.
+    private func pin(_ path: String, _ pinned: Bool) throws {
+        guard !readOnly else { throw SofaError.readOnlyFileSystem(path: path) }
+        let found: (Attachment, String, RevisionID)?
+        switch Node(path: path) {
+        case .attachment(let id, let name):
+            found = try liveRevision(id).flatMap { revision in
+                visibleAttachments(revision).first { $0.name == name }.map { ($0, id, revision.revID) }
+            }
+        case .conflictAttachment(let id, let rev, let name):
+            found = try conflictRevision(id, rev).flatMap { conflict in conflict.attachment(named: name).map { ($0, id, conflict.revID) } }
+        default:
+            found = nil
+        }
+        guard let (attachment, docID, revID) = found else { throw FileSystemError(ENOENT) }
+        try database.setPinned(pinned, digest: attachment.digest)
+        if pinned && !attachment.contentAvailable { bodySource?.fetchInBackground(attachment, docID: docID, revID: revID) }
     }
 }
 

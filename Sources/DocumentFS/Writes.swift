@@ -65,7 +65,11 @@ extension DocumentFileSystem {
     }
 
     private func openForReading(_ attachment: Attachment, docID: String, path: String) throws -> OpenFile {
-        guard attachment.contentAvailable, let key = attachment.blobKey else {
+        // A body evicted or purged a moment ago (the watcher has not said so yet) is deferred again.
+        let stored = attachment.blobKey.flatMap { key in
+            attachment.contentAvailable ? try? database.blobs.openReader(key, expectedLength: attachment.length) : nil
+        }
+        guard let reader = stored else {
             if let bodySource, let revID = try cached(docID).revision?.revID {
                 // Reads fetch what they need; the kernel caches what they got (mmap works too).
                 let reader = try bodySource.open(attachment, docID: docID, revID: revID)
@@ -76,7 +80,7 @@ extension DocumentFileSystem {
             return OpenFile(handle: handles.add(AbsentBodyHandle(path: path, docID: docID, attachment: attachment)), directIO: true,
                             noFlush: true)
         }
-        let reader = try database.blobs.openReader(key, expectedLength: attachment.length)
+        database.noteRead(digest: attachment.digest)
         // A body never changes under its digest: keep the kernel's cache unless the path now shows another body.
         let keep = withState {
             let same = openedDigests[path] == attachment.digest

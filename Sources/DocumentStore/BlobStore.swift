@@ -77,18 +77,34 @@ public final class BlobStore: Sendable {
         return result.sorted { $0.0 < $1.0 }
     }
 
+    /// When the partial body of `digest` last received bytes (0 if there is none).
+    func partialModificationTime(of digest: String) -> Double {
+        var info = stat()
+        guard let path = partialPath(for: digest), stat(path, &info) == 0 else { return 0 }
+        return Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
+    }
+
+    /// Deletes the partial body of `digest` unless a reader or writer holds it. Returns whether it went.
+    func removePartialBody(digest: String) -> Bool {
+        guard let path = partialPath(for: digest) else { return false }
+        let fd = open(path, O_RDWR | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { return false }
+        // Emptied first: a file without a map that still had its size would pass for the old
+        // format's body, all of it here, to a process opening it meanwhile.
+        _ = ftruncate(fd, 0)
+        let removed = unlink(path) == 0
+        unlink(String(path.dropLast(BlobStore.partialSuffix.count)) + PartialBody.mapSuffix)
+        return removed
+    }
+
     /// Deletes partial bodies whose digest is not in `wanted`, unless a writer holds them.
     /// Returns bytes freed.
     func removePartialBodies(except wanted: Set<String>) -> Int64 {
         var freed: Int64 = 0
-        for (digest, length) in partialBodies() where !wanted.contains(digest) {
-            guard let path = partialPath(for: digest) else { continue }
-            let fd = open(path, O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { continue }
-            defer { close(fd) }
-            guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { continue }
-            if unlink(path) == 0 { freed += length }
-            unlink(String(path.dropLast(BlobStore.partialSuffix.count)) + PartialBody.mapSuffix)
+        for (digest, length) in partialBodies() where !wanted.contains(digest) && removePartialBody(digest: digest) {
+            freed += length
         }
         return freed
     }

@@ -9,6 +9,9 @@ public protocol BodySource: AnyObject, Sendable {
     /// offset: each read fetches the bytes it needs, once however many readers want them.
     func open(_ attachment: Attachment, docID: String, revID: RevisionID) throws -> any BodyReader
 
+    /// Starts fetching all of `attachment`'s body, if it is not here, without waiting (a pin).
+    func fetchInBackground(_ attachment: Attachment, docID: String, revID: RevisionID)
+
     /// How much of `attachment`'s body is here, when part of it is.
     func progress(of attachment: Attachment) -> BodyProgress?
 

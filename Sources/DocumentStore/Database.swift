@@ -33,6 +33,12 @@ public final class Database: @unchecked Sendable {
     let hasBodyDigests: Bool
     /// Whether the file has `body_events` (version 3).
     let hasBodyEvents: Bool
+    /// Whether the file has `body_cache` (version 4).
+    let hasBodyCache: Bool
+    /// When this process last recorded a read of each body (`noteRead`), to record one a minute at most.
+    /// Guarded by `readNotesLock`.
+    var readNotes: [String: Double] = [:]
+    let readNotesLock = Lock()
 
     /// The one connection that writes. Guarded by `writeLock`.
     private let writer: SQLiteConnection
@@ -54,6 +60,7 @@ public final class Database: @unchecked Sendable {
         self.isReadOnly = readOnly
         self.hasBodyDigests = schemaVersion >= 2
         self.hasBodyEvents = schemaVersion >= 3
+        self.hasBodyCache = schemaVersion >= 4
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
@@ -291,8 +298,8 @@ public final class Database: @unchecked Sendable {
         return blobs.path(for: key)
     }
 
-    /// Records that the body known by `digest` is now in the blob store, for every
-    /// revision that refers to it without a body. Returns how many attachments gained it.
+    /// Records that the body known by `digest`, fetched from the remote, is now in the blob
+    /// store, for every revision that refers to it without a body (the cache may evict it). Returns how many attachments gained it.
     /// With `storedDigest` (the digest of the bytes as stored, when `digest` named an
     /// encoded form), those attachments take that digest and `digest` stays known as an
     /// alias of the body (`body_digests`).
@@ -303,6 +310,7 @@ public final class Database: @unchecked Sendable {
                                .text(blob.key.hex), .text(storedDigest ?? digest), .text(digest), .integer(blob.length), .text(blob.key.hex))
             let changed = Int(connection.changes)
             if let storedDigest, storedDigest != digest { try recordAlias(digest, of: blob.key, in: connection) }
+            try noteFetched(storedDigest ?? digest, renaming: digest, in: connection)
             try recordBodyEvent(Set([digest, storedDigest ?? digest]), in: connection)
             return changed
         }
@@ -354,24 +362,44 @@ public final class Database: @unchecked Sendable {
 
     /// Turns a local body back into a deferred one: every revision that refers to the body
     /// under `digest` keeps its metadata and loses the body, which is deleted if nothing else
-    /// uses it. Returns the bytes freed.
+    /// uses it. Attachments that took the body's own digest when it arrived encoded (a gzip
+    /// body from CouchDB, `body_digests`) get back the name the remote knows it by, so that it
+    /// can be fetched again. Returns the bytes freed.
     @discardableResult
     public func purgeBody(digest: String) throws -> Int64 {
-        let keys = try write { connection -> [String] in
+        try purgeBody(digest: digest, if: { _ in true }) ?? 0
+    }
+
+    /// `purgeBody`, if `allowed` (asked in the same transaction) says so; nil when it did not.
+    func purgeBody(digest: String, if allowed: (SQLiteConnection) throws -> Bool) throws -> Int64? {
+        let keys = try write { connection -> [String]? in
+            guard try allowed(connection) else { return nil }
             let keys = try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL",
                                             .text(digest)) { $0.text(0) }
-            try connection.run("UPDATE rev_attachments SET blob_key = NULL WHERE digest = ?", .text(digest))
-            try recordBodyEvent([digest], in: connection)
+            var names: Set<String> = [digest]
+            if hasBodyDigests, keys.count == 1,
+               let remoteName = try connection.query("SELECT digest FROM body_digests WHERE blob_key = ? ORDER BY digest LIMIT 1",
+                                                     .text(keys[0])) { $0.text(0) }.first {
+                try connection.run("UPDATE rev_attachments SET blob_key = NULL, digest = ? WHERE digest = ?", .text(remoteName), .text(digest))
+                if hasBodyCache {
+                    try connection.run("UPDATE OR IGNORE body_cache SET digest = ? WHERE digest = ?", .text(remoteName), .text(digest))
+                }
+                names.insert(remoteName)
+            } else {
+                try connection.run("UPDATE rev_attachments SET blob_key = NULL WHERE digest = ?", .text(digest))
+            }
+            try recordBodyEvent(names, in: connection)
             // Keys still used under another digest stay.
             return try keys.filter { key in
                 try connection.query("SELECT COUNT(*) FROM rev_attachments WHERE blob_key = ?", .text(key)) { $0.int(0) }[0] == 0
             }
         }
+        guard let keys else { return nil }
         var freed: Int64 = 0
         for hex in keys {
             guard let key = BlobKey(hex: hex) else { continue }
             var info = stat()
-            if stat(blobs.path(for: key), &info) == 0, unlink(blobs.path(for: key)) == 0 { freed += Int64(info.st_size) }
+            if stat(blobs.path(for: key), &info) == 0, unlink(blobs.path(for: key)) == 0 { freed += Int64(info.st_blocks) * 512 }
         }
         return freed
     }
@@ -527,6 +555,7 @@ public final class Database: @unchecked Sendable {
         let savedAt = Date(timeIntervalSince1970: Date().timeIntervalSince1970)
         try insertRevision(docKey: docKey, revID: revID, parent: parent, deleted: draft.deleted,
                            properties: properties, attachments: attachments, savedAt: savedAt, in: connection)
+        try noteSavedHere(attachments.filter { $0.revpos == generation && $0.blobKey != nil }.map(\.digest), in: connection)
         let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
         let sequence = try finishChange(docKey: docKey, tree: tree, added: [newNode], in: connection)
         return Revision(docID: draft.docID, revID: revID, parentRevID: parent, deleted: draft.deleted, properties: properties,

@@ -77,6 +77,8 @@ public final class PartialBody: @unchecked Sendable {
             // A new body's (empty) map exists before the file takes its size: a sized file
             // without a map is always one of the old format.
             if created {
+                // A map without its file is left from a removal that was cut short: it claims nothing now.
+                unlink(mapPath)
                 unsaved = true
                 try save()
             }

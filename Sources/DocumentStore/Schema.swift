@@ -1,7 +1,7 @@
 import DocumentModel
 import Foundation
 
-/// The SQLite schema of `db.sqlite3`, version 3.
+/// The SQLite schema of `db.sqlite3`, version 4.
 ///
 /// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
 ///   `last_sequence`, `revs_limit`.
@@ -21,10 +21,14 @@ import Foundation
 ///   (they change no document's sequence). The last thousand are kept.
 /// - `rev_attachments_by_digest` (version 3): presence is a matter of the digest, for every
 ///   revision that references it.
+/// - `body_cache` (version 4): what the cache of fetched bodies knows per body digest: when
+///   it was last read, whether it was fetched from the remote (`fetched`: it can be fetched
+///   again, so it may be evicted) and whether it is pinned (kept here). The limit is the
+///   `cache_limit` row of `meta` (no row: no limit).
 ///
 /// Older databases are upgraded when opened for writing (new tables and an index).
 enum Schema {
-    static let version = 3
+    static let version = 4
 
     static let bodyDigestsTable = """
         CREATE TABLE IF NOT EXISTS body_digests (digest TEXT PRIMARY KEY, blob_key TEXT NOT NULL) WITHOUT ROWID;
@@ -34,6 +38,15 @@ enum Schema {
     static let version3Tables = """
         CREATE TABLE IF NOT EXISTS body_events (seq INTEGER PRIMARY KEY AUTOINCREMENT, digest TEXT NOT NULL);
         CREATE INDEX IF NOT EXISTS rev_attachments_by_digest ON rev_attachments (digest);
+        """
+
+    static let version4Tables = """
+        CREATE TABLE IF NOT EXISTS body_cache (
+            digest TEXT PRIMARY KEY,
+            last_read REAL NOT NULL DEFAULT 0,
+            fetched INTEGER NOT NULL DEFAULT 0,
+            pinned INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID;
         """
 
     static func create(_ connection: SQLiteConnection, revsLimit: Int) throws {
@@ -74,7 +87,7 @@ enum Schema {
                 ) WITHOUT ROWID;
                 CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
                 CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
-                """ + bodyDigestsTable + version3Tables)
+                """ + bodyDigestsTable + version3Tables + version4Tables)
             try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
                                "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
                                .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
@@ -102,7 +115,7 @@ enum Schema {
         if userVersion < version {
             try connection.execute("BEGIN IMMEDIATE")
             do {
-                try connection.execute(bodyDigestsTable + version3Tables + "PRAGMA user_version = \(version);")
+                try connection.execute(bodyDigestsTable + version3Tables + version4Tables + "PRAGMA user_version = \(version);")
                 try connection.execute("COMMIT")
             } catch {
                 try? connection.execute("ROLLBACK")

@@ -27,6 +27,8 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
     private let lock = NSLock()
     private var bodies: [String: DeferredBody] = [:]
     private var idleClients: [HTTPClient] = []
+    /// Keeps the cache under its limit as bytes arrive.
+    private(set) lazy var room = CacheRoom(owner: self)
 
     public init(database: Database, remote: RemoteDatabase, retry: RetryPolicy = RetryPolicy(), caFile: String? = nil) {
         self.database = database
@@ -36,11 +38,29 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
     }
 
     public func open(_ attachment: Attachment, docID: String, revID: RevisionID) throws -> any BodyReader {
-        DeferredBodyReader(body: try acquire(attachment, docID: docID, revID: revID))
+        database.noteRead(digest: attachment.digest)
+        return DeferredBodyReader(body: try acquire(attachment, docID: docID, revID: revID))
+    }
+
+    public func fetchInBackground(_ attachment: Attachment, docID: String, revID: RevisionID) {
+        guard let body = try? acquire(attachment, docID: docID, revID: revID) else { return }
+        let thread = Thread { [self] in
+            defer { body.releaseUser() }
+            do { try body.fetchAll(progress: nil) } catch {
+                log.error("\(docID)/\(attachment.name): cannot fetch the pinned body: \(error)")
+            }
+        }
+        thread.name = "sofa-pin"
+        thread.start()
     }
 
     public func progress(of attachment: Attachment) -> BodyProgress? {
         if let body = lock.withLock({ bodies[attachment.digest] }) { return body.progress }
+        if (try? database.storedBody(digest: attachment.digest)) != nil {
+            // Arrived a moment ago (the mount's watcher has not said so yet).
+            return BodyProgress(digest: attachment.digest, docID: "", name: attachment.name, present: attachment.length,
+                                length: attachment.length, fetching: false)
+        }
         // Nobody reads it now: what earlier reads left, as its saved map says.
         return PartialBody.savedBytes(in: database.blobs, digest: attachment.digest, length: attachment.length).map {
             BodyProgress(digest: attachment.digest, docID: "", name: attachment.name, present: $0, length: attachment.length,
@@ -96,11 +116,40 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
         lock.withLock { if idleClients.count < 8 { idleClients.append(client) } }
     }
 
-    /// The URL of an attachment at a revision.
-    func url(docID: String, name: String, revID: RevisionID) -> String {
+    /// The URL of an attachment at a revision (nil: the remote's current one).
+    func url(docID: String, name: String, revID: RevisionID?) -> String {
         let path = name.split(separator: "/", omittingEmptySubsequences: false).map { percentEncodedPathSegment(String($0)) }
             .joined(separator: "/")
-        return remote.url("\(percentEncodedPathSegment(docID))/\(path)?rev=\(revID)")
+        return remote.url("\(percentEncodedPathSegment(docID))/\(path)" + (revID.map { "?rev=\($0)" } ?? ""))
+    }
+
+    /// Evicts down to the cache limit (`Database.trimCache`), each body checked on the remote first.
+    public func trimCache() throws -> CacheTrim {
+        try database.trimCache(keeping: activeDigests, canEvict: remoteStillHas)
+    }
+
+    /// Digests of bodies open or arriving in this process: the cache leaves them alone.
+    var activeDigests: Set<String> { lock.withLock { Set(bodies.keys) } }
+
+    /// Whether the remote still has `body`, so that it may be evicted: a HEAD of an
+    /// attachment that uses it (at the revision that has it, or the remote's current one)
+    /// answers with its digest as ETag.
+    func remoteStillHas(_ body: CachedBody) -> Bool {
+        guard let client = try? takeClient() else { return false }
+        defer { returnClient(client) }
+        let names = Set(database.digestNames(of: body.key) + [body.digest]).compactMap { digest -> String? in
+            guard let dash = digest.firstIndex(of: "-") else { return nil }
+            return "\"\(digest[digest.index(after: dash)...])\""
+        }
+        for use in (try? database.attachmentsUsing(digest: body.digest, limit: 4)) ?? [] {
+            for revID in [Optional(use.revID), nil] {
+                let url = url(docID: use.docID, name: use.name, revID: revID)
+                guard let answer = try? client.send("HEAD", url, headers: ["Accept": "*/*"]), answer.status < 300 else { continue }
+                if let tag = answer.headers["etag"], names.contains(tag) { return true }
+            }
+        }
+        log.info("\(body.digest): kept in the cache: the remote no longer has it")
+        return false
     }
 
     /// Downloads every deferred body of the current revisions (of one document, or one
@@ -246,6 +295,8 @@ final class DeferredBody: @unchecked Sendable {
     private var lastFailure: (any Error)?
     /// The server answers ranges with the whole body: fetch it in one stream.
     private var wholeOnly = false
+    /// The remote lacks `revID`: ask for the document's current revision.
+    private var atCurrentRevision = false
     /// A whole stream arrived and matched the digest as it came (a gzip stream, named by its MD5).
     private var verifiedWhole = false
     private var finishing = false
@@ -465,7 +516,14 @@ final class DeferredBody: @unchecked Sendable {
                 client.onRetry = { [owner, docID, attachment] error, attempt in
                     owner.log.warning("\(docID)/\(attachment.name): retrying after attempt \(attempt): \(error)")
                 }
-                try client.withRetry { try transfer(fetch, client: client) }
+                do {
+                    try client.withRetry { try transfer(fetch, client: client) }
+                } catch ReplicationError.http(404, _, _, _) where !condition.withLock({ atCurrentRevision }) {
+                    // The remote does not have this revision (a local edit not pushed yet, or its
+                    // history compacted): the body may still be its current one (the ETag says).
+                    condition.withLock { atCurrentRevision = true }
+                    try client.withRetry { try transfer(fetch, client: client) }
+                }
             }
         } catch {
             failure = error
@@ -496,7 +554,7 @@ final class DeferredBody: @unchecked Sendable {
         let last = min(Int64(end) * Int64(PartialBody.chunkSize), length) - 1
         var headers = ["Accept": "*/*", "Accept-Encoding": "gzip"]
         if !whole { headers["Range"] = "bytes=\(first)-\(last)" }
-        let url = owner.url(docID: docID, name: attachment.name, revID: revID)
+        let url = owner.url(docID: docID, name: attachment.name, revID: condition.withLock { atCurrentRevision } ? nil : revID)
         var stream: IncomingChunks?
         let answer = try client.send("GET", url, headers: headers) { [self] bytes, status, responseHeaders in
             guard status < 300 else { return false }
@@ -511,7 +569,7 @@ final class DeferredBody: @unchecked Sendable {
                         throw ReplicationError.protocolError("\(attachment.name): asked for bytes \(first)-\(last)/\(length), "
                                                              + "got \(responseHeaders["content-range"] ?? "no Content-Range")")
                     }
-                    stream = IncomingChunks(body: source, fetch: fetch, from: first, decoder: nil, md5: nil)
+                    stream = IncomingChunks(body: source, fetch: fetch, from: first, decoder: nil, md5: nil, room: owner.room)
                 } else {
                     // The whole body: from now on this fetch delivers every chunk, and so do later ones.
                     condition.withLock {
@@ -521,7 +579,7 @@ final class DeferredBody: @unchecked Sendable {
                     }
                     let gzip = responseHeaders["content-encoding"]?.lowercased() == "gzip"
                     stream = IncomingChunks(body: source, fetch: fetch, from: 0, decoder: gzip ? try GzipDecoder() : nil,
-                                            md5: attachment.digest.hasPrefix("md5-") ? MessageDigest(.md5) : nil)
+                                            md5: attachment.digest.hasPrefix("md5-") ? MessageDigest(.md5) : nil, room: owner.room)
                 }
             }
             if condition.withLock({ fetch.stop }) { throw ReplicationError.cancelled }
@@ -637,14 +695,16 @@ final class IncomingChunks {
     let from: Int64
     let decoder: GzipDecoder?
     let md5: MessageDigest?
+    let room: CacheRoom
     private(set) var position: Int64
 
-    init(body: PartialBody, fetch: ChunkFetch, from: Int64, decoder: GzipDecoder?, md5: MessageDigest?) {
+    init(body: PartialBody, fetch: ChunkFetch, from: Int64, decoder: GzipDecoder?, md5: MessageDigest?, room: CacheRoom) {
         self.body = body
         self.fetch = fetch
         self.from = from
         self.decoder = decoder
         self.md5 = md5
+        self.room = room
         position = from
     }
 
@@ -663,6 +723,7 @@ final class IncomingChunks {
         guard position + Int64(bytes.count) <= body.length else {
             throw ReplicationError.protocolError("\(body.digest): more bytes than the body's \(body.length)")
         }
+        room.reserve(Int64(bytes.count))
         try body.write(bytes, at: position)
         let before = Int(position / Int64(PartialBody.chunkSize))
         position += Int64(bytes.count)
@@ -677,6 +738,55 @@ final class IncomingChunks {
         guard let decoder else { return }
         do { try decoder.finish() } catch {
             throw ReplicationError.protocolError("\(body.digest): truncated gzip body")
+        }
+    }
+}
+
+/// Keeps fetched bodies under the cache limit (`Database.trimCache`) as bytes arrive: before
+/// a write, room is made for it by evicting the least recently read bodies (and partial
+/// ones) this process is not reading, so the disk holds at most the limit plus the bytes
+/// being written. The trims are counted against one headroom, so most writes cost nothing.
+final class CacheRoom: @unchecked Sendable {
+    // Sendable invariant: every mutable field is guarded by `lock`; one trim at a time.
+    unowned let owner: RemoteBodies
+    private let lock = NSLock()
+    private var limit: Int64?
+    private var limitRead = Date.distantPast
+    /// Bytes that may still arrive before the next trim.
+    private var headroom: Int64 = 0
+
+    init(owner: RemoteBodies) { self.owner = owner }
+
+    func reserve(_ count: Int64) {
+        lock.lock()
+        defer { lock.unlock() }
+        if Date().timeIntervalSince(limitRead) > 2 {
+            // Another process may change the limit (`sofa cache --limit`) while this one runs.
+            limit = owner.database.cacheLimit
+            limitRead = Date()
+            headroom = 0
+        }
+        guard limit != nil else { return }
+        if headroom >= count {
+            headroom -= count
+            return
+        }
+        trim(toFit: count)
+    }
+
+    /// Trims now (after a limit was lowered, or before a long transfer). Under `lock`.
+    private func trim(toFit count: Int64) {
+        guard let limit else { return }
+        do {
+            let result = try owner.database.trimCache(toFit: count, keeping: owner.activeDigests, canEvict: owner.remoteStillHas)
+            if result.bodiesEvicted + result.partialsDropped > 0 {
+                owner.log.info("cache: evicted \(result.bodiesEvicted) bodies and \(result.partialsDropped) partial ones, \(result.bytesFreed) bytes")
+            }
+            // Re-checked at least every 4 MiB: other processes fill the same disk.
+            headroom = min(4 << 20, max(0, limit - result.used - count))
+        } catch {
+            owner.log.error("cache: cannot make room: \(error)")
+            headroom = 0
         }
     }
 }

@@ -25,8 +25,7 @@ struct Info: SofaCommand {
     func execute() throws {
         let database = try db.open()
         let info = try database.info()
-        let partial = database.blobs.partialBodies()
-        let partialBytes = partial.reduce(0) { $0 + $1.length }
+        let cache = try database.cacheUse()
         if json {
             Output.json([
                 "path": .string(info.path), "documents": .integer(Int64(info.documentCount)),
@@ -35,7 +34,8 @@ struct Info: SofaCommand {
                 "revs_limit": .integer(Int64(info.revsLimit)), "database_bytes": .integer(info.databaseBytes),
                 "blob_count": .integer(Int64(info.blobCount)), "blob_bytes": .integer(info.blobBytes),
                 "bodies_not_present": .integer(Int64(info.missingBodyCount)),
-                "partial_downloads": .integer(Int64(partial.count)), "partial_download_bytes": .integer(partialBytes),
+                "partial_downloads": .integer(Int64(cache.partialCount)), "partial_download_bytes": .integer(cache.partialBytes),
+                "cache": .object(cacheJSON(cache)),
             ])
             return
         }
@@ -50,9 +50,7 @@ struct Info: SofaCommand {
             Blobs:         \(info.blobCount) (\(formatBytes(info.blobBytes)))
             Bodies not present: \(info.missingBodyCount)
             """)
-        if !partial.isEmpty {
-            Output.line("Partial downloads: \(partial.count) (\(formatBytes(partialBytes)), resumed by the next download)")
-        }
+        Output.line(cacheLines(cache))
     }
 }
 

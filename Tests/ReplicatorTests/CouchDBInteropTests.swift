@@ -218,9 +218,37 @@ import TestSupport
         #expect(try sofa("check", local).succeeded)
         // Fetched this way, the bodies push back as CouchDB had them.
         #expect(try sofa("download", local, "--remote", couch.url(source)).succeeded)
+        // Evicted from the cache (CouchDB still has them: HEADs answer with their digests as ETags)
+        // and fetched again, the bodies CouchDB gzips included (named by CouchDB's MD5 digests).
+        let evicted = try sofa("cache", local, "--limit", "0", "--remote", couch.url(source))
+        #expect(evicted.succeeded && evicted.stdout.contains("Cache:         0 B of 0 B"), "\(evicted.stdout)\(evicted.stderr)")
+        let afterEviction = try Database.open(at: local)
+        #expect(try afterEviction.missingBodies().count >= 2)
+        let textAttachment = try #require(try afterEviction.document(withID: "text-doc")?.attachment(named: "notes.txt"))
+        let couchDigest = try couch.request("GET", "/\(source)/text-doc").json?["_attachments"]?["notes.txt"]?["digest"]?.stringValue
+        #expect(!textAttachment.contentAvailable && textAttachment.digest == couchDigest, "\(textAttachment.digest) vs \(couchDigest ?? "-")")
+        #expect(try sofa("cache", local, "--limit", "none").succeeded)
+        #expect(try sofa("download", local, "--remote", couch.url(source)).succeeded)
+        #expect(try afterEviction.missingBodies().isEmpty)
         let copy = try couch.newDatabase("after-mount")
         #expect(try sofa("push", local, couch.url(copy)).succeeded)
         expectSame(try describe(port: couch.port, source), try describe(port: couch.port, copy), "read through the mount, pushed")
+    }
+
+    @Test func aPurgedBodyThatCouchDBGzipsIsFetchedAgainByCouchDBsDigest() throws {
+        let source = try couch.newDatabase("purged")
+        try makeScenario(source)
+        let local = directory.appending("purged.sofa")
+        #expect(try sofa("create", local).succeeded)
+        #expect(try sofa("pull", local, couch.url(source)).succeeded)
+        // Pulled decoded and named by its own digest; purged, it goes back to the name CouchDB knows.
+        #expect(try sofa("purge-attachment", local, "text-doc", "notes.txt").succeeded)
+        let couchDigest = try couch.request("GET", "/\(source)/text-doc").json?["_attachments"]?["notes.txt"]?["digest"]?.stringValue
+        #expect(try Database.open(at: local).document(withID: "text-doc")?.attachment(named: "notes.txt")?.digest == couchDigest)
+        let fetched = try sofa("download", local, "--remote", couch.url(source))
+        #expect(fetched.succeeded && fetched.stdout.contains("downloaded 1 attachment body"), "\(fetched.stdout)\(fetched.stderr)")
+        #expect(try sofa("cat-attachment", local, "text-doc", "notes.txt").stdout == String(repeating: "hello, text body\n", count: 200))
+        #expect(try sofa("check", local).succeeded)
     }
 
     @Test func couchDBsReplicatorPushesIntoAndPullsFromSofaServe() throws {

@@ -308,7 +308,7 @@ import TestSupport
                 "\(failed.stderr)")
         let afterFailure = try partialDownloads(target)
         #expect(afterFailure.count == 1 && afterFailure.values.allSatisfy { $0 > 0 && $0 < size }, "\(afterFailure)")
-        #expect(try sofa("info", target).stdout.contains("Partial downloads: 1"))
+        #expect(try sofa("info", target).stdout.contains("1 partial)"))
 
         // Compaction keeps it (a revision waits for that body) and drops one nothing waits for.
         let stray = target + "/attachments/tmp/sha1-AAAAAAAAAAAAAAAAAAAAAAAAAAA=.partial"

@@ -1,0 +1,241 @@
+import DocumentModel
+import Foundation
+
+/// A body here that the cache of fetched bodies knows about.
+public struct CachedBody: Hashable, Sendable {
+    /// The digest its attachments give it.
+    public let digest: String
+    public let key: BlobKey
+    public let length: Int64
+    /// When it was last opened (seconds since 1970; its arrival if never since).
+    public let lastRead: Double
+    /// Fetched from the remote: it can be fetched again, so the cache may evict it.
+    public let fetched: Bool
+    public let pinned: Bool
+}
+
+/// How much of the disk the cache of fetched bodies uses (`sofa info`, `sofa cache`).
+public struct CacheUse: Hashable, Sendable {
+    /// The limit for fetched bodies and partial ones; nil: none.
+    public var limit: Int64?
+    /// Fetched bodies here that are not pinned: the ones the cache evicts.
+    public var cachedCount = 0
+    public var cachedBytes: Int64 = 0
+    /// Bodies partly here (their bytes on disk).
+    public var partialCount = 0
+    public var partialBytes: Int64 = 0
+    /// Pinned bodies here, and pinned bodies still to fetch.
+    public var pinnedCount = 0
+    public var pinnedBytes: Int64 = 0
+    public var pinnedMissing = 0
+
+    /// What counts against the limit.
+    public var used: Int64 { cachedBytes + partialBytes }
+}
+
+/// What a trim of the cache evicted.
+public struct CacheTrim: Hashable, Sendable {
+    public var bodiesEvicted = 0
+    public var partialsDropped = 0
+    public var bytesFreed: Int64 = 0
+    /// Bytes still counted against the limit afterwards.
+    public var used: Int64 = 0
+}
+
+/// The cache of fetched bodies.
+///
+/// A body fetched from the remote (read through a mount or `sofa serve`, `sofa download`,
+/// `sofa pin`) can be fetched again, so when a limit is set (`setCacheLimit`) the least
+/// recently read of them go back to deferred to make room: their attachments keep their
+/// metadata and the next read fetches them again. Never evicted: pinned bodies, bodies a
+/// pull downloaded because its download rules said so, and any body this database saved
+/// itself (one a local revision introduced is no longer "fetched", even if the same bytes
+/// also came from the remote), so a body only this machine has, or one not yet pushed,
+/// stays. Partial bodies count against the limit too, and are dropped oldest first when
+/// nobody is fetching them.
+extension Database {
+    /// The limit of the cache, if one is set.
+    public var cacheLimit: Int64? {
+        guard hasBodyCache else { return nil }
+        return (try? read { try $0.query("SELECT value FROM meta WHERE key = 'cache_limit'") { $0.int64(0) }.first }) ?? nil
+    }
+
+    public func setCacheLimit(_ limit: Int64?) throws {
+        try requireBodyCache()
+        try write { connection in
+            if let limit {
+                try connection.run("INSERT OR REPLACE INTO meta (key, value) VALUES ('cache_limit', ?)", .integer(max(0, limit)))
+            } else {
+                try connection.run("DELETE FROM meta WHERE key = 'cache_limit'")
+            }
+        }
+    }
+
+    /// Notes that the body `digest` was opened: the cache evicts the least recently read first.
+    /// Recorded at most once a minute per body and process; never fails.
+    public func noteRead(digest: String) {
+        guard hasBodyCache, !isReadOnly else { return }
+        let now = Date().timeIntervalSince1970
+        let due = readNotesLock.withLock { () -> Bool in
+            guard now - (readNotes[digest] ?? 0) >= 60 else { return false }
+            if readNotes.count > 10_000 { readNotes.removeAll() }
+            readNotes[digest] = now
+            return true
+        }
+        guard due else { return }
+        try? write { connection in
+            try connection.run("INSERT INTO body_cache (digest, last_read) VALUES (?, ?) ON CONFLICT (digest) DO UPDATE SET last_read = excluded.last_read",
+                               .text(digest), .real(now))
+        }
+    }
+
+    /// Pins or unpins the body `digest`: a pinned body is never evicted.
+    public func setPinned(_ pinned: Bool, digest: String) throws {
+        try requireBodyCache()
+        try write { connection in
+            try connection.run("INSERT INTO body_cache (digest, pinned) VALUES (?, ?) ON CONFLICT (digest) DO UPDATE SET pinned = excluded.pinned",
+                               .text(digest), .integer(pinned ? 1 : 0))
+            try recordBodyEvent([digest], in: connection)
+        }
+    }
+
+    public func isPinned(digest: String) -> Bool {
+        guard hasBodyCache else { return false }
+        return (try? read { try $0.query("SELECT pinned FROM body_cache WHERE digest = ?", .text(digest)) { $0.int(0) }.first }) == 1
+    }
+
+    /// Bodies here that the cache knows (fetched or pinned).
+    public func cachedBodies() throws -> [CachedBody] {
+        guard hasBodyCache else { return [] }
+        let rows = try read { connection in
+            try connection.query("""
+                SELECT c.digest, c.last_read, c.fetched, c.pinned, MAX(a.blob_key), MAX(a.length) FROM body_cache c
+                JOIN rev_attachments a ON a.digest = c.digest AND a.blob_key IS NOT NULL
+                WHERE c.fetched = 1 OR c.pinned = 1 GROUP BY c.digest
+                """) { ($0.text(0), $0.double(1), $0.int(2) == 1, $0.int(3) == 1, $0.text(4), $0.int64(5)) }
+        }
+        return rows.compactMap { digest, lastRead, fetched, pinned, hex, length in
+            guard let key = BlobKey(hex: hex), blobs.contains(key) else { return nil }
+            return CachedBody(digest: digest, key: key, length: length, lastRead: lastRead, fetched: fetched, pinned: pinned)
+        }
+    }
+
+    public func cacheUse() throws -> CacheUse {
+        var use = CacheUse(limit: cacheLimit)
+        for body in try cachedBodies() {
+            if body.pinned {
+                use.pinnedCount += 1
+                use.pinnedBytes += body.length
+            } else if body.fetched {
+                use.cachedCount += 1
+                use.cachedBytes += body.length
+            }
+        }
+        for partial in blobs.partialBodies() {
+            use.partialCount += 1
+            use.partialBytes += partial.length
+        }
+        if hasBodyCache {
+            use.pinnedMissing = try read { connection in
+                try connection.query("""
+                    SELECT COUNT(*) FROM body_cache c WHERE c.pinned = 1
+                    AND NOT EXISTS (SELECT 1 FROM rev_attachments a WHERE a.digest = c.digest AND a.blob_key IS NOT NULL)
+                    AND EXISTS (SELECT 1 FROM rev_attachments a WHERE a.digest = c.digest)
+                    """) { $0.int(0) }[0]
+            }
+        }
+        return use
+    }
+
+    /// Makes room for `extra` more bytes under the limit (nothing without one): evicts the
+    /// least recently read fetched bodies and drops the oldest partial bodies nobody is
+    /// fetching, except those named in `keeping`, until what is left plus `extra` fits.
+    /// `canEvict` gets the last word on each body (the replicator checks that the remote
+    /// still has it).
+    @discardableResult
+    public func trimCache(toFit extra: Int64 = 0, keeping: Set<String> = [],
+                          canEvict: (CachedBody) -> Bool = { _ in true }) throws -> CacheTrim {
+        var trim = CacheTrim()
+        guard let limit = cacheLimit else { return trim }
+        enum Victim { case body(CachedBody), partial(digest: String, bytes: Int64) }
+        var victims: [(time: Double, victim: Victim)] = []
+        for body in try cachedBodies() where body.fetched && !body.pinned {
+            trim.used += body.length
+            if !keeping.contains(body.digest) { victims.append((body.lastRead, .body(body))) }
+        }
+        for partial in blobs.partialBodies() {
+            trim.used += partial.length
+            if !keeping.contains(partial.digest) {
+                victims.append((blobs.partialModificationTime(of: partial.digest), .partial(digest: partial.digest, bytes: partial.length)))
+            }
+        }
+        victims.sort { $0.time < $1.time }
+        for (_, victim) in victims where trim.used + extra > limit {
+            switch victim {
+            case .body(let body):
+                guard canEvict(body), let freed = try evict(body.digest) else { continue }
+                trim.bodiesEvicted += 1
+                trim.bytesFreed += freed
+                trim.used -= body.length
+            case .partial(let digest, let bytes):
+                guard blobs.removePartialBody(digest: digest) else { continue }
+                trim.partialsDropped += 1
+                trim.bytesFreed += bytes
+                trim.used -= bytes
+            }
+        }
+        return trim
+    }
+
+    /// Sends one fetched, unpinned body back to deferred (checked in the same transaction).
+    /// Returns the bytes freed, or nil when it may not be evicted (any more).
+    func evict(_ digest: String) throws -> Int64? {
+        try purgeBody(digest: digest) { connection in
+            try connection.query("SELECT 1 FROM body_cache WHERE digest = ? AND fetched = 1 AND pinned = 0", .text(digest)) { $0.int(0) }
+                .isEmpty == false
+        }
+    }
+
+    /// Marks the body `digest` arrived from the remote. In the transaction that attached it.
+    func noteFetched(_ digest: String, renaming oldDigest: String?, in connection: SQLiteConnection) throws {
+        guard hasBodyCache else { return }
+        if let oldDigest, oldDigest != digest {
+            // A pin given under the name the remote used follows the body to the name it has here.
+            try connection.run("UPDATE OR IGNORE body_cache SET digest = ? WHERE digest = ?", .text(digest), .text(oldDigest))
+        }
+        try connection.run("""
+            INSERT INTO body_cache (digest, last_read, fetched) VALUES (?, ?, 1)
+            ON CONFLICT (digest) DO UPDATE SET fetched = 1, last_read = excluded.last_read
+            """, .text(digest), .real(Date().timeIntervalSince1970))
+    }
+
+    /// Bodies a local revision introduced are this machine's own, not the cache's.
+    func noteSavedHere(_ digests: [String], in connection: SQLiteConnection) throws {
+        guard hasBodyCache else { return }
+        for digest in digests {
+            try connection.run("UPDATE body_cache SET fetched = 0 WHERE digest = ? AND fetched = 1", .text(digest))
+        }
+    }
+
+    /// Other names the body `key` is known by (`body_digests`: the digest of an encoded form).
+    public func digestNames(of key: BlobKey) -> [String] {
+        guard hasBodyDigests else { return [] }
+        return (try? read { try $0.query("SELECT digest FROM body_digests WHERE blob_key = ?", .text(key.hex)) { $0.text(0) } }) ?? []
+    }
+
+    /// Attachments that use the body `digest`: (document, revision, name), current revisions first.
+    public func attachmentsUsing(digest: String, limit: Int = Int.max) throws -> [(docID: String, revID: RevisionID, name: String)] {
+        try read { connection in
+            try connection.query("""
+                SELECT d.doc_id, a.rev_id, a.name FROM rev_attachments a JOIN docs d ON d.doc_key = a.doc_key
+                WHERE a.digest = ? ORDER BY a.rev_id = d.current_rev DESC LIMIT ?
+                """, .text(digest), .integer(Int64(min(limit, Int(Int32.max))))) {
+                ($0.text(0), try Database.revisionID($0.text(1)), $0.text(2))
+            }
+        }
+    }
+
+    private func requireBodyCache() throws {
+        guard hasBodyCache else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+    }
+}
