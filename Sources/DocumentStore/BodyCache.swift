@@ -159,8 +159,13 @@ extension Database {
         guard let limit = cacheLimit else { return trim }
         enum Victim { case body(CachedBody), partial(digest: String, bytes: Int64) }
         var victims: [(time: Double, victim: Victim)] = []
+        var sizes: [String: Int64] = [:]
         for body in try cachedBodies() where body.fetched && !body.pinned {
-            trim.used += body.length
+            // What it takes on disk (whole blocks), as the limit is about the disk.
+            var info = stat()
+            let bytes = stat(blobs.path(for: body.key), &info) == 0 ? Int64(info.st_blocks) * 512 : body.length
+            sizes[body.digest] = bytes
+            trim.used += bytes
             if !keeping.contains(body.digest) { victims.append((body.lastRead, .body(body))) }
         }
         for partial in blobs.partialBodies() {
@@ -176,7 +181,7 @@ extension Database {
                 guard canEvict(body), let freed = try evict(body.digest) else { continue }
                 trim.bodiesEvicted += 1
                 trim.bytesFreed += freed
-                trim.used -= body.length
+                trim.used -= sizes[body.digest] ?? body.length
             case .partial(let digest, let bytes):
                 guard blobs.removePartialBody(digest: digest) else { continue }
                 trim.partialsDropped += 1

@@ -7,6 +7,8 @@ import Logging
 /// PouchDB Server, Sync Gateway, `sofa serve`).
 final class RemotePeer: ReplicationPeer {
     let client: HTTPClient
+    /// Told every half second while a body arrives.
+    var bodyProgress: ((BodyProgress) -> Void)?
     private let log = Logger(label: "sofa.replicate")
     /// Servers without `_bulk_get` (CouchDB before 2.2, some gateways) answer 404, 405 or 400.
     private var bulkGetUnsupported = false
@@ -122,12 +124,18 @@ final class RemotePeer: ReplicationPeer {
         let identityMD5 = MessageDigest(.md5)
         var decoder: GzipDecoder?
         var started = false
+        var lastReport = Date()
         do {
-            let answer = try client.send("GET", url, headers: ["Accept": "*/*", "Accept-Encoding": "gzip"]) { bytes, status, headers in
+            let answer = try client.send("GET", url, headers: ["Accept": "*/*", "Accept-Encoding": "gzip"]) { [bodyProgress] bytes, status, headers in
                 guard status < 300 else { return false }
                 if !started {
                     started = true
                     if headers["content-encoding"]?.lowercased() == "gzip" { decoder = try GzipDecoder() }
+                }
+                if let bodyProgress, Date().timeIntervalSince(lastReport) >= 0.5 {
+                    lastReport = Date()
+                    bodyProgress(BodyProgress(digest: stub.digest, docID: docID, name: stub.name, present: writer.length,
+                                              length: stub.length, fetching: true))
                 }
                 receivedMD5.update(bytes)
                 if let decoder {

@@ -113,6 +113,8 @@ public final class Replicator {
     public var createTarget = false
     /// Called after each batch with the running totals.
     public var progress: ((ReplicationResult) -> Void)?
+    /// Called every half second while a body a pull downloads is arriving (large ones, then).
+    public var bodyProgress: ((BodyProgress) -> Void)?
     let client: HTTPClient
     let log = Logger(label: "sofa.replicate")
 
@@ -152,6 +154,7 @@ public final class Replicator {
         }
         let local = LocalPeer(database, downloads: downloads)
         let remotePeer = RemotePeer(client: client)
+        remotePeer.bodyProgress = bodyProgress
         switch direction {
         case .pull:
             try database.rememberRemote(remote.url)

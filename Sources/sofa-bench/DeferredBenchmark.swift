@@ -6,7 +6,8 @@ import Foundation
 /// 127.0.0.1: the first byte of a 1 GiB body, `cat` of it against `curl -o FILE` of the
 /// same body from the same server, `head -c 4096` of each of 100 deferred 50 MB bodies and
 /// 2,000 scattered 4 KiB reads of the 1 GiB one, with the bytes the server sent (its
-/// `/proc/PID/io` write count) and the mount's peak RSS.
+/// `/proc/PID/io` write count); `cat` of 20 of the 50 MB bodies with a 200 MB cache limit,
+/// with the peak disk the bodies took; and the mount's peak RSS.
 ///
 /// `--attachment-mib` sizes the big body (1024), `--documents` the number of 50 MB bodies (100).
 func deferredBenchmark(_ options: Options) throws {
@@ -102,11 +103,63 @@ func deferredBenchmark(_ options: Options) throws {
         String(format: "p99 %.2f ms", latencies[1980] * 1000),
         "server sent \(formatMB(scatteredBytes))", String(format: "%.1f %% of the body", Double(scatteredBytes) * 100 / Double(size)))
     mountPeak = max(mountPeak, mount.stop())
+
+    // cat of 1 GB of the 50 MB bodies with a cache limit of 200 MB: the disk the bodies take, sampled.
+    try forget()
+    let limit: Int64 = 200_000_000
+    let catCount = min(smallCount, 20)
+    _ = try timeShell("\(sofa) cache \(work)/deferred.sofa --limit \(limit) > /dev/null")
     mount = try MountProcess(sofa: sofa, database: "\(work)/deferred.sofa", at: mountPoint, remote: url)
+    let sampler = DiskSampler(folder: "\(work)/deferred.sofa/attachments")
+    let catAll = try timeShell("for i in $(seq -f %03g 0 \(catCount - 1)); do cat \(mountPoint)/docs/small-$i/attachments/body > /dev/null; done")
+    let peakDisk = sampler.stop()
     mountPeak = max(mountPeak, mount.stop())
+    _ = try timeShell("\(sofa) cache \(work)/deferred.sofa --limit none > /dev/null")
+    row("cat of \(catCount) 50 MB bodies, \(formatMB(limit)) cache", mibps(Int64(catCount) * smallSize, catAll),
+        "peak disk \(formatMB(peakDisk))", String(format: "limit %+.0f KiB", Double(peakDisk - limit) / 1024))
     print(String(repeating: "-", count: 104))
     row("mount peak RSS (all of the above)", String(format: "%.0f MB", Double(mountPeak) / 1e6))
-    row("cache limit", "not measured: a bounded cache of fetched bodies is not built yet")
+}
+
+/// Samples, every 5 ms on its own thread, the bytes the files of a folder and its `tmp`
+/// take on disk (blocks, so sparse files count what they hold); `stop` returns the peak.
+final class DiskSampler: @unchecked Sendable {
+    // Sendable invariant: `peak` and `running` are guarded by `lock`.
+    private let lock = NSLock()
+    private var peak: Int64 = 0
+    private var running = true
+    private let done = DispatchSemaphore(value: 0)
+
+    init(folder: String) {
+        Thread.detachNewThread { [self] in
+            while lock.withLock({ running }) {
+                let bytes = DiskSampler.bytes(in: folder) + DiskSampler.bytes(in: folder + "/tmp")
+                lock.withLock { peak = max(peak, bytes) }
+                usleep(5_000)
+            }
+            done.signal()
+        }
+    }
+
+    func stop() -> Int64 {
+        lock.withLock { running = false }
+        done.wait()
+        return lock.withLock { peak }
+    }
+
+    static func bytes(in folder: String) -> Int64 {
+        guard let directory = opendir(folder) else { return 0 }
+        defer { closedir(directory) }
+        var total: Int64 = 0
+        while let entry = readdir(directory) {
+            var info = stat()
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
+            if fstatat(dirfd(directory), name, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT == S_IFREG {
+                total += Int64(info.st_blocks) * 512
+            }
+        }
+        return total
+    }
 }
 
 func formatMB(_ bytes: Int64) -> String { String(format: "%.1f MB", Double(bytes) / 1e6) }

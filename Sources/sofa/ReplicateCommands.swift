@@ -214,6 +214,16 @@ func parseSize(_ text: String) -> Int64? {
 func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult {
     let terminal = isatty(STDERR_FILENO) == 1
     let started = Date()
+    let meter = TransferMeter()
+    replicator.bodyProgress = { body in
+        if json {
+            Output.line(JSONValue.object(["event": "body_progress", "direction": .string(replicator.direction.rawValue),
+                                          "id": .string(body.docID), "name": .string(body.name),
+                                          "bytes": .integer(body.present), "length": .integer(body.length)]).jsonString())
+        } else if terminal {
+            Output.write(STDERR_FILENO, "\r\u{1B}[K\(replicator.direction.rawValue): " + meter.line(body))
+        }
+    }
     replicator.progress = { result in
         if json {
             Output.line(JSONValue.object(["event": "progress", "direction": .string(replicator.direction.rawValue),
@@ -221,7 +231,7 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
                                           "docs_written": .integer(Int64(result.docsWritten))]).jsonString())
         } else if terminal {
             let seconds = max(Date().timeIntervalSince(started), 0.001)
-            Output.write(STDERR_FILENO, "\r\(replicator.direction.rawValue): \(result.docsRead) read, \(result.docsWritten) written "
+            Output.write(STDERR_FILENO, "\r\u{1B}[K\(replicator.direction.rawValue): \(result.docsRead) read, \(result.docsWritten) written "
                 + "(\(Int(Double(result.docsWritten) / seconds)) docs/s), \(result.attachmentBytesDownloaded >> 20) MiB "
                 + String(format: "(%.1f MiB/s)", Double(result.attachmentBytesDownloaded) / 1_048_576 / seconds))
         }

@@ -258,8 +258,10 @@ final class DeferredReadTests {
         #expect(try DeferredBodyTests().partialDownloads(setup.target).isEmpty)
     }
 
-    @Test func downloadPrintsJSONEventsForScripts() throws {
+    @Test func downloadAndPullPrintJSONProgressEventsForScripts() throws {
         let setup = try setUp()
+        // A slow link (4 MiB/s): the 4 MiB body takes about a second, and progress is told every half.
+        setup.proxy.limitRate(4 << 20)
         let result = try sofa("download", setup.target, "--json")
         #expect(result.succeeded, "\(result.stderr)")
         let events = try result.stdout.split(separator: "\n").map { try JSONParser.parse(Array($0.utf8)) }
@@ -267,10 +269,26 @@ final class DeferredReadTests {
         #expect(last["ok"]?.boolValue == true && last["bodies_downloaded"]?.int64Value == 1, "\(result.stdout)")
         #expect(last["bytes"]?.int64Value == DeferredReadTests.size)
         #expect(events.contains { $0["event"]?.stringValue == "downloaded" && $0["bodies"]?.int64Value == 1 })
-        for progress in events where progress["event"]?.stringValue == "progress" {
-            #expect(progress["length"]?.int64Value == DeferredReadTests.size && (progress["bytes"]?.int64Value ?? -1) >= 0)
+        let progress = events.filter { $0["event"]?.stringValue == "progress" }
+        #expect(!progress.isEmpty, "\(result.stdout)")
+        for event in progress {
+            #expect(event["length"]?.int64Value == DeferredReadTests.size && (event["bytes"]?.int64Value ?? -1) >= 0)
         }
         #expect(result.stderr.isEmpty, "no terminal lines mixed in: \(result.stderr)")
+
+        // A pull that downloads the body tells how far it is too.
+        let copy = directory.appending("copy.sofa")
+        #expect(try sofa("create", copy).succeeded)
+        let pulled = try sofa("pull", copy, "http://127.0.0.1:\(setup.proxy.port)/source", "--json")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        let bodyEvents = try pulled.stdout.split(separator: "\n").map { try JSONParser.parse(Array($0.utf8)) }
+            .filter { $0["event"]?.stringValue == "body_progress" }
+        #expect(!bodyEvents.isEmpty, "\(pulled.stdout)")
+        for event in bodyEvents {
+            let bytes = event["bytes"]?.int64Value ?? -1
+            #expect(event["length"]?.int64Value == DeferredReadTests.size && bytes > 0 && bytes < DeferredReadTests.size,
+                    "\(event.jsonString())")
+        }
     }
 
     @Test func aServerThatGetsRangesWrongIsAskedForTheWholeBody() throws {

@@ -54,7 +54,11 @@ public final class FaultProxy: @unchecked Sendable {
         lock.withLock { replacement = (Array(from.utf8), Array(to.utf8)) }
     }
 
-    public func behave() { lock.withLock { refuseCount = 0; cut = nil; replacement = nil; stalling = false } }
+    /// Answers travel at most `bytesPerSecond` (a slow link); nil: as fast as they come.
+    public func limitRate(_ bytesPerSecond: Int?) { lock.withLock { rate = bytesPerSecond } }
+    private var rate: Int?
+
+    public func behave() { lock.withLock { refuseCount = 0; cut = nil; replacement = nil; stalling = false; rate = nil } }
     private var stalling = false
 
     private func acceptLoop() {
@@ -139,6 +143,7 @@ public final class FaultProxy: @unchecked Sendable {
                 sent += written
             }
             if sent < chunk.count { break }
+            if rewrite, let rate = lock.withLock({ rate }) { usleep(UInt32(min(1_000_000, chunk.count * 1_000_000 / max(1, rate)))) }
             forwarded += chunk.count
             if rewrite { lock.withLock { forwardedFromServer += chunk.count } }
         }
