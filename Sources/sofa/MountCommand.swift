@@ -81,6 +81,7 @@ struct Mount: SofaCommand {
                     .object(["id": .string(body.docID), "name": .string(body.name), "digest": .string(body.digest),
                              "length": .integer(body.length), "received": .integer(body.present), "fetching": .bool(body.fetching)])
                 })
+                if let use = try? downloader.database.cacheUse() { status["cache"] = .object(cacheJSON(use)) }
             }
             return status
         }

@@ -76,6 +76,9 @@ final class BodyCacheTests {
             peak = max(peak, try cacheBytesOnDisk(target, except: [keys[0], localKey]))
         }
         #expect(peak <= BodyCacheTests.limit + (512 << 10), "the cache held \(peak) bytes with a limit of \(BodyCacheTests.limit)")
+        let status = try JSONParser.parse(Array(try String(contentsOfFile: mount.path(".sofa/status.json"), encoding: .utf8).utf8))
+        #expect(status["cache"]?["limit"]?.int64Value == BodyCacheTests.limit, "\(status.jsonString())")
+        #expect((status["cache"]?["used_bytes"]?.int64Value ?? .max) <= BodyCacheTests.limit)
 
         // The least recently read went back to deferred; the latest, the pinned and the local ones stay.
         #expect(try waitUntil(5) { try attribute(file(1), "user.sofa.available") == "false" })
@@ -134,5 +137,11 @@ final class BodyCacheTests {
         // Gone from here, the body is deferred again and a download brings it back.
         #expect(try sofa("download", target).stdout.contains("downloaded 1 attachment body"))
         #expect(database.blobs.contains(key))
+        // Once a revision saved here uses the same bytes as its own (not pushed anywhere), they stay.
+        #expect(try sofa("put", target, "mine", "{}").succeeded)
+        #expect(try sofa("attach", target, "mine", "copy.bin", file).succeeded)
+        #expect(try sofa("cache", target, "--trim").succeeded)
+        #expect(database.blobs.contains(key))
+        #expect(try sofa("cat-attachment", target, "doc", "a.bin").succeeded)
     }
 }
