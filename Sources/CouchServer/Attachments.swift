@@ -47,7 +47,16 @@ extension CouchServer {
             return try await request.response.send(.notModified, headers: ["ETag": etag])
         }
         let length = attachment.length
-        if let range = request.headers["Range"].first, let (start, end) = try byteRange(range, length: length) {
+        let range = try request.headers["Range"].first.flatMap { try byteRange($0, length: length) }
+        if !request.response.isHead {
+            do {
+                try await blocking { try reader.awaitFirstByte(at: range?.0 ?? 0) }
+            } catch {
+                throw HTTPError(.badGateway, "bad_gateway",
+                                "the body of \(name) is not on this server, and the remote it was pulled from cannot send it")
+            }
+        }
+        if let (start, end) = range {
             headers.replaceOrAdd(name: "Content-Range", value: "bytes \(start)-\(end)/\(length)")
             try await request.response.start(.partialContent, headers: headers, contentLength: end - start + 1)
             try await request.response.streamBody(reader, server: self, offset: start, length: end - start + 1)

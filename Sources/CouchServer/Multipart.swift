@@ -268,6 +268,15 @@ final class ReaderBox: @unchecked Sendable {
 
     deinit { deferred?.close() }
 
+    /// For a deferred body: waits until the byte at `offset` is here, so that an answer starts
+    /// only once its first bytes can be sent (a remote that cannot be read fails the request
+    /// with a status instead of a cut connection).
+    func awaitFirstByte(at offset: Int64) throws {
+        guard let deferred, offset < deferred.length else { return }
+        var byte: UInt8 = 0
+        _ = try withUnsafeMutableBytes(of: &byte) { try deferred.read(into: $0, at: offset, timeout: 30) }
+    }
+
     /// `count` bytes, from `position` (a range, unverified) or next in order (verified:
     /// the last piece is only returned once the whole body matched its hash).
     func piece(count: Int, at position: Int64?, endsAt last: Bool) throws -> ByteBuffer {

@@ -39,9 +39,21 @@ struct Serve: SofaCommand {
     @Flag(help: "Refuse every write with 403.")
     var readOnly = false
 
+    @Option(help: "User name for the remotes deferred bodies are fetched from (where each database last pulled).")
+    var remoteUser: String?
+
+    @Option(help: "A file whose first line is the password for --remote-user.")
+    var remotePasswordFile: String?
+
+    @Option(help: "CA certificates (PEM) to verify those remotes with, instead of the system's.")
+    var remoteCacert: String?
+
     func validate() throws {
         if (user == nil) != (passwordFile == nil) {
             throw ValidationError("--user and --password-file go together")
+        }
+        if remotePasswordFile != nil && remoteUser == nil {
+            throw ValidationError("--remote-password-file needs --remote-user")
         }
         if databases.isEmpty && directory == nil {
             throw ValidationError("give at least one database, or --directory")
@@ -65,8 +77,11 @@ struct Serve: SofaCommand {
         configuration.port = port
         configuration.readOnly = readOnly
         // Bodies a database defers are fetched from where it last pulled, when a client asks.
-        configuration.bodySource = { database in
-            database.rememberedRemote.flatMap { try? RemoteDatabase($0) }.map { RemoteBodies(database: database, remote: $0) }
+        let remotePassword = try remotePasswordFile.map { try readPassword($0) }
+        configuration.bodySource = { [remoteUser, remoteCacert] database in
+            database.rememberedRemote.flatMap { try? RemoteDatabase($0, user: remoteUser, password: remotePassword) }.map {
+                RemoteBodies(database: database, remote: $0, caFile: remoteCacert)
+            }
         }
         if let user, let passwordFile {
             let password = try readPassword(passwordFile)

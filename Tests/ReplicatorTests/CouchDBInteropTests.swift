@@ -251,6 +251,25 @@ import TestSupport
         #expect(try sofa("check", local).succeeded)
     }
 
+    @Test func sofaServeFetchesDeferredBodiesFromCouchDBWithTheRemoteCredentialsItIsGiven() throws {
+        let source = try couch.newDatabase("serve-deferred")
+        try makeScenario(source)
+        let local = directory.appending("serve-deferred.sofa")
+        #expect(try sofa("create", local).succeeded)
+        #expect(try sofa("pull", local, couch.url(source), "--no-download-attachments").succeeded)
+        let expected = try couch.request("GET", "/\(source)/sizes/big.bin").body
+        // The database remembers where it pulled from, never the password: without one, CouchDB says no.
+        let anonymous = try ServedDatabases([local])
+        let refused = try anonymous.connect().request("GET", "/serve-deferred/sizes/big.bin")
+        #expect(refused.status == 502, "\(refused.status)")
+        _ = anonymous.stop()
+        let passwordFile = directory.appending("couch-password")
+        try couch.password.write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases([local, "--remote-user", couch.user, "--remote-password-file", passwordFile])
+        let served = try server.connect().request("GET", "/serve-deferred/sizes/big.bin")
+        #expect(served.status == 200 && served.body == expected, "\(served.status)")
+    }
+
     @Test func couchDBsReplicatorPushesIntoAndPullsFromSofaServe() throws {
         let source = try couch.newDatabase("for-serve")
         try makeScenario(source)
