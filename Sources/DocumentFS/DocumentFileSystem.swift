@@ -41,6 +41,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var emptyFolders: Set<FolderKey> = []
     /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
     var openedDigests: [String: String] = [:]
+    /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
+    var pendingFiles: [String: WriteHandle] = [:]
     /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).
     private let stateLock = NSLock()
 
@@ -108,6 +110,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     func removal(_ id: String) -> Removal? { withState { removals[id] } }
 
+    /// The file being written at `path`, if one is.
+    func pendingFile(at path: String) -> WriteHandle? { withState { pendingFiles[path] } }
+
+    func pendingFiles(inDocument id: String) -> [WriteHandle] {
+        withState { pendingFiles.values.filter { $0.docID == id } }
+    }
+
     /// Attachments visible in the folder of a live revision.
     func visibleAttachments(_ revision: Revision) -> [Attachment] {
         guard let removal = removal(revision.docID) else { return revision.attachments }
@@ -141,7 +150,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         if folder.isEmpty { return true }
         let prefix = folder + "/"
         if attachments.contains(where: { $0.name.hasPrefix(prefix) }) { return true }
-        if handles.writers(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
+        if pendingFiles(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
         return withState { emptyFolders.contains(FolderKey(docID: docID, folder: folder)) }
     }
 
@@ -154,8 +163,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public func attributes(of path: String) throws -> FileAttributes {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
-        if let writer = handles.writers(at: path).first {
-            return file(writer.size, Date().timeIntervalSince1970)
+        if let writer = pendingFile(at: path) {
+            return file(writer.lock.withLock { writer.size }, Date().timeIntervalSince1970)
         }
         switch node {
         case .root, .docs: return directory(mountTime)
@@ -206,7 +215,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public func attributes(ofHandle number: UInt64) throws -> FileAttributes {
         let handle = try handles.get(number)
-        return file(handle.size, Date().timeIntervalSince1970, writable: handle is WriteHandle || handle is ScratchHandle)
+        let size = handle.guardLock.withLock { handle.size }
+        return file(size, Date().timeIntervalSince1970, writable: handle is WriterDescriptor || handle is ScratchHandle)
     }
 
     func scratchAttributes(_ path: String) throws -> FileAttributes {
@@ -288,7 +298,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             let revision = try liveRevision(id)
             let attachments = revision.map(visibleAttachments) ?? []
             var names = attachments.map { ($0.name, Optional($0)) }
-            names += handles.writers(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil) } }
+            names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil) } }
             names += withState { emptyFolders.filter { $0.docID == id }.map { ($0.folder + "/", nil) } }
             let prefix = folder.isEmpty ? "" : folder + "/"
             let modified = revision?.savedAt.timeIntervalSince1970 ?? mountTime

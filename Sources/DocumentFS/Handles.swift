@@ -8,10 +8,14 @@ import FuseKit
 /// system's `stateLock` (2), which is taken before the database's locks (3).
 class Handle: @unchecked Sendable {
     let lock = NSLock()
-    /// The mount path it was opened at (for logs and for `getattr` of written files).
-    let path: String
+    /// The mount path it was opened at (for logs and for `getattr` of written files); a file
+    /// being written follows its renames (under `lock`).
+    var path: String
 
     init(path: String) { self.path = path }
+
+    /// The lock that guards what reads and writes through this handle touch.
+    var guardLock: NSLock { lock }
 
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int { throw FileSystemError(EBADF) }
     func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int { throw FileSystemError(EBADF) }
@@ -110,9 +114,12 @@ enum Change: Hashable {
     case attachment(String)
 }
 
-/// A file being written whose content becomes a revision on flush.
+/// A file being written (a pending file): its content becomes a revision when the process
+/// that opened it closes it, when it is fsynced, or when its last descriptor goes. Every
+/// descriptor opened at its path meanwhile (`WriterDescriptor`) shares it, readers included,
+/// so a file being written can be opened, read, truncated, renamed and unlinked by path.
 class WriteHandle: Handle, @unchecked Sendable {
-    let docID: String
+    var docID: String
     /// The revision the content was based on when opened (nil: a new document).
     var base: RevisionID?
     /// Written or truncated since the last save: the next flush saves.
@@ -123,6 +130,10 @@ class WriteHandle: Handle, @unchecked Sendable {
     /// The last save failed (its error was returned by flush); release does not retry.
     var failed = false
     var lastError: Error?
+    /// Unlinked while open: what is written from now on is never saved.
+    var unlinked = false
+    /// Descriptors sharing it. Guarded by the file system's state lock.
+    var users = 0
 
     init(path: String, docID: String, base: RevisionID?) {
         self.docID = docID
@@ -177,7 +188,7 @@ final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
 /// blob (renamed, never copied) when the file is saved. Written again after a
 /// save, it starts a new temporary copy of that blob then, not before.
 final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
-    let name: String
+    var name: String
     let contentType: String
     let blobs: BlobStore
     /// The body being written; nil after a save until the next write.
@@ -215,6 +226,7 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     override func truncate(to size: Int64) throws {
+        if size > self.size && size > Tuning.maximumTruncatedSize { throw FileSystemError(EFBIG) }
         if size == 0 { lost = nil }
         try alterBody { try $0.truncate(to: size) }
     }
@@ -259,6 +271,40 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     override func close() { file?.discard() }
+}
+
+/// One descriptor (FUSE file handle) on a pending file. Descriptors share the file; each
+/// knows the process that opened it, whose close saves (an inherited copy closed by a child
+/// process does not: `{ printf …; cmd; } > f` is one revision).
+final class WriterDescriptor: Handle, @unchecked Sendable {
+    let file: WriteHandle
+    /// The thread group (process) that opened it.
+    let opener: pid_t
+
+    init(file: WriteHandle, opener: pid_t) {
+        self.file = file
+        self.opener = opener
+        super.init(path: file.path)
+    }
+
+    override var guardLock: NSLock { file.lock }
+    override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        try file.read(into: buffer, at: offset)
+    }
+    override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
+        if file.unlinked { return bytes.count }  // an unlinked file's bytes go nowhere, as on disk once closed
+        return try file.write(bytes, at: offset)
+    }
+    override func truncate(to size: Int64) throws { try file.truncate(to: size) }
+    override var size: Int64 { file.size }
+}
+
+/// The thread group (process) of a thread id, as the kernel names callers by thread.
+func processOf(_ thread: pid_t) -> pid_t {
+    guard thread > 0, let status = try? String(contentsOfFile: "/proc/\(thread)/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("Tgid:") }),
+          let group = pid_t(line.dropFirst(5).trimmingCharacters(in: .whitespaces)) else { return thread }
+    return group
 }
 
 /// A scratch file: a real file beside the database.
@@ -323,16 +369,4 @@ final class HandleTable: @unchecked Sendable {
         return handles.removeValue(forKey: number)
     }
 
-    /// Open write handles at `path`, for getattr and listings of files not saved yet.
-    func writers(at path: String) -> [WriteHandle] {
-        lock.lock()
-        defer { lock.unlock() }
-        return handles.values.compactMap { $0 as? WriteHandle }.filter { $0.path == path }
-    }
-
-    func writers(inDocument docID: String) -> [WriteHandle] {
-        lock.lock()
-        defer { lock.unlock() }
-        return handles.values.compactMap { $0 as? WriteHandle }.filter { $0.docID == docID }
-    }
 }

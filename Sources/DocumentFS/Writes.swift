@@ -11,11 +11,15 @@ private let renameExchange: UInt32 = 2
 extension DocumentFileSystem {
     // MARK: - Opening
 
-    public func open(_ path: String, flags: Int32) throws -> OpenFile {
+    public func open(_ path: String, flags: Int32, caller: pid_t) throws -> OpenFile {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
         let writing = flags & O_ACCMODE != O_RDONLY
         let truncating = flags & O_TRUNC != 0
         if writing { try checkWritable(node, path: path) }
+        if let pending = claimPending(at: path) {
+            // Being written: this open shares what is written so far, as on any disk.
+            return try attach(pending, flags: flags, caller: caller)
+        }
         switch node {
         case .properties(let id):
             let entry = try cached(id)
@@ -24,7 +28,7 @@ extension DocumentFileSystem {
             if writing {
                 let handle = PropertiesWriteHandle(path: path, docID: id, base: revision.revID, initial: truncating ? [] : rendered)
                 handle.emptiedAtOpen = truncating
-                return OpenFile(handle: handles.add(handle), directIO: true)
+                return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
             }
             return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: rendered)), directIO: true, noFlush: true)
         case .attachment(let id, let name):
@@ -40,7 +44,7 @@ extension DocumentFileSystem {
                                                        contentType: attachment.contentType, blobs: database.blobs,
                                                        initialContent: truncating ? nil : attachment.blobKey)
                 handle.emptiedAtOpen = truncating
-                return OpenFile(handle: handles.add(handle), directIO: flags & O_ACCMODE == O_WRONLY)
+                return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
             }
             return try openForReading(attachment, docID: id, path: path)
         case .conflictProperties(let id, let rev):
@@ -90,15 +94,22 @@ extension DocumentFileSystem {
         return OpenFile(handle: handles.add(BlobReadHandle(path: path, reader: reader)), keepCache: keep, noFlush: true)
     }
 
-    public func create(_ path: String, permissions: UInt32, flags: Int32) throws -> OpenFile {
+    public func create(_ path: String, permissions: UInt32, flags: Int32, caller: pid_t) throws -> OpenFile {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
         try checkWritable(node, path: path)
+        if let pending = claimPending(at: path) {
+            guard flags & O_EXCL == 0 else {
+                releaseUse(of: pending)
+                throw FileSystemError(EEXIST)
+            }
+            return try attach(pending, flags: flags, caller: caller)
+        }
         switch node {
         case .properties(let id):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let handle = PropertiesWriteHandle(path: path, docID: id, base: try liveRevision(id)?.revID, initial: [])
             handle.emptiedAtOpen = true
-            return OpenFile(handle: handles.add(handle), directIO: true)
+            return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
         case .attachment(let id, let name):
             guard !name.isEmpty else { throw FileSystemError(EISDIR) }
             try AttachmentName.validate(name)
@@ -109,7 +120,7 @@ extension DocumentFileSystem {
                                                    contentType: existing?.contentType ?? MIMEType.forFileName(name),
                                                    blobs: database.blobs, initialContent: nil)
             handle.emptiedAtOpen = true
-            return OpenFile(handle: handles.add(handle), directIO: flags & O_ACCMODE == O_WRONLY)
+            return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let target = scratchPath(id, relative)
@@ -133,6 +144,49 @@ extension DocumentFileSystem {
         }
     }
 
+    /// Makes `file` the pending file of its path, unless another open did so first (then that
+    /// one is used and `file` is dropped).
+    /// The caller is one more user of it.
+    func register(_ file: WriteHandle) -> WriteHandle {
+        let winner = withState { () -> WriteHandle in
+            let winner = pendingFiles[file.path] ?? file
+            pendingFiles[file.path] = winner
+            winner.users += 1
+            return winner
+        }
+        if winner !== file { file.close() }
+        return winner
+    }
+
+    /// The file being written at `path`, with one more user, if there is one.
+    func claimPending(at path: String) -> WriteHandle? {
+        withState {
+            guard let file = pendingFiles[path] else { return nil }
+            file.users += 1
+            return file
+        }
+    }
+
+    /// A new descriptor on a pending file the caller claimed; `O_TRUNC` empties it.
+    func attach(_ file: WriteHandle, flags: Int32, caller: pid_t) throws -> OpenFile {
+        let descriptor = WriterDescriptor(file: file, opener: processOf(caller))
+        if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY {
+            do {
+                try file.lock.withLock {
+                    try file.truncate(to: 0)
+                    file.emptiedAtOpen = true
+                }
+            } catch {
+                release(descriptor)
+                throw error
+            }
+        }
+        // Attachments opened only to write skip the page cache (writes straight to the daemon);
+        // properties.json always does (its size is known only when saved).
+        let direct = file is PropertiesWriteHandle || flags & O_ACCMODE == O_WRONLY || flags & O_ACCMODE == O_RDONLY
+        return OpenFile(handle: handles.add(descriptor), directIO: direct)
+    }
+
     func makeParents(of path: String) throws {
         let parent = (path as NSString).deletingLastPathComponent
         guard !isDirectory(parent) else { return }
@@ -147,37 +201,36 @@ extension DocumentFileSystem {
             // Immutable, or (a body arriving) guarded inside: no lock held while a read waits.
             return try handle.read(into: buffer, at: offset)
         }
-        handle.lock.lock()
-        defer { handle.lock.unlock() }
-        return try handle.read(into: buffer, at: offset)
+        return try handle.guardLock.withLock { try handle.read(into: buffer, at: offset) }
     }
 
     public func write(_ number: UInt64, _ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
         let handle = try handles.get(number)
-        handle.lock.lock()
-        defer { handle.lock.unlock() }
-        return try handle.write(bytes, at: offset)
+        return try handle.guardLock.withLock { try handle.write(bytes, at: offset) }
     }
 
     public func truncate(_ path: String, to size: Int64, handle number: UInt64?) throws {
         if let number {
             let handle = try handles.get(number)
-            handle.lock.lock()
-            defer { handle.lock.unlock() }
-            try handle.truncate(to: size)
+            try handle.guardLock.withLock { try handle.truncate(to: size) }
+            return
+        }
+        if let pending = pendingFile(at: path) {
+            // Being written: truncated like any open file, saved when its writer closes it.
+            try pending.lock.withLock { try pending.truncate(to: size) }
             return
         }
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
         switch node {
         case .properties, .attachment:
             // open, truncate, save, close: one revision.
-            let file = try open(path, flags: O_WRONLY)
+            let file = try open(path, flags: O_WRONLY, caller: 0)
+            guard let descriptor = try handles.get(file.handle) as? WriterDescriptor else { throw FileSystemError(EIO) }
             defer { release(file.handle) }
-            let handle = try handles.get(file.handle)
-            handle.lock.lock()
-            try handle.truncate(to: size)
-            handle.lock.unlock()
-            try flush(file.handle)
+            try descriptor.file.lock.withLock {
+                try descriptor.file.truncate(to: size)
+                try save(descriptor.file)
+            }
         case .scratch(let id, let relative):
             guard !readOnly else { throw FileSystemError(EROFS) }
             guard Glibc.truncate(scratchPath(id, relative), off_t(size)) == 0 else { throw FileSystemError(errno) }
@@ -187,32 +240,67 @@ extension DocumentFileSystem {
         }
     }
 
-    /// Every close: a written file becomes one new revision.
-    public func flush(_ number: UInt64) throws {
-        guard let handle = try handles.get(number) as? WriteHandle else { return }
-        handle.lock.lock()
-        defer { handle.lock.unlock() }
-        try save(handle)
+    /// A close of a descriptor: the process that opened it saves what it wrote as one revision;
+    /// a copy it handed to a child process (a shell's redirection) saves nothing when the
+    /// child closes it: the opener's close, or the last one, does. A created or emptied file
+    /// that nothing was written to waits for the last close (shells close a duplicate first).
+    public func flush(_ number: UInt64, caller: pid_t) throws {
+        guard let descriptor = try handles.get(number) as? WriterDescriptor else { return }
+        guard caller == 0 || processOf(caller) == descriptor.opener else { return }
+        let file = descriptor.file
+        try file.lock.withLock {
+            guard !file.unlinked else { return }
+            try save(file)
+        }
     }
 
+    /// Durable on disk means saved: fsync makes a revision of what was written since the last one.
     public func fsync(_ number: UInt64) throws {
         let handle = try handles.get(number)
         if let scratch = handle as? ScratchHandle {
             guard Glibc.fsync(scratch.fd) == 0 else { throw FileSystemError(errno) }
             return
         }
-        try flush(number)
+        guard let descriptor = handle as? WriterDescriptor else { return }
+        let file = descriptor.file
+        try file.lock.withLock {
+            guard !file.unlinked else { return }
+            try save(file)
+        }
     }
 
     public func release(_ number: UInt64) {
         guard let handle = handles.remove(number) else { return }
-        handle.lock.lock()
-        defer { handle.lock.unlock() }
-        if let writer = handle as? WriteHandle, writer.dirty || writer.emptiedAtOpen, !writer.failed {
-            writer.dirty = true
-            do { try save(writer) } catch { log.error("\(handle.path): not saved: \(error)") }
+        release(handle)
+    }
+
+    private func release(_ handle: Handle) {
+        guard let descriptor = handle as? WriterDescriptor else {
+            handle.lock.withLock { handle.close() }
+            return
         }
-        handle.close()
+        releaseUse(of: descriptor.file)
+    }
+
+    /// One user less; the last saves what is left to save, and only then does the file stop
+    /// being pending (until then, its path shows it: no moment where it is nowhere).
+    func releaseUse(of file: WriteHandle) {
+        guard withState({ () -> Bool in
+            file.users -= 1
+            return file.users == 0
+        }) else { return }
+        file.lock.withLock {
+            if file.dirty || file.emptiedAtOpen, !file.failed, !file.unlinked {
+                file.dirty = true
+                do { try save(file) } catch { log.error("\(file.path): not saved: \(error)") }
+            }
+            let unused = withState { () -> Bool in
+                guard file.users == 0 else { return false }  // opened again meanwhile: still pending
+                if pendingFiles[file.path] === file { pendingFiles[file.path] = nil }
+                return true
+            }
+            if unused { file.close() }
+        }
     }
 
     /// Saves a dirty write handle as a revision. Caller holds the handle's lock.
@@ -436,6 +524,21 @@ extension DocumentFileSystem {
     public func unlink(_ path: String) throws {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
         guard !readOnly else { throw FileSystemError(EROFS) }
+        if let pending = pendingFile(at: path) {
+            // Open and being written: its name goes now; what its descriptors write goes nowhere.
+            detach(pending)
+            switch node {
+            case .attachment(let id, let name):
+                guard let revision = try liveRevision(id), visibleAttachments(revision).contains(where: { $0.name == name }) else {
+                    keepFolders(of: [name], in: id)
+                    return  // never saved: nothing else to remove
+                }
+            case .properties(let id):
+                guard try liveRevision(id) != nil else { return }
+            default:
+                break
+            }
+        }
         switch node {
         case .properties(let id):
             // Starts a removal: the document is deleted by the rmdir of its folder.
@@ -472,6 +575,59 @@ extension DocumentFileSystem {
         guard flags & renameExchange == 0 else { throw FileSystemError(EINVAL) }
         let noReplace = flags & renameNoReplace != 0
         if noReplace, (try? attributes(of: to)) != nil { throw FileSystemError(EEXIST) }
+        // A file being written is saved first, so that the rename moves what it holds; its
+        // descriptors then write to the new name.
+        let moving = pendingFile(at: from)
+        if let moving {
+            try moving.lock.withLock {
+                if moving.dirty || moving.emptiedAtOpen {
+                    moving.dirty = true
+                    try save(moving)
+                }
+            }
+        }
+        try renameSaved(source, target, from: from, to: to)
+        if let replaced = pendingFile(at: to), replaced !== moving { detach(replaced) }
+        if let moving { try follow(moving, to: to, target: target) }
+    }
+
+    /// A pending file's name is gone (unlinked, or replaced by a rename): it saves nothing more.
+    func detach(_ file: WriteHandle) {
+        file.lock.withLock {
+            file.unlinked = true
+            withState { if pendingFiles[file.path] === file { pendingFiles[file.path] = nil } }
+        }
+    }
+
+    /// After a rename: a pending file now lives at `to` (an attachment or properties.json, as
+    /// before), based on the revision the rename saved; moved anywhere else, it is detached.
+    private func follow(_ file: WriteHandle, to path: String, target: Node) throws {
+        var newBase: RevisionID?
+        switch target {
+        case .attachment(let id, _), .properties(let id): newBase = try liveRevision(id)?.revID
+        default: break
+        }
+        file.lock.withLock {
+            withState {
+                if pendingFiles[file.path] === file { pendingFiles[file.path] = nil }
+                switch (file, target) {
+                case (let attachment as AttachmentWriteHandle, .attachment(let id, let name)):
+                    attachment.name = name
+                    attachment.docID = id
+                case (is PropertiesWriteHandle, .properties(let id)):
+                    file.docID = id
+                default:
+                    file.unlinked = true
+                    return
+                }
+                file.path = path
+                file.base = newBase
+                pendingFiles[path] = file
+            }
+        }
+    }
+
+    private func renameSaved(_ source: Node, _ target: Node, from: String, to: String) throws {
         switch (source, target) {
         case let (.attachment(fromID, fromName), .attachment(toID, toName)) where !fromName.isEmpty && !toName.isEmpty:
             try renameAttachment(fromID, fromName, to: toID, toName)

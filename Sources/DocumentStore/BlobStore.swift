@@ -258,21 +258,42 @@ public final class BlobStore: Sendable {
         return StoredBlob(key: key, length: length)
     }
 
-    /// Hashes a whole file from offset 0 with `pread`; returns its length.
+    /// Hashes a whole file from offset 0 with `pread`; returns its length. The holes of a
+    /// sparse file (`truncate -s`) are hashed as zeros without being read.
     fileprivate func hashFile(_ fd: Int32, path: String, into digest: MessageDigest) throws -> Int64 {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
         defer { buffer.deallocate() }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw SofaError.system("stat", path: path, errno: errno) }
+        let length = Int64(info.st_size)
         var offset: Int64 = 0
-        while true {
-            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw SofaError.system("read", path: path, errno: errno)
+        while offset < length {
+            // Where the next data starts (the end when only a hole is left); what lies before is a hole.
+            let data = lseek(fd, off_t(offset), 3 /* SEEK_DATA */)
+            let holeEnd = data < 0 ? length : min(Int64(data), length)
+            if holeEnd > offset {
+                buffer.initializeMemory(as: UInt8.self, repeating: 0)
+                while offset < holeEnd {
+                    let count = Int(min(Int64(buffer.count), holeEnd - offset))
+                    digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+                    offset += Int64(count)
+                }
+                continue
             }
-            if count == 0 { return offset }
-            digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
-            offset += Int64(count)
+            let next = lseek(fd, off_t(offset), 4 /* SEEK_HOLE */)
+            let dataEnd = next < 0 ? length : min(Int64(next), length)
+            while offset < dataEnd {
+                let count = pread(fd, buffer.baseAddress, Int(min(Int64(buffer.count), dataEnd - offset)), off_t(offset))
+                if count < 0 {
+                    if errno == EINTR { continue }
+                    throw SofaError.system("read", path: path, errno: errno)
+                }
+                if count == 0 { return offset }
+                digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+                offset += Int64(count)
+            }
         }
+        return length
     }
 
     fileprivate func syncDirectory() throws {

@@ -17,4 +17,10 @@ public enum Tuning {
     /// How often a mount looks for changes made behind its back. With the kernel's
     /// one-second attribute timeout, other processes' changes show within a second.
     public static let changePollInterval = 0.2
+
+    /// The largest size `truncate` may give a file written through the mount (EFBIG past it).
+    /// A body is hashed when it is saved, holes as zeros at about 1 GiB/s on one core: a
+    /// truncate to 4 GiB saves in a few seconds; one to 1 TiB would hold its caller for 15 min.
+    /// Bodies written byte by byte have no such limit (they are hashed as they arrive).
+    public static let maximumTruncatedSize: Int64 = 4 << 30
 }

@@ -105,12 +105,13 @@ public protocol FileSystem: AnyObject, Sendable {
     /// carries no state between calls.
     func readDirectory(_ path: String, after position: UInt64, add: (DirectoryEntry) -> Bool) throws
 
-    func open(_ path: String, flags: Int32) throws -> OpenFile
-    func create(_ path: String, permissions: UInt32, flags: Int32) throws -> OpenFile
+    /// `caller` is the thread that asked (the kernel's request pid), in open, create and flush.
+    func open(_ path: String, flags: Int32, caller: pid_t) throws -> OpenFile
+    func create(_ path: String, permissions: UInt32, flags: Int32, caller: pid_t) throws -> OpenFile
     func read(_ handle: UInt64, into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int
     func write(_ handle: UInt64, _ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int
-    /// Called on every `close` of a file descriptor: where written files are saved.
-    func flush(_ handle: UInt64) throws
+    /// Called on every `close` of a file descriptor (by whichever process holds a copy of it).
+    func flush(_ handle: UInt64, caller: pid_t) throws
     func fsync(_ handle: UInt64) throws
     /// The last close; errors cannot be reported any more.
     func release(_ handle: UInt64)

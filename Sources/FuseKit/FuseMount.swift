@@ -168,8 +168,10 @@ final class Box: @unchecked Sendable {
         return path
     }
 
-    /// The path of `name` in `parent`, or ENOENT.
+    /// The path of `name` in `parent`, or ENOENT; ENAMETOOLONG for a name longer than
+    /// NAME_MAX (255 bytes), as on any Linux file system (FUSE itself passes up to 1,024).
     func path(_ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?) throws -> String {
+        if let name, strlen(name) > Int(NAME_MAX) { throw FileSystemError(ENAMETOOLONG) }
         guard let path = table.path(parent, string(name)) else { throw FileSystemError(ENOENT) }
         return path
     }
@@ -382,7 +384,7 @@ extension FuseMount {
         }
         ops.open = { request, ino, info in
             answer(request) { box, fs in
-                let file = try fs.open(box.path(ino), flags: info!.pointee.flags)
+                let file = try fs.open(box.path(ino), flags: info!.pointee.flags, caller: fuse_req_ctx(request).pointee.pid)
                 info!.pointee.fh = file.handle
                 cfuse_set_keep_cache(info, file.keepCache ? 1 : 0)
                 cfuse_set_direct_io(info, file.directIO ? 1 : 0)
@@ -392,7 +394,8 @@ extension FuseMount {
         }
         ops.create = { request, parent, name, mode, info in
             answer(request) { box, fs in
-                let file = try fs.create(box.path(parent, name), permissions: mode & 0o7777, flags: info!.pointee.flags)
+                let file = try fs.create(box.path(parent, name), permissions: mode & 0o7777, flags: info!.pointee.flags,
+                                         caller: fuse_req_ctx(request).pointee.pid)
                 info!.pointee.fh = file.handle
                 cfuse_set_direct_io(info, file.directIO ? 1 : 0)
                 let attributes: FileAttributes
@@ -425,7 +428,7 @@ extension FuseMount {
         }
         ops.flush = { request, _, info in
             answer(request) { _, fs in
-                try fs.flush(info!.pointee.fh)
+                try fs.flush(info!.pointee.fh, caller: fuse_req_ctx(request).pointee.pid)
                 fuse_reply_err(request, 0)
             }
         }
