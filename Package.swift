@@ -61,7 +61,7 @@ let package = Package(
         .testTarget(name: "DocumentModelTests", dependencies: ["DocumentModel", "TestSupport"]),
         .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
-        .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "TestSupport"]),
+        .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "TestSupport"]),
         .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "TestSupport"]),
         .testTarget(name: "ReplicatorTests", dependencies: [
             "DocumentModel", "DocumentStore", "Replicator", "TestSupport",

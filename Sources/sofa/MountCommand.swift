@@ -94,6 +94,9 @@ struct Mount: SofaCommand {
         } catch let error as FileSystemError {
             throw SofaError.invalidArgument("cannot mount on \(mountPoint): \(error)")
         }
+        // Whatever ends this process, the mount does not outlive it as a dead one.
+        let guardPipe = try? MountGuard.start(for: mountPoint)
+        defer { guardPipe.flatMap { $0 }.map { _ = close($0) } }
         let watcher = try ChangeWatcher(database: database, documentChanged: { [fileSystem] id in fileSystem.documentChanged(id) },
                                         invalidate: { [mount] path, descendants in mount.invalidate(path, descendants: descendants) })
         watcher.start()
@@ -113,8 +116,7 @@ struct Mount: SofaCommand {
 
     /// Runs this command again in the foreground as a detached child, and returns once it is mounted.
     private func daemonize(_ mountPoint: String) throws {
-        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        var arguments = [executable, "mount", db.database, mountPoint, "--foreground"]
+        var arguments = [sofaExecutable, "mount", db.database, mountPoint, "--foreground"]
         if readOnly { arguments.append("--read-only") }
         for option in options { arguments += ["-o", option] }
         if let remote { arguments += ["--remote", remote] }
@@ -128,31 +130,11 @@ struct Mount: SofaCommand {
         if downloads.downloadAttachments { arguments.append("--download-attachments") }
         if let max = downloads.downloadAttachmentsMax { arguments += ["--download-attachments-max", max] }
         if let types = downloads.downloadAttachmentsTypes { arguments += ["--download-attachments-types", types] }
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        posix_spawnattr_setflags(&attributes, 0x80)  // POSIX_SPAWN_SETSID (glibc), not exported to Swift
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        // Detach from the caller's streams (a caller reading them to EOF must not hang);
+        // Detached from the caller's streams (a caller reading them to EOF must not hang);
         // the log goes beside the database, and is shown if mounting fails.
         let logPath = URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
         let logWritable = access(URL(fileURLWithPath: db.database).path, W_OK) == 0
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 2, logWritable ? logPath : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0o644)
-        // Nothing else the caller left open (Foundation's Process waits for EOF on a socket it passes down).
-        // (glibc 2.34+; not exported to Swift, so looked up.)
-        typealias CloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>?, Int32) -> Int32
-        if let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") {
-            _ = unsafeBitCast(symbol, to: CloseFrom.self)(&actions, 3)
-        }
-        let argv = arguments.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        var pid: pid_t = 0
-        let code = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
-        guard code == 0 else { throw SofaError.io(operation: "spawn", path: executable, errno: code) }
+        let pid = try spawnDetached(arguments, stderr: logWritable ? logPath : nil)
         // Wait until the mount appears, or the child gives up.
         for _ in 0..<200 {
             if MountTable.contains(mountPoint) { return }
@@ -171,11 +153,101 @@ struct Mount: SofaCommand {
 
 /// Reads /proc/self/mountinfo.
 enum MountTable {
-    static func contains(_ mountPoint: String) -> Bool {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
-        return text.split(separator: "\n").contains { line in
+    static func contains(_ mountPoint: String) -> Bool { device(of: mountPoint) != nil }
+
+    /// The device ("MAJOR:MINOR") of the mount at `mountPoint`, if something is mounted there.
+    static func device(of mountPoint: String) -> String? {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+        return text.split(separator: "\n").last { line in
             let fields = line.split(separator: " ")
             return fields.count > 4 && fields[4].replacingOccurrences(of: "\\040", with: " ") == mountPoint
+        }.map { String($0.split(separator: " ")[2]) }
+    }
+}
+
+/// Spawns `arguments` in a session of its own (a kill of the caller's process group does not
+/// reach it), reading `stdin` (nil: /dev/null), writing `stderr` (a path; nil: /dev/null),
+/// with nothing else of the caller's open.
+func spawnDetached(_ arguments: [String], executable: String? = nil, environment: [String: String] = [:],
+                   stdin: Int32? = nil, stderr: String? = nil) throws -> pid_t {
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    posix_spawnattr_setflags(&attributes, 0x80)  // POSIX_SPAWN_SETSID (glibc), not exported to Swift
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    if let stdin { posix_spawn_file_actions_adddup2(&actions, stdin, 0) } else {
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    }
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 2, stderr ?? "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0o644)
+    // Nothing else the caller left open (Foundation's Process waits for EOF on a socket it passes down).
+    // (glibc 2.34+; not exported to Swift, so looked up.)
+    typealias CloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>?, Int32) -> Int32
+    if let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") {
+        _ = unsafeBitCast(symbol, to: CloseFrom.self)(&actions, 3)
+    }
+    let argv = arguments.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var variables = ProcessInfo.processInfo.environment
+    for (name, value) in environment { variables[name] = value }
+    let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer { envp.forEach { free($0) } }
+    var pid: pid_t = 0
+    let path = executable ?? arguments[0]
+    let code = posix_spawnp(&pid, path, &actions, &attributes, argv, envp)
+    guard code == 0 else { throw SofaError.io(operation: "spawn", path: path, errno: code) }
+    return pid
+}
+
+var sofaExecutable: String {
+    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+}
+
+/// Unmounts a mount whose process died, however it died: a process of its own session
+/// (started by the mount, `sofa mount-guard`) that waits for the mount process's end (EOF
+/// on a pipe only the mount holds) and then, if the same mount is still there, detaches it.
+/// libfuse's `auto_unmount` helper shares the mount's process group, so `kill -9 -PGID`,
+/// `timeout -s KILL` or a terminal's hang-up took it down too and left a dead mount.
+///
+/// Its command line and process name hold neither "sofa" nor the database's name (the mount
+/// point and device come in its environment), so `pkill -f sofa` or `pkill -f notes.sofa`,
+/// which also kill libfuse's helper (its arguments say `fsname=sofa:notes.sofa`), spare it.
+struct MountGuard: SofaCommand {
+    static let configuration = CommandConfiguration(commandName: "fuse-guard", shouldDisplay: false)
+
+    static let variable = "SOFA_GUARDED_MOUNT"
+
+    /// Starts the guard of the mount at `mountPoint`; the returned descriptor must stay open
+    /// for as long as the mount runs (the process's end closes it).
+    static func start(for mountPoint: String) throws -> Int32? {
+        guard let device = MountTable.device(of: mountPoint) else { return nil }
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { return nil }
+        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        defer { close(fds[0]) }
+        _ = try spawnDetached(["fuse-guard", "fuse-guard"], executable: sofaExecutable,
+                              environment: [variable: device + " " + mountPoint], stdin: fds[0])
+        return fds[1]
+    }
+
+    func execute() throws {
+        // The process name (what `pkill sofa` matches) too; the main thread's is the process's.
+        try? "fuse-guard".write(toFile: "/proc/self/comm", atomically: false, encoding: .utf8)
+        guard let value = ProcessInfo.processInfo.environment[MountGuard.variable], let space = value.firstIndex(of: " ") else {
+            throw SofaError.invalidArgument("fuse-guard is started by sofa mount")
         }
+        let device = String(value[..<space]), mountPoint = String(value[value.index(after: space)...])
+        var byte: UInt8 = 0
+        while true {
+            let count = read(0, &byte, 1)
+            if count == 0 || (count < 0 && errno != EINTR) { break }
+        }
+        // A clean unmount has already happened; another mount there is not ours.
+        guard MountTable.device(of: mountPoint) == device else { return }
+        let pid = try spawnDetached(["fusermount3", "-u", "-z", mountPoint])
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
     }
 }

@@ -13,7 +13,7 @@ struct Sofa: ParsableCommand {
         abstract: "A document database with revision histories and attachments, used through the file system.",
         subcommands: [
             Create.self, Info.self, List.self, Cat.self, Put.self, Remove.self, Revs.self,
-            Attach.self, Detach.self, CatAttachment.self, Compact.self, Check.self, Export.self, Import.self, Mount.self, Serve.self, Pull.self, Push.self, Sync.self, Download.self, DownloadRules.self, Pin.self, Unpin.self, Cache.self, PurgeAttachment.self, Copy.self, Cp.self, Snapshot.self,
+            Attach.self, Detach.self, CatAttachment.self, Compact.self, Check.self, Export.self, Import.self, Mount.self, MountGuard.self, Serve.self, Pull.self, Push.self, Sync.self, Download.self, DownloadRules.self, Pin.self, Unpin.self, Cache.self, PurgeAttachment.self, Copy.self, Cp.self, Snapshot.self,
         ]
     )
 

@@ -1,0 +1,125 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// Programs nobody here wrote, run in a real mount: git, SQLite in WAL mode, shells, Python,
+/// coreutils. Each once broke on files being created, written and removed.
+@Suite struct ProgramTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+
+    init() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        db = try directory.makeDatabase()
+        try db.put("doc", [:])
+    }
+
+    func leaves() throws -> Int { try db.revisionTree(of: "doc").conflicts.count + 1 }
+
+    @Test func gitClonesAndCommitsInsideAttachmentsWithoutConflicts() throws {
+        let source = directory.appending("source")
+        try sh("""
+            git init -q '\(source)' && cd '\(source)' && for i in 1 2 3; do echo $i > f$i; done && mkdir sub && echo s > sub/s \
+            && git add . && git -c user.email=a@b -c user.name=n commit -qm first
+            """)
+        let mount = try MountedDatabase(db.path)
+        let repo = mount.path("docs/doc/attachments/repo")
+        try sh("git clone -q '\(source)' '\(repo)'")
+        try sh("cd '\(repo)' && echo more >> f1 && git -c user.email=a@b -c user.name=n commit -qam second && git fsck --strict 2>&1")
+        #expect(try sh("cd '\(repo)' && git log --oneline | wc -l").trimmingCharacters(in: .whitespacesAndNewlines) == "2")
+        #expect(try sh("cd '\(repo)' && git status --porcelain").isEmpty)
+        #expect(try leaves() == 1, "git alone made conflicting branches")
+        #expect(mount.unmount().succeeded)
+    }
+
+    @Test func createCloseUnlinkInALoopLeavesNothingAndLosesNothing() throws {
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc/attachments")
+        let result = try shell("cd '\(folder)' && failed=0; for i in $(seq 1 100); do : > e$i; rm e$i || failed=$((failed+1)); done; echo $failed")
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "0", "\(result.stderr)")
+        // Empty files, renamed, truncated, touched, removed: every call finds them.
+        try sh("cd '\(folder)' && for i in $(seq 1 20); do : > g$i; mv g$i h$i; truncate -s 3 h$i; touch h$i; rm h$i; done")
+        #expect(try sh("ls -A '\(folder)'").isEmpty)
+        #expect(mount.unmount().succeeded)
+        #expect(try db.document(withID: "doc")?.attachments.isEmpty == true)
+        #expect(try leaves() == 1)
+    }
+
+    @Test func aFileStillOpenByItsWriterOpensByPath() throws {
+        let mount = try MountedDatabase(db.path)
+        let path = mount.path("docs/doc/attachments/tmp_pack")
+        let script = """
+            f = open('\(path)', 'wb'); f.write(b'x' * 100000); f.flush()
+            print(len(open('\(path)', 'rb').read()))
+            f.write(b'y' * 10); f.flush()
+            print(len(open('\(path)', 'rb').read()))
+            f.close()
+            """
+        #expect(try sh("python3 -c \"\(script)\"").split(separator: "\n") == ["100000", "100010"])
+        #expect(mount.unmount().succeeded)
+        #expect(try db.document(withID: "doc")?.attachment(named: "tmp_pack")?.length == 100_010)
+    }
+
+    @Test func aShellGroupWritingThroughInheritedDescriptorsIsOneRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        let before = try db.currentRevision(of: "doc")!.revID.generation
+        try sh("cd '\(mount.path("docs/doc/attachments"))' && { printf abc; sh -c 'printf def'; cat /dev/null; printf ghi; } > group.txt")
+        #expect(try sh("cat '\(mount.path("docs/doc/attachments/group.txt"))'") == "abcdefghi")
+        #expect(mount.unmount().succeeded)
+        #expect(try db.currentRevision(of: "doc")!.revID.generation == before + 1)
+    }
+
+    @Test func sqliteInWALModeWorksForAWhileWithoutConflicts() throws {
+        let mount = try MountedDatabase(db.path)
+        let file = mount.path("docs/doc/attachments/app.db")
+        let script = """
+            import sqlite3
+            c = sqlite3.connect('\(file)'); c.execute('pragma journal_mode=wal'); c.execute('create table t(x)')
+            for i in range(40):
+                c.execute('insert into t values (?)', (i,)); c.commit()
+            r = sqlite3.connect('\(file)'); print(r.execute('select count(*) from t').fetchone()[0])
+            c.close(); r.close()
+            c = sqlite3.connect('\(file)'); print(c.execute('pragma integrity_check').fetchone()[0])
+            """
+        #expect(try sh("python3 -c \"\(script)\"").split(separator: "\n") == ["40", "ok"])
+        #expect(try leaves() == 1, "SQLite alone made conflicting branches")
+        #expect(mount.unmount().succeeded)
+    }
+
+    @Test func hugeTruncatesAndLongNamesAnswerAtOnceWithTheirErrors() throws {
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc/attachments")
+        // Bounded by `timeout` so that a hang fails the test instead of stalling it.
+        let huge = try shell("cd '\(folder)' && timeout 20 truncate -s 1T big")
+        #expect(huge.status == 1 && huge.stderr.contains("File too large"), "\(huge.status) \(huge.stderr)")
+        try sh("cd '\(folder)' && timeout 20 truncate -s 64M sparse && test $(stat -c %s sparse) = 67108864")
+        let name255 = String(repeating: "n", count: 255), name256 = String(repeating: "n", count: 256)
+        try sh("cd '\(folder)' && : > \(name255) && test -e \(name255)")
+        let long = try shell("cd '\(folder)' && : > \(name256)")
+        #expect(!long.succeeded && long.stderr.contains("File name too long"), "\(long.stderr)")
+        #expect(!(try shell("mkdir '\(folder)/\(name256)'")).succeeded)
+        #expect(mount.unmount().succeeded)
+        #expect(try db.document(withID: "doc")?.attachment(named: "sparse")?.length == 64 << 20)
+    }
+
+    @Test func aMountKilledWithTheProgramsThatShareItsNameLeavesNoDeadMount() throws {
+        let mount = try MountedDatabase(db.path, arguments: ["-o", "auto_unmount"])
+        // `pkill -f NAME.sofa` also kills libfuse's auto_unmount helper (its arguments name the database).
+        var killed = 0
+        for entry in try FileManager.default.contentsOfDirectory(atPath: "/proc") {
+            guard let pid = pid_t(entry), pid != getpid(),
+                  let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline"),
+                  case let text = String(decoding: cmdline, as: UTF8.self),
+                  text.contains(db.path) || text.contains("fsname=sofa:\(URL(fileURLWithPath: db.path).lastPathComponent)")
+            else { continue }
+            kill(pid, SIGKILL)
+            killed += 1
+        }
+        #expect(killed >= 2, "the mount and libfuse's helper")
+        #expect(waitUntil(10) { !MountedDatabase.isMounted(mount.mountPoint) }, "a dead mount was left")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: mount.mountPoint)) != nil)
+        _ = mount.unmount()
+    }
+}

@@ -1,0 +1,141 @@
+import DocumentFS
+import DocumentModel
+import DocumentStore
+import Foundation
+import FuseKit
+import Testing
+import TestSupport
+
+/// The mount's rules for files being written, asked of `DocumentFileSystem` directly: no
+/// FUSE, no root, each step in the order the kernel sends it (a real SQLite database and
+/// blob store underneath). The same behaviours are tried with real programs in `ProgramTests`.
+@Suite struct WriteRulesTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+    let fs: DocumentFileSystem
+    /// Callers: process ids no process has, so each is its own process.
+    let shell: pid_t = 2_000_000_001
+    let child: pid_t = 2_000_000_002
+
+    init() throws {
+        db = try directory.makeDatabase()
+        try db.put("doc", [:], attachments: ["keep.txt": Array("kept".utf8)])
+        fs = try DocumentFileSystem(database: db)
+    }
+
+    func generation() throws -> Int { try db.currentRevision(of: "doc")?.revID.generation ?? 0 }
+
+    func write(_ handle: UInt64, _ text: String, at offset: Int64 = 0) throws {
+        let bytes = Array(text.utf8)
+        _ = try bytes.withUnsafeBytes { try fs.write(handle, $0, at: offset) }
+    }
+
+    func read(_ handle: UInt64) throws -> String {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = try buffer.withUnsafeMutableBytes { try fs.read(handle, into: $0, at: 0) }
+        return String(decoding: buffer[0..<count], as: UTF8.self)
+    }
+
+    func errno(_ body: () throws -> Void) -> Int32? {
+        do { try body() } catch let error as ErrnoConvertible { return error.errno } catch { return -1 }
+        return nil
+    }
+
+    @Test func aCreatedEmptyFileCanBeUnlinkedBeforeItsLastCloseAndLeavesNothing() throws {
+        let before = try generation()
+        let path = "/docs/doc/attachments/empty"
+        let file = try fs.create(path, permissions: 0o644, flags: O_WRONLY | O_CREAT | O_TRUNC, caller: shell)
+        try fs.flush(file.handle, caller: shell)  // close(2): nothing written, the save waits for release
+        #expect(try fs.attributes(of: path).size == 0)
+        try fs.unlink(path)  // rm, before the kernel's release arrives
+        #expect(errno { _ = try fs.attributes(of: path) } == ENOENT)
+        fs.release(file.handle)
+        #expect(try generation() == before, "nothing was saved")
+        #expect(try db.document(withID: "doc")?.attachment(named: "empty") == nil)
+    }
+
+    @Test func aFileBeingWrittenOpensByPathAndReadsWhatWasWritten() throws {
+        let path = "/docs/doc/attachments/tmp_pack"
+        let writer = try fs.create(path, permissions: 0o644, flags: O_RDWR | O_CREAT, caller: shell)
+        try write(writer.handle, "packed bytes")
+        let reader = try fs.open(path, flags: O_RDONLY, caller: child)
+        #expect(try read(reader.handle) == "packed bytes")
+        try write(writer.handle, "!", at: 12)
+        #expect(try read(reader.handle) == "packed bytes!")
+        fs.release(reader.handle)
+        try fs.flush(writer.handle, caller: shell)
+        fs.release(writer.handle)
+        #expect(try db.document(withID: "doc")?.attachment(named: "tmp_pack")?.length == 13)
+    }
+
+    @Test func anInheritedDescriptorClosedByAChildSavesNothingTheOpenersCloseSavesOnce() throws {
+        let before = try generation()
+        let path = "/docs/doc/attachments/group.txt"
+        // { printf abc; cmd; printf ghi; } > group.txt
+        let file = try fs.create(path, permissions: 0o644, flags: O_WRONLY | O_CREAT | O_TRUNC, caller: shell)
+        try write(file.handle, "abc")
+        try write(file.handle, "def", at: 3)
+        try fs.flush(file.handle, caller: child)  // cmd exits: its copy closes
+        #expect(try generation() == before)
+        try write(file.handle, "ghi", at: 6)
+        try fs.flush(file.handle, caller: shell)
+        fs.release(file.handle)
+        #expect(try generation() == before + 1)
+        let body = try #require(try db.document(withID: "doc")?.attachment(named: "group.txt"))
+        #expect(body.length == 9)
+    }
+
+    @Test func twoDescriptorsOfOneFileShareItAndMakeNoConflict() throws {
+        let path = "/docs/doc/attachments/w.db-shm"
+        let first = try fs.create(path, permissions: 0o644, flags: O_RDWR | O_CREAT, caller: shell)
+        let second = try fs.open(path, flags: O_RDWR, caller: child)
+        for round in 0..<5 {
+            try write(first.handle, "first \(round)")
+            try fs.fsync(first.handle)
+            try write(second.handle, "second \(round)")
+            try fs.fsync(second.handle)
+        }
+        fs.release(first.handle)
+        fs.release(second.handle)
+        #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
+    }
+
+    @Test func renamingAFileBeingWrittenMovesItsLaterWritesToo() throws {
+        let from = "/docs/doc/attachments/config.lock", to = "/docs/doc/attachments/config"
+        let file = try fs.create(from, permissions: 0o644, flags: O_WRONLY | O_CREAT, caller: shell)
+        try write(file.handle, "one")
+        try fs.rename(from, to: to, flags: 0)
+        try write(file.handle, "two", at: 3)
+        try fs.flush(file.handle, caller: shell)
+        fs.release(file.handle)
+        let document = try #require(try db.document(withID: "doc"))
+        #expect(document.attachment(named: "config.lock") == nil)
+        #expect(document.attachment(named: "config")?.length == 6)
+        #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
+    }
+
+    @Test func anUnlinkedOpenFileIsNotResurrectedByItsLaterWrites() throws {
+        let path = "/docs/doc/attachments/keep.txt"
+        let file = try fs.open(path, flags: O_WRONLY, caller: shell)
+        try fs.unlink(path)
+        try write(file.handle, "late")
+        try fs.flush(file.handle, caller: shell)
+        fs.release(file.handle)
+        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt") == nil)
+    }
+
+    @Test func truncateAnswersAtOnceEFBIGPastTheLimitAndNothingIsLeftLocked() throws {
+        let path = "/docs/doc/attachments/keep.txt"
+        #expect(errno { try fs.truncate(path, to: 1 << 40, handle: nil) } == EFBIG)
+        // The file is still usable by path (the hang was a lock kept after that error).
+        try fs.truncate(path, to: 2, handle: nil)
+        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 2)
+        let grown = try fs.create("/docs/doc/attachments/sparse", permissions: 0o644, flags: O_WRONLY | O_CREAT, caller: shell)
+        try fs.truncate("/docs/doc/attachments/sparse", to: 64 << 20, handle: grown.handle)
+        fs.release(grown.handle)
+        let sparse = try #require(try db.document(withID: "doc")?.attachment(named: "sparse"))
+        #expect(sparse.length == 64 << 20)
+        // Holes hash as the zeros they read as.
+        #expect(sparse.digest == "sha1-" + Data(MessageDigest.hash(.sha1, [UInt8](repeating: 0, count: 64 << 20))).base64EncodedString())
+    }
+}
