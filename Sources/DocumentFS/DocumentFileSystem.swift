@@ -137,8 +137,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         Array(JSONValue.object(properties).prettyPrinted().utf8)
     }
 
+    /// A folder. Its link count is 1, "not counted", as btrfs says of its directories: tools
+    /// that skip subfolders of a folder whose count is 2 (find's leaf optimisation) then look.
     func directory(_ modified: Double, writable: Bool = true) -> FileAttributes {
-        FileAttributes(kind: .directory, permissions: (writable && !readOnly) ? 0o755 : 0o555, modified: modified)
+        FileAttributes(kind: .directory, permissions: (writable && !readOnly) ? 0o755 : 0o555, modified: modified, linkCount: 1)
     }
 
     func file(_ size: Int64, _ modified: Double, writable: Bool = true) -> FileAttributes {
@@ -297,19 +299,22 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             var seen = Set<String>()
             let revision = try liveRevision(id)
             let attachments = revision.map(visibleAttachments) ?? []
-            var names = attachments.map { ($0.name, Optional($0)) }
-            names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil) } }
-            names += withState { emptyFolders.filter { $0.docID == id }.map { ($0.folder + "/", nil) } }
+            // Attachments, files being written, and folders made with mkdir (a folder of its own).
+            var names = attachments.map { ($0.name, Optional($0), false) }
+            names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil, false) } }
+            names += withState { emptyFolders.filter { $0.docID == id }.map { ($0.folder, nil, true) } }
             let prefix = folder.isEmpty ? "" : folder + "/"
             let modified = revision?.savedAt.timeIntervalSince1970 ?? mountTime
-            for (name, attachment) in names where name.hasPrefix(prefix) {
+            for (name, attachment, isFolder) in names where name.hasPrefix(prefix) && name.count > prefix.count {
                 let components = FileNames.attachmentComponents(String(name.dropFirst(prefix.count)))
                     .filter { !$0.isEmpty }
                 guard let first = components.first, seen.insert(first).inserted else { continue }
                 if components.count == 1, let attachment {
                     entries.append(named(first, attributes: file(attachment.length, modified)))
+                } else if components.count > 1 || isFolder {
+                    entries.append(named(first, attributes: directory(modified)))
                 } else {
-                    entries.append(named(first, attributes: components.count == 1 ? nil : directory(modified)))
+                    entries.append(named(first))
                 }
             }
             if folder.isEmpty {

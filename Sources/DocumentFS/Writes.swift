@@ -464,7 +464,9 @@ extension DocumentFileSystem {
             let attachments = visibleAttachments(revision)
             let prefix = folder.isEmpty ? "" : folder + "/"
             guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
-            guard !attachments.contains(where: { $0.name.hasPrefix(prefix) }),
+            let holdsFolders = withState { emptyFolders.contains { $0.docID == id && $0.folder.hasPrefix(prefix) && $0.folder != folder } }
+            let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }
+            guard !attachments.contains(where: { $0.name.hasPrefix(prefix) }), !holdsFolders, !holdsPending,
                   folder.isEmpty ? scratchIsEmpty(scratchPath(id, Node.attachmentsDirectoryName)) : true else {
                 throw FileSystemError(ENOTEMPTY)
             }
@@ -679,14 +681,46 @@ extension DocumentFileSystem {
 
     private func renameAttachment(_ fromID: String, _ fromName: String, to toID: String, _ toName: String) throws {
         try AttachmentName.validate(toName)
+        let fromPath = "/docs/\(FileNames.escape(fromID))/attachments/" + FileNames.attachmentComponents(fromName).joined(separator: "/")
+        let toPath = "/docs/\(FileNames.escape(toID))/attachments/" + FileNames.attachmentComponents(toName).joined(separator: "/")
+        let sourceKind = try attributes(of: fromPath).kind
+        if let targetKind = (try? attributes(of: toPath))?.kind {
+            // As rename(2): a folder replaces only an empty folder, a file only a file.
+            switch (sourceKind, targetKind) {
+            case (.directory, .directory):
+                var empty = true
+                try readDirectory(toPath, after: ListingPosition.dotDot) { _ in
+                    empty = false
+                    return false
+                }
+                guard empty else { throw FileSystemError(ENOTEMPTY) }
+            case (.directory, _): throw FileSystemError(ENOTDIR)
+            case (_, .directory): throw FileSystemError(EISDIR)
+            default: break
+            }
+        }
+        let prefix = fromName + "/"
+        if sourceKind == .directory {
+            // Folders made with mkdir move with it.
+            withState {
+                emptyFolders.remove(FolderKey(docID: toID, folder: toName))  // the empty folder it replaces
+                for key in emptyFolders where key.docID == fromID && (key.folder == fromName || key.folder.hasPrefix(prefix)) {
+                    emptyFolders.remove(key)
+                    emptyFolders.insert(FolderKey(docID: toID, folder: toName + key.folder.dropFirst(fromName.count)))
+                }
+            }
+        }
         guard let source = try liveRevision(fromID) else { throw FileSystemError(ENOENT) }
         let attachments = visibleAttachments(source)
-        let prefix = fromName + "/"
         // A file, or a whole folder of attachments.
         let moving = attachments.filter { $0.name == fromName || $0.name.hasPrefix(prefix) }
-        guard !moving.isEmpty else { throw FileSystemError(ENOENT) }
+        guard !moving.isEmpty else {
+            if sourceKind == .directory { return }  // a folder of empty folders: moved above
+            throw FileSystemError(ENOENT)
+        }
         func renamed(_ name: String) -> String { name == fromName ? toName : toName + "/" + name.dropFirst(prefix.count) }
-        defer { keepFolders(of: moving.map(\.name), in: fromID) }
+        // The folders that held what moved stay, as on disk; a folder that moved does not.
+        defer { keepFolders(of: sourceKind == .directory ? [fromName] : moving.map(\.name), in: fromID) }
         if fromID == toID {
             _ = try commit(fromID, base: source.revID, change: .attachment(toName)) { draft in
                 for attachment in moving { try draft.renameAttachment(attachment.name, to: renamed(attachment.name)) }

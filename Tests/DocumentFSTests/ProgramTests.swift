@@ -47,6 +47,22 @@ import TestSupport
         #expect(try leaves() == 1)
     }
 
+    @Test func unzipOfEmptyFilesAndFoldersThenTarFindAndDiffSeeTheSameTree() throws {
+        let source = directory.appending("zip")
+        try sh("mkdir -p '\(source)/z/emptydir/inner' '\(source)/z/full' && : > '\(source)/z/empty.txt' && echo hi > '\(source)/z/full/f' "
+               + "&& cd '\(source)' && zip -qr ../z.zip z")
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc/attachments")
+        let unzipped = try shell("cd '\(folder)' && unzip -q '\(directory.appending("z.zip"))'")
+        #expect(unzipped.succeeded && unzipped.stderr.isEmpty, "\(unzipped.stderr)")
+        try sh("diff -r '\(source)/z' '\(folder)/z'")
+        #expect(try sh("cd '\(folder)' && find z | sort") == "z\nz/empty.txt\nz/emptydir\nz/emptydir/inner\nz/full\nz/full/f\n")
+        try sh("cd '\(folder)' && tar -cf '\(directory.appending("z.tar"))' z")
+        let rmdir = try shell("rmdir '\(folder)/z/emptydir'")
+        #expect(!rmdir.succeeded && rmdir.stderr.contains("not empty"), "\(rmdir.stderr)")
+        #expect(mount.unmount().succeeded)
+    }
+
     @Test func aFileStillOpenByItsWriterOpensByPath() throws {
         let mount = try MountedDatabase(db.path)
         let path = mount.path("docs/doc/attachments/tmp_pack")

@@ -138,4 +138,38 @@ import TestSupport
         // Holes hash as the zeros they read as.
         #expect(sparse.digest == "sha1-" + Data(MessageDigest.hash(.sha1, [UInt8](repeating: 0, count: 64 << 20))).base64EncodedString())
     }
+
+    func listing(_ path: String) throws -> [String] {
+        var names: [String] = []
+        try fs.readDirectory(path, after: 0) { entry in
+            names.append(entry.name)
+            return true
+        }
+        return names.filter { $0 != "." && $0 != ".." }.sorted()
+    }
+
+    @Test func emptyFoldersListAsFoldersAndFollowRmdirAndRenameRules() throws {
+        let root = "/docs/doc/attachments"
+        try fs.makeDirectory(root + "/a")
+        try fs.makeDirectory(root + "/a/b")
+        #expect(try listing(root) == ["a", "keep.txt"])
+        #expect(try listing(root + "/a") == ["b"])
+        #expect(try fs.attributes(of: root + "/a/b").kind == .directory)
+        #expect(errno { try fs.removeDirectory(root + "/a") } == ENOTEMPTY)
+        // rename(2) of a folder: onto a non-empty folder ENOTEMPTY, onto a file ENOTDIR, onto an empty folder it replaces it.
+        try fs.makeDirectory(root + "/c")
+        let file = try fs.create(root + "/c/f", permissions: 0o644, flags: O_WRONLY | O_CREAT, caller: shell)
+        try write(file.handle, "f")
+        try fs.flush(file.handle, caller: shell)
+        fs.release(file.handle)
+        #expect(errno { try fs.rename(root + "/a", to: root + "/c", flags: 0) } == ENOTEMPTY)
+        #expect(errno { try fs.rename(root + "/a", to: root + "/keep.txt", flags: 0) } == ENOTDIR)
+        try fs.makeDirectory(root + "/e")
+        try fs.rename(root + "/a", to: root + "/e", flags: 0)
+        #expect(try listing(root) == ["c", "e", "keep.txt"])
+        #expect(try listing(root + "/e") == ["b"])
+        try fs.removeDirectory(root + "/e/b")
+        try fs.removeDirectory(root + "/e")
+        #expect(try listing(root) == ["c", "keep.txt"])
+    }
 }
