@@ -33,7 +33,7 @@ let package = Package(
             "DocumentModel", "CSQLite3", "CGzip", "CLinux",
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),
         ]),
-        .target(name: "FuseKit", dependencies: ["CFuse3"]),
+        .target(name: "FuseKit", dependencies: ["CFuse3", .product(name: "Logging", package: "swift-log")]),
         .target(name: "DocumentFS", dependencies: [
             "DocumentModel", "DocumentStore", "FuseKit",
             .product(name: "Logging", package: "swift-log"),

@@ -316,10 +316,11 @@ extension DocumentFileSystem {
                 do {
                     object = try parseProperties(properties.buffer)
                 } catch {
-                    log.error("\(handle.path): not saved, the document is unchanged: \(error)")
+                    keepRejected(properties.buffer, of: handle.docID, because: error)
                     throw error
                 }
                 revision = try commit(handle.docID, base: handle.base, change: handle.change) { $0.properties = object }
+                clearRejected(of: handle.docID)
             case let attachment as AttachmentWriteHandle:
                 let blob = try attachment.commitBody()
                 revision = try commit(handle.docID, base: handle.base, change: handle.change) { draft in
@@ -339,6 +340,29 @@ extension DocumentFileSystem {
             handle.emptiedAtOpen = false
             throw error
         }
+    }
+
+    static let rejectedName = "properties.rejected.json"
+    static let rejectedReasonName = "properties.rejected.txt"
+
+    /// A properties.json that could not be saved: its bytes are kept beside it in the document's
+    /// folder (a scratch file, never replicated) and the reason in a text file next to them, so
+    /// that nothing typed is lost and a file-manager user can read why.
+    func keepRejected(_ bytes: [UInt8], of id: String, because error: Error) {
+        let reason = """
+            properties.json was not saved (\(ISO8601DateFormatter().string(from: Date()))): \(error)
+            The document is unchanged. What was written is in \(DocumentFileSystem.rejectedName): fix it and save it as properties.json.
+
+            """
+        log.error("docs/\(FileNames.escape(id))/properties.json: not saved, the document is unchanged: \(error); the text is kept in \(DocumentFileSystem.rejectedName)")
+        try? writeScratch(scratchPath(id, DocumentFileSystem.rejectedName), bytes: bytes)
+        try? writeScratch(scratchPath(id, DocumentFileSystem.rejectedReasonName), bytes: Array(reason.utf8))
+    }
+
+    /// After a good save: the rejected text and its reason go.
+    func clearRejected(of id: String) {
+        Glibc.unlink(scratchPath(id, DocumentFileSystem.rejectedName))
+        Glibc.unlink(scratchPath(id, DocumentFileSystem.rejectedReasonName))
     }
 
     func parseProperties(_ bytes: [UInt8]) throws -> JSONObject {
@@ -637,14 +661,16 @@ extension DocumentFileSystem {
             guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
             let file = scratchPath(id, relative)
             let object: JSONObject
+            let bytes = try readSmallFile(file)
             do {
-                object = try parseProperties(try readSmallFile(file))
+                object = try parseProperties(bytes)
             } catch let error as SofaError {
-                log.error("\(to): not saved, the document is unchanged: \(error)")
+                keepRejected(bytes, of: toID, because: error)
                 // mv reads EINVAL from rename(2) as "cannot move to a subdirectory of itself".
-                throw FileSystemError(EBADMSG)
+                throw FileSystemError(EBADMSG, reason: "\(to) not saved, the document is unchanged: \(error)")
             }
             _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .properties) { $0.properties = object }
+            clearRejected(of: toID)
             Glibc.unlink(file)
         case let (.scratch(id, relative), .attachment(toID, name)) where !name.isEmpty:
             try AttachmentName.validate(name)
@@ -767,7 +793,7 @@ extension DocumentFileSystem {
         return [UInt8](data)
     }
 
-    private func writeScratch(_ path: String, bytes: [UInt8]) throws {
+    func writeScratch(_ path: String, bytes: [UInt8]) throws {
         try makeParents(of: path)
         guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw FileSystemError(EIO) }
     }

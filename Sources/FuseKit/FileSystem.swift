@@ -87,8 +87,13 @@ public protocol ErrnoConvertible: Error {
 /// A bare errno, for file-system answers that are not domain errors (ENOENT, EISDIR, …).
 public struct FileSystemError: ErrnoConvertible, Equatable, CustomStringConvertible {
     public let errno: Int32
-    public init(_ errno: Int32) { self.errno = errno }
-    public var description: String { String(cString: strerror(errno)) }
+    /// Why, when the errno alone does not say (it goes to the log).
+    public let reason: String?
+    public init(_ errno: Int32, reason: String? = nil) {
+        self.errno = errno
+        self.reason = reason
+    }
+    public var description: String { String(cString: strerror(errno)) + (reason.map { " (\($0))" } ?? "") }
 }
 
 /// A file system served by `FuseMount`. Paths are absolute within the mount

@@ -1,5 +1,6 @@
 @preconcurrency import CFuse3
 import Foundation
+import Logging
 import Synchronization
 
 /// A mounted `FileSystem`: create it, `run()` it (blocks until unmounted), and
@@ -195,16 +196,26 @@ private func context(_ request: fuse_req_t?) -> Box {
 }
 
 /// Runs `body`, which replies on success; a thrown error is replied as its errno.
-private func answer(_ request: fuse_req_t?, _ body: (Box, any FileSystem) throws -> Void) {
+/// Runs one request and answers its error, if any. A failed `operation` (nil for lookups and
+/// reads of attributes, which fail all the time by design) is logged with its path and reason:
+/// expected answers (ENOENT, EEXIST…) at debug level, other refusals at notice, failures at error.
+private func answer(_ request: fuse_req_t?, _ operation: String? = nil, _ ino: fuse_ino_t = 0, _ name: UnsafePointer<CChar>? = nil,
+                    _ body: (Box, any FileSystem) throws -> Void) {
     let box = context(request)
     do {
         try body(box, box.fileSystem)
-    } catch let error as ErrnoConvertible {
-        fuse_reply_err(request, error.errno)
     } catch {
-        fuse_reply_err(request, EIO)
+        let code = (error as? ErrnoConvertible)?.errno ?? EIO
+        fuse_reply_err(request, code)
+        guard let operation else { return }
+        let path = (try? name.map { try box.path(ino, $0) } ?? box.path(ino)) ?? "inode \(ino)"
+        let level: Logger.Level = [ENOENT, EEXIST, ENOTEMPTY, ENODATA, ENAMETOOLONG, EISDIR, ENOTDIR].contains(code)
+            ? .debug : error is FileSystemError ? .notice : .error
+        fuseLog.log(level: level, "\(operation) \(path): \(error)")
     }
 }
+
+private let fuseLog = Logger(label: "sofa.fuse")
 
 private func string(_ pointer: UnsafePointer<CChar>?) -> String {
     pointer.map { String(cString: $0) } ?? ""
@@ -343,7 +354,7 @@ extension FuseMount {
             }
         }
         ops.setattr = { request, ino, attributes, toSet, info in
-            answer(request) { box, fs in
+            answer(request, "setattr", ino) { box, fs in
                 let set = UInt32(bitPattern: toSet)
                 let path = box.table.path(ino)
                 guard path != nil || info != nil else { throw FileSystemError(ENOENT) }
@@ -383,7 +394,7 @@ extension FuseMount {
             replyDirectory(request, ino, size: size, offset: offset, info, plus: true)
         }
         ops.open = { request, ino, info in
-            answer(request) { box, fs in
+            answer(request, "open", ino) { box, fs in
                 let file = try fs.open(box.path(ino), flags: info!.pointee.flags, caller: fuse_req_ctx(request).pointee.pid)
                 info!.pointee.fh = file.handle
                 cfuse_set_keep_cache(info, file.keepCache ? 1 : 0)
@@ -393,7 +404,7 @@ extension FuseMount {
             }
         }
         ops.create = { request, parent, name, mode, info in
-            answer(request) { box, fs in
+            answer(request, "create", parent, name) { box, fs in
                 let file = try fs.create(box.path(parent, name), permissions: mode & 0o7777, flags: info!.pointee.flags,
                                          caller: fuse_req_ctx(request).pointee.pid)
                 info!.pointee.fh = file.handle
@@ -412,28 +423,28 @@ extension FuseMount {
                 }
             }
         }
-        ops.read = { request, _, size, offset, info in
-            answer(request) { _, fs in
+        ops.read = { request, ino, size, offset, info in
+            answer(request, "read", ino) { _, fs in
                 let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
                 defer { buffer.deallocate() }
                 let count = try fs.read(info!.pointee.fh, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), at: Int64(offset))
                 fuse_reply_buf(request, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
             }
         }
-        ops.write = { request, _, bytes, size, offset, info in
-            answer(request) { _, fs in
+        ops.write = { request, ino, bytes, size, offset, info in
+            answer(request, "write", ino) { _, fs in
                 let count = try fs.write(info!.pointee.fh, UnsafeRawBufferPointer(start: bytes, count: size), at: Int64(offset))
                 fuse_reply_write(request, count)
             }
         }
-        ops.flush = { request, _, info in
-            answer(request) { _, fs in
+        ops.flush = { request, ino, info in
+            answer(request, "close", ino) { _, fs in
                 try fs.flush(info!.pointee.fh, caller: fuse_req_ctx(request).pointee.pid)
                 fuse_reply_err(request, 0)
             }
         }
-        ops.fsync = { request, _, _, info in
-            answer(request) { _, fs in
+        ops.fsync = { request, ino, _, info in
+            answer(request, "fsync", ino) { _, fs in
                 try fs.fsync(info!.pointee.fh)
                 fuse_reply_err(request, 0)
             }
@@ -443,7 +454,7 @@ extension FuseMount {
             fuse_reply_err(request, 0)
         }
         ops.mkdir = { request, parent, name, _ in
-            answer(request) { box, fs in
+            answer(request, "mkdir", parent, name) { box, fs in
                 let path = try box.path(parent, name)
                 try fs.makeDirectory(path)
                 var entry = box.entry(parent, string(name), try fs.attributes(of: path))
@@ -451,21 +462,21 @@ extension FuseMount {
             }
         }
         ops.rmdir = { request, parent, name in
-            answer(request) { box, fs in
+            answer(request, "rmdir", parent, name) { box, fs in
                 try fs.removeDirectory(box.path(parent, name))
                 box.table.removed(parent, string(name))
                 fuse_reply_err(request, 0)
             }
         }
         ops.unlink = { request, parent, name in
-            answer(request) { box, fs in
+            answer(request, "unlink", parent, name) { box, fs in
                 try fs.unlink(box.path(parent, name))
                 box.table.removed(parent, string(name))
                 fuse_reply_err(request, 0)
             }
         }
         ops.rename = { request, parent, name, newParent, newName, flags in
-            answer(request) { box, fs in
+            answer(request, "rename", parent, name) { box, fs in
                 try fs.rename(box.path(parent, name), to: box.path(newParent, newName), flags: flags)
                 box.table.renamed(parent, string(name), to: newParent, string(newName), exchange: flags & 2 /* RENAME_EXCHANGE */ != 0)
                 fuse_reply_err(request, 0)
@@ -493,14 +504,14 @@ extension FuseMount {
             }
         }
         ops.setxattr = { request, ino, name, value, size, flags in
-            answer(request) { box, fs in
+            answer(request, "setxattr", ino) { box, fs in
                 let bytes = Array(UnsafeRawBufferPointer(start: value, count: size))
                 try fs.setExtendedAttribute(string(name), of: box.path(ino), to: bytes, flags: flags)
                 fuse_reply_err(request, 0)
             }
         }
         ops.removexattr = { request, ino, name in
-            answer(request) { box, fs in
+            answer(request, "removexattr", ino) { box, fs in
                 try fs.removeExtendedAttribute(string(name), of: box.path(ino))
                 fuse_reply_err(request, 0)
             }

@@ -15,11 +15,19 @@ public final class ReplicationStatus: @unchecked Sendable {
 
     public init() {}
 
+    /// An error that passed (the next pass succeeded): shown apart, so that `last_error` is
+    /// only ever a problem of now.
+    private var recoveredError: String?
+
     func set(_ state: String, error: String? = nil) {
         lock.withLock {
             self.state = state
             if let error { lastError = error }
-            if state == "idle" { lastSync = Date() }
+            if state == "idle" {
+                lastSync = Date()
+                if let lastError { recoveredError = lastError }
+                lastError = nil
+            }
         }
     }
 
@@ -36,6 +44,7 @@ public final class ReplicationStatus: @unchecked Sendable {
         lock.withLock {
             ["state": .string(state), "docs_pulled": .integer(Int64(pulled)), "docs_pushed": .integer(Int64(pushed)),
              "last_error": lastError.map { .string($0) } ?? .null,
+             "recovered_error": recoveredError.map { .string($0) } ?? .null,
              "last_sync": lastSync.map { .double($0.timeIntervalSince1970) } ?? .null]
         }
     }

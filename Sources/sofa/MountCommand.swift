@@ -86,7 +86,9 @@ struct Mount: SofaCommand {
             return status
         }
         var configuration = FuseMount.Configuration()
-        configuration.options = options.flatMap { $0.split(separator: ",").map(String.init) } + (readOnly ? ["ro"] : [])
+        // default_permissions: the kernel checks mode bits itself (`test -x` of a 0644 file is false, even for root).
+        configuration.options = ["default_permissions"] + options.flatMap { $0.split(separator: ",").map(String.init) }
+            + (readOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
         let mount: FuseMount
         do {

@@ -40,6 +40,18 @@ import TestSupport
         // A body that is not an object is refused the same way.
         #expect(try shell("printf '[1,2]' | dd of=\(mount.path("docs/doc/properties.json")) conv=fsync status=none").succeeded == false)
         #expect(try generation(db, "doc") == 1)
+        // Nothing typed is lost: the rejected text and the reason sit beside properties.json.
+        #expect(try String(contentsOfFile: mount.path("docs/doc/properties.rejected.json"), encoding: .utf8) == "[1,2]")
+        #expect(try String(contentsOfFile: mount.path("docs/doc/properties.rejected.txt"), encoding: .utf8).contains("must hold a JSON object"))
+        // An editor saving through a temporary file and a rename: refused the same way, kept the same way.
+        try sh("printf '{oops' > \(mount.path("docs/doc/.properties.json.tmp")) && ! mv \(mount.path("docs/doc/.properties.json.tmp")) \(mount.path("docs/doc/properties.json"))")
+        #expect(try String(contentsOfFile: mount.path("docs/doc/properties.rejected.json"), encoding: .utf8) == "{oops")
+        #expect(try String(contentsOfFile: mount.path("docs/doc/properties.rejected.txt"), encoding: .utf8).contains("invalid JSON"))
+        // A good save clears them.
+        try sh("printf '{\"fixed\": true}' > \(mount.path("docs/doc/properties.json"))")
+        #expect(!FileManager.default.fileExists(atPath: mount.path("docs/doc/properties.rejected.json")))
+        #expect(!FileManager.default.fileExists(atPath: mount.path("docs/doc/properties.rejected.txt")))
+        #expect(try properties() == ["fixed": true])
     }
 
     @Test func jqToATempFileThenRenameSavesOneRevision() throws {

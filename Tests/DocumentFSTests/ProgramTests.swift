@@ -120,6 +120,18 @@ import TestSupport
         #expect(try db.document(withID: "doc")?.attachment(named: "sparse")?.length == 64 << 20)
     }
 
+    @Test func everyFailedOperationIsLoggedWithItsPathAndReason() throws {
+        let mount = try MountedDatabase(db.path)
+        #expect(!(try shell("rmdir '\(mount.path("docs"))'")).succeeded)
+        _ = try shell("printf '{oops' > '\(mount.path("docs/doc/properties.json"))'")  // (shells ignore a failed close)
+        #expect(!(try shell("ln -s x '\(mount.path("docs/doc/attachments/link"))'")).succeeded)
+        let result = mount.unmount()
+        #expect(result.succeeded)
+        let log = result.stderr
+        #expect(log.contains("rmdir /docs: Device or resource busy"), "\(log)")
+        #expect(log.contains("close /docs/doc/properties.json: ") && log.contains("invalid JSON"), "\(log)")
+    }
+
     @Test func aMountKilledWithTheProgramsThatShareItsNameLeavesNoDeadMount() throws {
         let mount = try MountedDatabase(db.path, arguments: ["-o", "auto_unmount"])
         // `pkill -f NAME.sofa` also kills libfuse's auto_unmount helper (its arguments name the database).

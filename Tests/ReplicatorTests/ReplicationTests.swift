@@ -437,6 +437,11 @@ import TestSupport
         })
         server = try ServedDatabases([source.path, "--port", String(port)])
         #expect(try waitUntil(45) { try server.connect().request("GET", "/source/from-mount").json?["made"] == "offline" })
+        // Recovered: the error is history, not a current one.
+        #expect(try waitUntil(15) {
+            let status = try JSONParser.parse([UInt8](try Data(contentsOf: URL(fileURLWithPath: mount.path(".sofa/status.json")))))
+            return status["replication"]?["last_error"] == .null && status["replication"]?["recovered_error"]?.stringValue != nil
+        })
         #expect(mount.unmount().succeeded)
     }
 }
