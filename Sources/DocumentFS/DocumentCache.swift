@@ -19,6 +19,9 @@ final class DocumentCache: @unchecked Sendable {
 
     // Guarded by `lock` (a leaf lock).
     private var entries: [String: Entry] = [:]
+    /// Counts `forget`s: a load that a forget overtook is returned but not kept (it may
+    /// predate the change the forget announced).
+    private var forgets: UInt64 = 0
     private let lock = NSLock()
     static let capacity = 20_000
 
@@ -28,11 +31,14 @@ final class DocumentCache: @unchecked Sendable {
             lock.unlock()
             return entry
         }
+        let before = forgets
         lock.unlock()
         let entry = try load()
         lock.lock()
-        if entries.count >= DocumentCache.capacity { entries.removeAll(keepingCapacity: true) }
-        entries[id] = entry
+        if forgets == before {
+            if entries.count >= DocumentCache.capacity { entries.removeAll(keepingCapacity: true) }
+            entries[id] = entry
+        }
         lock.unlock()
         return entry
     }
@@ -40,6 +46,7 @@ final class DocumentCache: @unchecked Sendable {
     func forget(_ id: String) {
         lock.lock()
         entries[id] = nil
+        forgets &+= 1
         lock.unlock()
     }
 }
