@@ -15,6 +15,8 @@ final class DocumentCache: @unchecked Sendable {
         /// properties.json as rendered.
         let rendered: [UInt8]
         let hasConflicts: Bool
+        /// When each attachment last changed (or the time given to it).
+        var attachmentTimes: [String: Double] = [:]
     }
 
     // Guarded by `lock` (a leaf lock).

@@ -94,7 +94,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false)
             }
             return DocumentCache.Entry(revision: revision, rendered: render(revision.properties),
-                                       hasConflicts: !(try database.revisionTree(of: id).conflicts.isEmpty))
+                                       hasConflicts: !(try database.revisionTree(of: id).conflicts.isEmpty),
+                                       attachmentTimes: try database.attachmentTimes(of: revision))
         }
     }
 
@@ -166,7 +167,14 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     public func attributes(of path: String) throws -> FileAttributes {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
         if let writer = pendingFile(at: path) {
-            return file(writer.lock.withLock { writer.size }, Date().timeIntervalSince1970)
+            // Being written: its time is now, or the one given to it; once saved (its last close
+            // still to come), the saved attachment's.
+            let (size, changed, given) = writer.lock.withLock { (writer.size, writer.dirty || writer.emptiedAtOpen, writer.givenTime) }
+            if !changed, case .attachment(let id, let name) = node,
+               let saved = try liveRevision(id).flatMap({ visibleAttachments($0).first { $0.name == name } }) {
+                return file(size, try modifiedTime(of: saved, in: id))
+            }
+            return file(size, given ?? Date().timeIntervalSince1970)
         }
         switch node {
         case .root, .docs: return directory(mountTime)
@@ -189,7 +197,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             let attachments = visibleAttachments(revision)
             if let attachment = attachments.first(where: { $0.name == name }) {
-                return file(attachment.length, revision.savedAt.timeIntervalSince1970)
+                return file(attachment.length, try modifiedTime(of: attachment, in: id))
             }
             guard isFolder(name, in: attachments, docID: id) else { throw FileSystemError(ENOENT) }
             return directory(revision.savedAt.timeIntervalSince1970)
@@ -310,7 +318,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                     .filter { !$0.isEmpty }
                 guard let first = components.first, seen.insert(first).inserted else { continue }
                 if components.count == 1, let attachment {
-                    entries.append(named(first, attributes: file(attachment.length, modified)))
+                    entries.append(named(first, attributes: file(attachment.length, try modifiedTime(of: attachment, in: id))))
                 } else if components.count > 1 || isFolder {
                     entries.append(named(first, attributes: directory(modified)))
                 } else {
@@ -380,14 +388,37 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         return result
     }
 
+    /// When an attachment last changed: the time given to it, or its revision's (see `Database.attachmentTimes`).
+    func modifiedTime(of attachment: Attachment, in id: String) throws -> Double {
+        let entry = try cached(id)
+        return entry.attachmentTimes[attachment.name] ?? entry.revision?.savedAt.timeIntervalSince1970 ?? mountTime
+    }
+
     public func setTimes(_ path: String, accessed: timespec?, modified: timespec?) throws {
-        if case .scratch(let id, let relative) = Node(path: path) {
+        let node = Node(path: path)
+        if case .scratch(let id, let relative) = node {
             let omit = timespec(tv_sec: 0, tv_nsec: (1 << 30) - 2)  // UTIME_OMIT
             var times = [accessed ?? omit, modified ?? omit]
             guard utimensat(AT_FDCWD, scratchPath(id, relative), &times, 0) == 0 else { throw FileSystemError(errno) }
             return
         }
-        _ = try attributes(of: path)  // times come from revisions; accept the call so cp -a and rsync -a work
+        _ = try attributes(of: path)
+        // An attachment keeps the modification time it is given (touch -d, cp -a, rsync -a) while
+        // its body stays the same; other times come from revisions, and the call is accepted.
+        guard case .attachment(let id, let name) = node, let modified, modified.tv_nsec != (1 << 30) - 2, !readOnly else { return }
+        let time = modified.tv_nsec == (1 << 30) - 1 ? Date().timeIntervalSince1970
+            : Double(modified.tv_sec) + Double(modified.tv_nsec) / 1e9
+        if let pending = pendingFile(at: path) {
+            let waiting = pending.lock.withLock { () -> Bool in
+                guard pending.dirty || pending.emptiedAtOpen else { return false }
+                pending.givenTime = time  // recorded with the body it saves
+                return true
+            }
+            if waiting { return }
+        }
+        guard let attachment = try liveRevision(id).flatMap({ visibleAttachments($0).first { $0.name == name } }) else { return }
+        try database.setModified(time, docID: id, name: name, digest: attachment.digest)
+        documentChanged(id)
     }
 
     static let revisionAttribute = "user.sofa.rev"

@@ -134,6 +134,8 @@ class WriteHandle: Handle, @unchecked Sendable {
     var unlinked = false
     /// Descriptors sharing it. Guarded by the file system's state lock.
     var users = 0
+    /// A modification time given while unsaved changes wait: recorded with the body saved.
+    var givenTime: Double?
 
     init(path: String, docID: String, base: RevisionID?) {
         self.docID = docID

@@ -327,6 +327,11 @@ extension DocumentFileSystem {
                     try draft.setAttachment(attachment.name, blob: blob, contentType: attachment.contentType)
                 }
                 withState { openedDigests[handle.path] = nil }
+                if let time = handle.givenTime, let saved = revision.attachment(named: attachment.name) {
+                    try? database.setModified(time, docID: handle.docID, name: attachment.name, digest: saved.digest)
+                    handle.givenTime = nil
+                    documentChanged(handle.docID)
+                }
             default:
                 return
             }
@@ -677,10 +682,17 @@ extension DocumentFileSystem {
             guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
             let file = scratchPath(id, relative)
             guard !isDirectory(file) else { throw FileSystemError(EISDIR) }
+            var info = stat()
+            let modified = stat(file, &info) == 0 ? Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 : nil
             let blob = try database.blobs.adopt(fileAt: file, keepingOriginal: true)
             let live = try liveRevision(toID)
             let type = live?.attachment(named: name)?.contentType ?? MIMEType.forFileName(name)
-            _ = try commit(toID, base: live?.revID, change: .attachment(name)) { try $0.setAttachment(name, blob: blob, contentType: type) }
+            let saved = try commit(toID, base: live?.revID, change: .attachment(name)) { try $0.setAttachment(name, blob: blob, contentType: type) }
+            // The temporary file's time (rsync and editors set it before the rename) is the attachment's.
+            if let modified, let attachment = saved.attachment(named: name) {
+                try? database.setModified(modified, docID: toID, name: name, digest: attachment.digest)
+                documentChanged(toID)
+            }
             Glibc.unlink(file)
         case let (.properties(id), .scratch(toID, relative)):
             guard let revision = try liveRevision(id), try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }

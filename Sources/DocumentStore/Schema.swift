@@ -21,6 +21,9 @@ import Foundation
 ///   (they change no document's sequence). The last thousand are kept.
 /// - `rev_attachments_by_digest` (version 3): presence is a matter of the digest, for every
 ///   revision that references it.
+/// - `attachment_times` (version 4): modification times given to attachments (`touch -d`,
+///   `cp -a`, `rsync -a` in a mount), for the body they had then (`digest`); local, never
+///   replicated. Without one, an attachment's time is that of the revision that last changed it.
 /// - `body_cache` (version 4): what the cache of fetched bodies knows per body digest: when
 ///   it was last read, whether it was fetched from the remote (`fetched`: it can be fetched
 ///   again, so it may be evicted) and whether it is pinned (kept here). The limit is the
@@ -41,6 +44,13 @@ enum Schema {
         """
 
     static let version4Tables = """
+        CREATE TABLE IF NOT EXISTS attachment_times (
+            doc_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            modified REAL NOT NULL,
+            PRIMARY KEY (doc_id, name)
+        ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS body_cache (
             digest TEXT PRIMARY KEY,
             last_read REAL NOT NULL DEFAULT 0,
@@ -112,6 +122,10 @@ enum Schema {
         }
         if readOnly { return userVersion }
         try configure(connection)
+        if userVersion == version {
+            // Tables added to this version after it was first made.
+            try connection.execute(version4Tables)
+        }
         if userVersion < version {
             try connection.execute("BEGIN IMMEDIATE")
             do {

@@ -120,6 +120,26 @@ import TestSupport
         #expect(try db.document(withID: "doc")?.attachment(named: "sparse")?.length == 64 << 20)
     }
 
+    @Test func attachmentsKeepTheirOwnTimesSoASecondRsyncCopiesNothing() throws {
+        let source = directory.appending("times")
+        try sh("mkdir '\(source)' && for i in 1 2 3; do echo $i > '\(source)'/f$i; done "
+               + "&& touch -d '2020-01-02 03:04:05' '\(source)/f1' && touch -d '2021-05-06 07:08:09' '\(source)/f2'")
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc/attachments")
+        func mtime(_ name: String) throws -> String { try sh("stat -c %Y '\(folder)/\(name)'").trimmingCharacters(in: .whitespacesAndNewlines) }
+        try sh("rsync -a '\(source)/' '\(folder)/'")
+        #expect(try mtime("f1") == "1577934245" && mtime("f2") == "1620284889")
+        let again = try sh("rsync -ai '\(source)/' '\(folder)/'")
+        #expect(!again.contains(">f"), "the second rsync copied files again: \(again)")
+        // Changing one attachment leaves its siblings' times alone; touch -d and cp -a set one.
+        let before = try mtime("f1")
+        try sh("sleep 1.1 && echo more >> '\(folder)/f3'")
+        #expect(try mtime("f1") == before)
+        try sh("touch -d '1999-12-31 23:59:59 UTC' '\(folder)/f3' && cp -a '\(source)/f2' '\(folder)/copy'")
+        #expect(try mtime("f3") == "946684799" && mtime("copy") == "1620284889")
+        #expect(mount.unmount().succeeded)
+    }
+
     @Test func everyFailedOperationIsLoggedWithItsPathAndReason() throws {
         let mount = try MountedDatabase(db.path)
         #expect(!(try shell("rmdir '\(mount.path("docs"))'")).succeeded)
