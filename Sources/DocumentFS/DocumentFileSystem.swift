@@ -73,6 +73,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {
             throw SofaError.system("create directory", path: scratchRoot, errno: errno)
         }
+        if !self.readOnly { mkdir(scratchDirectory(Node.rootScratchID), 0o755) }
     }
 
     func withState<T>(_ body: () throws -> T) rethrows -> T {
@@ -275,10 +276,12 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .root:
             return [named("docs", attributes: directory(mountTime)),
                     named(Node.statusDirectoryName, attributes: directory(mountTime, writable: false))]
+                + scratchEntries(scratchDirectory(Node.rootScratchID)).filter { Node.isRootScratchName($0.name) }
         case .docs:
             // Documents that exist only as folders (mkdir, nothing saved yet); the others are paged.
+            let rootScratch = FileNames.escape(Node.rootScratchID)
             let pending = ((try? FileManager.default.contentsOfDirectory(atPath: scratchRoot)) ?? []).filter {
-                (try? liveRevision(FileNames.unescape($0))) == nil
+                $0 != rootScratch && (try? liveRevision(FileNames.unescape($0))) == nil
             }
             return pending.map { named($0, attributes: directory(mountTime)) }
         case .statusDirectory:

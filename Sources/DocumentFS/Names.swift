@@ -45,9 +45,24 @@ enum Node: Equatable {
     static let conflictsDirectoryName = "conflicts"
     static let statusDirectoryName = ".sofa"
 
+    /// The scratch space of the mount's root, as the scratch folder of a document id no
+    /// document can have: desktop trash folders (`.Trash-UID`, `.Trash`) live there.
+    static let rootScratchID = "_mount-root"
+
+    /// Names a folder may have at the mount's root besides `docs` and `.sofa`: the trash
+    /// folders of the freedesktop.org trash specification, which file managers and
+    /// `gio trash` make at the top of the mount they delete from.
+    static func isRootScratchName(_ name: String) -> Bool {
+        name == ".Trash" || (name.hasPrefix(".Trash-") && name.dropFirst(7).allSatisfy(\.isNumber) && name.count > 7)
+    }
+
     init?(path: String) {
         let parts = path.split(separator: "/").map(String.init)
         guard let first = parts.first else { self = .root; return }
+        if Node.isRootScratchName(first) {
+            self = .scratch(Node.rootScratchID, relative: parts.joined(separator: "/"))
+            return
+        }
         if first == Node.statusDirectoryName {
             switch parts.count {
             case 1: self = .statusDirectory

@@ -710,6 +710,10 @@ extension DocumentFileSystem {
             guard Glibc.rename(scratchPath(id, relative), destination) == 0 else { throw FileSystemError(errno) }
         case let (.document(fromID), .document(toID)):
             try renameDocument(fromID, to: toID)
+        case let (.document(id), .scratch(toID, relative)) where toID == Node.rootScratchID:
+            try trashDocument(id, to: scratchPath(toID, relative))
+        case let (.scratch(fromID, relative), .document(id)) where fromID == Node.rootScratchID:
+            try restoreDocument(id, from: scratchPath(fromID, relative))
         default:
             // Anything else (properties.json to an attachment, a document into another folder…):
             // EXDEV makes mv copy and delete, which the tree supports.
@@ -773,6 +777,61 @@ extension DocumentFileSystem {
         _ = try commit(fromID, base: source.revID, change: .attachment(fromName)) { draft in
             for attachment in moving { try draft.removeAttachment(attachment.name) }
         }
+    }
+
+    /// A document moved to the trash (`gio trash`, a file manager's Delete): its folder is
+    /// written there as files (properties.json, attachments/, its scratch files), then the
+    /// document is deleted (one tombstone). Restoring the folder saves it back.
+    private func trashDocument(_ id: String, to folder: String) throws {
+        guard let revision = try liveRevision(id) else { throw FileSystemError(ENOENT) }
+        let attachments = visibleAttachments(revision)
+        // A body that is not here cannot go to the trash: it would be lost. EXDEV: "delete permanently?".
+        guard attachments.allSatisfy(\.contentAvailable) else {
+            throw FileSystemError(EXDEV, reason: "docs/\(FileNames.escape(id)) has attachments whose bodies are not here")
+        }
+        guard !FileManager.default.fileExists(atPath: folder) else { throw FileSystemError(EEXIST) }
+        do {
+            try writeScratch(folder + "/" + Node.propertiesFileName, bytes: render(revision.properties))
+            for attachment in attachments {
+                let path = folder + "/" + Node.attachmentsDirectoryName + "/"
+                    + FileNames.attachmentComponents(attachment.name).joined(separator: "/")
+                try copy(try database.openContent(of: attachment, docID: id), toScratch: path)
+            }
+            let scratch = scratchDirectory(id)
+            for name in (try? FileManager.default.contentsOfDirectory(atPath: scratch)) ?? [] {
+                try FileManager.default.moveItem(atPath: scratch + "/" + name, toPath: folder + "/" + name)
+            }
+        } catch {
+            try? FileManager.default.removeItem(atPath: folder)
+            throw error
+        }
+        try deleteDocument(id)
+        try? FileManager.default.removeItem(atPath: scratchDirectory(id))
+    }
+
+    /// A document folder back from the trash: properties.json and attachments/ become a
+    /// revision (one), the other files its scratch files.
+    private func restoreDocument(_ id: String, from folder: String) throws {
+        try DocumentID.validate(id)
+        guard try liveRevision(id) == nil else { throw FileSystemError(ENOTEMPTY) }
+        let properties = try parseProperties(try readSmallFile(folder + "/" + Node.propertiesFileName))
+        let attachmentsFolder = folder + "/" + Node.attachmentsDirectoryName
+        var bodies: [(String, StoredBlob)] = []
+        if let enumerator = FileManager.default.enumerator(atPath: attachmentsFolder) {
+            for case let relative as String in enumerator where !isDirectory(attachmentsFolder + "/" + relative) {
+                let name = FileNames.attachmentName(relative.split(separator: "/").map(String.init))
+                bodies.append((name, try database.blobs.adopt(fileAt: attachmentsFolder + "/" + relative, keepingOriginal: true)))
+            }
+        }
+        _ = try commit(id, base: nil, change: .properties) { draft in
+            draft.properties = properties
+            for (name, blob) in bodies { try draft.setAttachment(name, blob: blob, contentType: MIMEType.forFileName(name)) }
+        }
+        try? FileManager.default.removeItem(atPath: folder + "/" + Node.propertiesFileName)
+        try? FileManager.default.removeItem(atPath: attachmentsFolder)
+        let scratch = scratchDirectory(id)
+        try? FileManager.default.removeItem(atPath: scratch)
+        try FileManager.default.moveItem(atPath: folder, toPath: scratch)
     }
 
     private func renameDocument(_ fromID: String, to toID: String) throws {

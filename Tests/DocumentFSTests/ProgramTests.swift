@@ -140,6 +140,32 @@ import TestSupport
         #expect(mount.unmount().succeeded)
     }
 
+    @Test func gioTrashesAttachmentsAndDocumentsAndTheyComeBackFromTheTrash() throws {
+        try db.put("whole", ["kept": true], attachments: ["a.txt": Array("body a".utf8), "sub/b.txt": Array("body b".utf8)])
+        let mount = try MountedDatabase(db.path)
+        try sh("echo note > '\(mount.path("docs/doc/attachments/note.txt"))'")
+        // As a file manager's Delete does: the freedesktop.org trash at the top of the mount.
+        try sh("gio trash '\(mount.path("docs/doc/attachments/note.txt"))' '\(mount.path("docs/whole"))'")
+        #expect(try db.document(withID: "doc")?.attachment(named: "note.txt") == nil)
+        #expect(try db.document(withID: "whole") == nil)
+        let trash = mount.path(".Trash-\(getuid())")
+        #expect(try sh("cd '\(trash)' && find . -type f | sort").split(separator: "\n") == [
+            "./files/note.txt", "./files/whole/attachments/a.txt", "./files/whole/attachments/sub/b.txt",
+            "./files/whole/properties.json", "./info/note.txt.trashinfo", "./info/whole.trashinfo",
+        ])
+        #expect(try sh("cat '\(trash)/info/whole.trashinfo'").contains("Path=docs/whole"))
+        #expect(try sh("ls -a '\(mount.path(""))'").contains(".Trash-\(getuid())"))
+        // Restored as the trash restores: renamed back where it was.
+        try sh("mv '\(trash)/files/note.txt' '\(mount.path("docs/doc/attachments/note.txt"))' "
+               + "&& mv '\(trash)/files/whole' '\(mount.path("docs/whole"))'")
+        #expect(try sh("cat '\(mount.path("docs/doc/attachments/note.txt"))'") == "note\n")
+        #expect(mount.unmount().succeeded)
+        let whole = try #require(try db.document(withID: "whole"))
+        #expect(whole.properties == ["kept": true])
+        #expect(Set(whole.attachments.map(\.name)) == ["a.txt", "sub/b.txt"])
+        #expect(try db.revisionTree(of: "whole").conflicts.isEmpty)
+    }
+
     @Test func everyFailedOperationIsLoggedWithItsPathAndReason() throws {
         let mount = try MountedDatabase(db.path)
         #expect(!(try shell("rmdir '\(mount.path("docs"))'")).succeeded)
