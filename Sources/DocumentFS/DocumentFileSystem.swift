@@ -74,6 +74,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             throw SofaError.system("create directory", path: scratchRoot, errno: errno)
         }
         if !self.readOnly { mkdir(scratchDirectory(Node.rootScratchID), 0o755) }
+        recoverPendingSaves()
     }
 
     func withState<T>(_ body: () throws -> T) rethrows -> T {

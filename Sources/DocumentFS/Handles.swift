@@ -136,6 +136,8 @@ class WriteHandle: Handle, @unchecked Sendable {
     var users = 0
     /// A modification time given while unsaved changes wait: recorded with the body saved.
     var givenTime: Double?
+    /// Set while what was written is durable but not saved (an fsync): its `PendingSave`.
+    var durableID: String?
 
     init(path: String, docID: String, base: RevisionID?) {
         self.docID = docID
@@ -262,6 +264,17 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     override var size: Int64 { file?.size ?? saved?.length ?? 0 }
+
+    /// Syncs the body being written to disk and links it at `keep` (once); false when there
+    /// is nothing unsaved to keep.
+    func makeDurable(at keep: String) throws -> Bool {
+        guard let file else { return false }
+        try file.sync()
+        if access(keep, F_OK) != 0, Glibc.link(file.path, keep) != 0 {
+            throw SofaError.system("link", path: keep, errno: errno)
+        }
+        return true
+    }
 
     /// Moves the written bytes into the blob store.
     func commitBody() throws -> StoredBlob {

@@ -254,7 +254,10 @@ extension DocumentFileSystem {
         }
     }
 
-    /// Durable on disk means saved: fsync makes a revision of what was written since the last one.
+    /// Durable, not yet a revision: fsync syncs what was written to disk and records it as a
+    /// pending save (a mount that stops before saving it saves it at its next start); the
+    /// revision is made when the file is closed, as without the fsync. SQLite's commits, msync
+    /// and editors' fsyncs make no revisions of their own.
     public func fsync(_ number: UInt64) throws {
         let handle = try handles.get(number)
         if let scratch = handle as? ScratchHandle {
@@ -264,8 +267,66 @@ extension DocumentFileSystem {
         guard let descriptor = handle as? WriterDescriptor else { return }
         let file = descriptor.file
         try file.lock.withLock {
-            guard !file.unlinked else { return }
-            try save(file)
+            guard !file.unlinked, file.dirty || file.emptiedAtOpen, !file.failed else {
+                if file.failed, let error = file.lastError { throw error }
+                return
+            }
+            try makeDurable(file)
+        }
+    }
+
+    /// Syncs a pending file's bytes and records them as a pending save. Caller holds its lock.
+    private func makeDurable(_ file: WriteHandle) throws {
+        let id = file.durableID ?? UUID().uuidString.lowercased()
+        let keep = database.pendingSaveFile(id)
+        let record: PendingSave
+        switch file {
+        case let properties as PropertiesWriteHandle:
+            // Refused now if it would be refused at close (close and fsync report invalid JSON alike).
+            do { _ = try parseProperties(properties.buffer) } catch {
+                keepRejected(properties.buffer, of: file.docID, because: error)
+                throw error
+            }
+            let fd = Glibc.open(keep, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+            guard fd >= 0 else { throw FileSystemError(errno) }
+            defer { Glibc.close(fd) }
+            let written = properties.buffer.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            guard written == properties.buffer.count, fdatasync(fd) == 0 else { throw FileSystemError(errno) }
+            record = PendingSave(id: id, pid: getpid(), docID: file.docID, name: nil, base: file.base, contentType: nil, file: keep)
+        case let attachment as AttachmentWriteHandle:
+            guard try attachment.makeDurable(at: keep) else { return }
+            record = PendingSave(id: id, pid: getpid(), docID: file.docID, name: attachment.name, base: file.base,
+                                 contentType: attachment.contentType, file: keep)
+        default:
+            return
+        }
+        try database.recordPendingSave(record)
+        file.durableID = id
+    }
+
+    /// Saves what mounts that stopped (killed, crashed, the machine went down) had made durable
+    /// with fsync but not saved: each becomes the revision its close would have made.
+    func recoverPendingSaves() {
+        guard !readOnly, let saves = try? database.pendingSaves() else { return }
+        for save in saves where save.pid != getpid() && kill(save.pid, 0) != 0 && errno == ESRCH {
+            let place = "docs/\(FileNames.escape(save.docID))/" + (save.name.map { "attachments/\($0)" } ?? Node.propertiesFileName)
+            do {
+                if access(save.file, F_OK) == 0 {
+                    if let name = save.name {
+                        let blob = try database.blobs.adopt(fileAt: save.file, keepingOriginal: true)
+                        _ = try commit(save.docID, base: save.base, change: .attachment(name)) { draft in
+                            try draft.setAttachment(name, blob: blob, contentType: save.contentType ?? MIMEType.forFileName(name))
+                        }
+                    } else {
+                        let properties = try parseProperties(try readSmallFile(save.file))
+                        _ = try commit(save.docID, base: save.base, change: .properties) { $0.properties = properties }
+                    }
+                    log.notice("\(place): saved what was written and fsynced before the mount stopped")
+                }
+                database.removePendingSave(save.id)
+            } catch {
+                log.error("\(place): cannot save what was fsynced before the mount stopped: \(error); kept in \(save.file)")
+            }
         }
     }
 
@@ -294,6 +355,11 @@ extension DocumentFileSystem {
                 file.dirty = true
                 do { try save(file) } catch { log.error("\(file.path): not saved: \(error)") }
             }
+            if let id = file.durableID {
+                // Not to be saved after all (a failed write): nothing to recover either.
+                database.removePendingSave(id)
+                file.durableID = nil
+            }
             let unused = withState { () -> Bool in
                 guard file.users == 0 else { return false }  // opened again meanwhile: still pending
                 if pendingFiles[file.path] === file { pendingFiles[file.path] = nil }
@@ -308,6 +374,13 @@ extension DocumentFileSystem {
     private func save(_ handle: WriteHandle) throws {
         if !handle.dirty, handle.failed, let error = handle.lastError { throw error }
         guard handle.dirty else { return }
+        defer {
+            // Saved, or refused (the rejected text is kept apart): no longer pending either way.
+            if let id = handle.durableID {
+                database.removePendingSave(id)
+                handle.durableID = nil
+            }
+        }
         do {
             let revision: Revision
             switch handle {
@@ -626,6 +699,10 @@ extension DocumentFileSystem {
     func detach(_ file: WriteHandle) {
         file.lock.withLock {
             file.unlinked = true
+            if let id = file.durableID {
+                database.removePendingSave(id)
+                file.durableID = nil
+            }
             withState { if pendingFiles[file.path] === file { pendingFiles[file.path] = nil } }
         }
     }

@@ -531,6 +531,11 @@ public final class TemporaryBlobFile {
         size = newSize
     }
 
+    /// Makes what was written durable (the file, not yet a blob).
+    public func sync() throws {
+        guard fdatasync(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
+    }
+
     /// Makes the file a blob; the file is gone afterwards.
     public func commit() throws -> StoredBlob {
         precondition(fd >= 0, "commit after commit or discard")

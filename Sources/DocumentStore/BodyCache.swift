@@ -290,3 +290,55 @@ extension Database {
         }
     }
 }
+
+/// A file a mount was writing, made durable by an fsync before it was saved as a revision.
+public struct PendingSave: Hashable, Sendable {
+    public let id: String
+    /// The mount process that wrote it.
+    public let pid: pid_t
+    public let docID: String
+    /// The attachment; nil for properties.json.
+    public let name: String?
+    public let base: RevisionID?
+    public let contentType: String?
+    /// Its bytes, synced to disk.
+    public let file: String
+
+    public init(id: String, pid: pid_t, docID: String, name: String?, base: RevisionID?, contentType: String?, file: String) {
+        (self.id, self.pid, self.docID, self.name, self.base, self.contentType, self.file) = (id, pid, docID, name, base, contentType, file)
+    }
+}
+
+extension Database {
+    /// Where a pending save keeps its bytes: beside the blob store's temporary files, under a
+    /// name compaction never sweeps.
+    public func pendingSaveFile(_ id: String) -> String { "\(blobs.directory)/tmp/pending-\(id).keep" }
+
+    public func recordPendingSave(_ save: PendingSave) throws {
+        guard hasBodyCache else { return }
+        try write { connection in
+            try connection.run("""
+                INSERT OR REPLACE INTO pending_saves (id, pid, doc_id, name, base_rev, content_type, file) VALUES (?, ?, ?, ?, ?, ?, ?)
+                """, .text(save.id), .integer(Int64(save.pid)), .text(save.docID), SQLValue(save.name), SQLValue(save.base?.description),
+                SQLValue(save.contentType), .text(save.file))
+        }
+    }
+
+    /// Forgets a pending save (saved, or dropped) and deletes its bytes.
+    public func removePendingSave(_ id: String) {
+        guard hasBodyCache else { return }
+        let file = try? read { try $0.query("SELECT file FROM pending_saves WHERE id = ?", .text(id)) { $0.text(0) }.first }
+        _ = try? write { try $0.run("DELETE FROM pending_saves WHERE id = ?", .text(id)) }
+        if let file = file ?? nil { unlink(file) }
+    }
+
+    public func pendingSaves() throws -> [PendingSave] {
+        guard hasBodyCache else { return [] }
+        return try read { connection in
+            try connection.query("SELECT id, pid, doc_id, name, base_rev, content_type, file FROM pending_saves") { row in
+                PendingSave(id: row.text(0), pid: pid_t(row.int64(1)), docID: row.text(2), name: row.optionalText(3),
+                            base: row.optionalText(4).flatMap(RevisionID.init), contentType: row.optionalText(5), file: row.text(6))
+            }
+        }
+    }
+}

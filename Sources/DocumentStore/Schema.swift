@@ -24,6 +24,9 @@ import Foundation
 /// - `attachment_times` (version 4): modification times given to attachments (`touch -d`,
 ///   `cp -a`, `rsync -a` in a mount), for the body they had then (`digest`); local, never
 ///   replicated. Without one, an attachment's time is that of the revision that last changed it.
+/// - `pending_saves` (version 4): files a mount was writing when they were fsynced, not yet
+///   saved as revisions (`file` holds their bytes, synced): a mount that stopped before
+///   saving them saves them when the database is mounted again (`pid` was not running).
 /// - `body_cache` (version 4): what the cache of fetched bodies knows per body digest: when
 ///   it was last read, whether it was fetched from the remote (`fetched`: it can be fetched
 ///   again, so it may be evicted) and whether it is pinned (kept here). The limit is the
@@ -44,6 +47,15 @@ enum Schema {
         """
 
     static let version4Tables = """
+        CREATE TABLE IF NOT EXISTS pending_saves (
+            id TEXT PRIMARY KEY,
+            pid INTEGER NOT NULL,
+            doc_id TEXT NOT NULL,
+            name TEXT,
+            base_rev TEXT,
+            content_type TEXT,
+            file TEXT NOT NULL
+        ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS attachment_times (
             doc_id TEXT NOT NULL,
             name TEXT NOT NULL,

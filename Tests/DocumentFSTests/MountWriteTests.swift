@@ -235,20 +235,48 @@ import TestSupport
         #expect(try generation(db, "doc") == 5)
     }
 
-    @Test func writingAgainAfterAnFsyncBuildsOnTheSavedBody() throws {
+    @Test func anFsyncMakesTheBytesDurableAndTheCloseMakesTheOneRevision() throws {
         let mount = try MountedDatabase(db.path)
+        let before = try generation(db, "doc")
         let fd = open(mount.path("docs/doc/attachments/two-steps.txt"), O_RDWR | O_CREAT | O_TRUNC, 0o644)
         #expect(fd >= 0)
         #expect(write(fd, "first ", 6) == 6)
         #expect(fsync(fd) == 0)
-        #expect(try contents("two-steps.txt") == Array("first ".utf8))
+        // Durable (its bytes synced and recorded), not a revision.
+        #expect(try db.pendingSaves().count == 1)
+        #expect(try generation(db, "doc") == before)
         #expect(pwrite(fd, "second", 6, 6) == 6)
+        #expect(fsync(fd) == 0)
         var buffer = [UInt8](repeating: 0, count: 12)
         #expect(pread(fd, &buffer, 12, 0) == 12)
         #expect(buffer == Array("first second".utf8))
         #expect(close(fd) == 0)
         #expect(try contents("two-steps.txt") == Array("first second".utf8))
-        #expect(try generation(db, "doc") == 3)
+        #expect(try generation(db, "doc") == before + 1)
+        #expect(try db.pendingSaves().isEmpty)
+    }
+
+    @Test func whatWasFsyncedBeforeTheMountWasKilledIsSavedWhenItMountsAgain() throws {
+        var mount = try MountedDatabase(db.path)
+        let fd = open(mount.path("docs/doc/attachments/journal.bin"), O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        #expect(fd >= 0)
+        #expect(write(fd, "synced", 6) == 6)
+        #expect(fsync(fd) == 0)
+        #expect(write(fd, " lost", 5) == 5)  // written, never synced
+        let properties = open(mount.path("docs/doc/properties.json"), O_WRONLY | O_TRUNC)
+        #expect(write(properties, "{\"synced\": 1}", 13) == 13)
+        #expect(fsync(properties) == 0)
+        let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
+        kill(pid, SIGKILL)
+        close(fd)
+        close(properties)
+        _ = mount.unmount()
+        #expect(try db.document(withID: "doc")?.attachment(named: "journal.bin") == nil)
+        mount = try MountedDatabase(db.path)
+        #expect(try sh("cat '\(mount.path("docs/doc/attachments/journal.bin"))'").hasPrefix("synced"))
+        #expect(try sh("cat '\(mount.path("docs/doc/properties.json"))'").contains("\"synced\": 1"))
+        #expect(try db.pendingSaves().isEmpty)
+        #expect(mount.unmount().succeeded)
     }
 
     @Test func overwritingInTheMiddleAndTruncating() throws {
