@@ -197,3 +197,27 @@ import TestSupport
         _ = mount.unmount()
     }
 }
+
+/// The reusable POSIX checks (TestSupport's `POSIXChecks`): on ext4 first, which proves the
+/// checks, then in a mount's attachments folder.
+@Suite struct POSIXCheckTests {
+    let directory = TemporaryDirectory()
+
+    @Test func theChecksPassOnAPlainFolder() throws {
+        let folder = directory.appending("plain")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        let failures = POSIXChecks.run(in: folder)
+        #expect(failures.isEmpty, "\(failures)")
+    }
+
+    @Test func theChecksPassInAMountsAttachments() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        try db.put("doc", [:])
+        let mount = try MountedDatabase(db.path)
+        let failures = POSIXChecks.run(in: mount.path("docs/doc/attachments"))
+        #expect(failures.isEmpty, "\(failures.joined(separator: "\n"))")
+        #expect(mount.unmount().succeeded)
+        #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
+    }
+}
