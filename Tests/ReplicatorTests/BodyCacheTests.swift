@@ -30,6 +30,25 @@ final class BodyCacheTests {
         return total
     }
 
+    /// `source.sofa` with one 1 MiB body per (document, attachment, file, seed), served by
+    /// `sofa serve`, and `deferred.sofa` pulled from it with every body deferred.
+    func servedDeferredCopy(_ bodies: [(String, String, String, UInt64)]) throws -> ([BlobKey], ServedDatabases, String) {
+        let sourcePath = directory.appending("source.sofa")
+        #expect(try sofa("create", sourcePath).succeeded)
+        var keys: [BlobKey] = []
+        for (id, name, fileName, seed) in bodies {
+            let file = directory.appending(fileName)
+            keys.append(try writePatternFile(file, count: BodyCacheTests.size, seed: seed))
+            #expect(try sofa("put", sourcePath, id, "{}").succeeded)
+            #expect(try sofa("attach", sourcePath, id, name, file).succeeded)
+        }
+        let server = try ServedDatabases([sourcePath])
+        let target = directory.appending("deferred.sofa")
+        #expect(try sofa("create", target).succeeded)
+        #expect(try sofa("pull", target, "http://127.0.0.1:\(server.port)/source", "--no-download-attachments").succeeded)
+        return (keys, server, target)
+    }
+
     func attribute(_ path: String, _ name: String) throws -> String {
         try shell("getfattr --only-values -n \(name) '\(path)' 2>/dev/null").stdout
     }
@@ -37,18 +56,8 @@ final class BodyCacheTests {
     @Test func aLimitEvictsTheLeastRecentlyReadFetchedBodiesAndKeepsPinnedLocalAndUnconfirmedOnes() throws {
         // Six documents with a 1 MiB body each on the server; a deferred copy with a limit of 2.5 MiB.
         let sourcePath = directory.appending("source.sofa")
-        #expect(try sofa("create", sourcePath).succeeded)
-        var keys: [BlobKey] = []
-        for index in 0..<6 {
-            let file = directory.appending("body\(index)")
-            keys.append(try writePatternFile(file, count: BodyCacheTests.size, seed: UInt64(10 + index)))
-            #expect(try sofa("put", sourcePath, "b\(index)", "{}").succeeded)
-            #expect(try sofa("attach", sourcePath, "b\(index)", "body.bin", file).succeeded)
-        }
-        let server = try ServedDatabases([sourcePath])
-        let target = directory.appending("deferred.sofa")
-        #expect(try sofa("create", target).succeeded)
-        #expect(try sofa("pull", target, "http://127.0.0.1:\(server.port)/source", "--no-download-attachments").succeeded)
+        let (keys, server, target) = try servedDeferredCopy((0..<6).map { ("b\($0)", "body.bin", "body\($0)", UInt64(10 + $0)) })
+        defer { _ = server }
         #expect(try sofa("cache", target, "--limit", "2560K").succeeded)
         // A body only this machine has: never the cache's.
         let localFile = directory.appending("local")
@@ -113,16 +122,9 @@ final class BodyCacheTests {
     }
 
     @Test func pinDownloadsTheBodiesNotHereAndUnpinLetsThemGo() throws {
-        let sourcePath = directory.appending("source.sofa")
-        #expect(try sofa("create", sourcePath).succeeded)
-        let file = directory.appending("body")
-        let key = try writePatternFile(file, count: BodyCacheTests.size, seed: 3)
-        #expect(try sofa("put", sourcePath, "doc", "{}").succeeded)
-        #expect(try sofa("attach", sourcePath, "doc", "a.bin", file).succeeded)
-        let server = try ServedDatabases([sourcePath])
-        let target = directory.appending("deferred.sofa")
-        #expect(try sofa("create", target).succeeded)
-        #expect(try sofa("pull", target, "http://127.0.0.1:\(server.port)/source", "--no-download-attachments").succeeded)
+        let (keys, server, target) = try servedDeferredCopy([("doc", "a.bin", "body", 3)])
+        defer { _ = server }
+        let key = keys[0], file = directory.appending("body")
 
         #expect(try sofa("pin", target, "doc", "nope").stderr.contains("nope"))
         let pinned = try sofa("pin", target, "doc")
