@@ -72,21 +72,44 @@ extension Database {
     }
 
     /// Notes that the body `digest` was opened: the cache evicts the least recently read first.
-    /// Recorded at most once a minute per body and process; never fails.
+    /// Only while a limit is set (without one nothing is evicted, and eviction falls back on
+    /// when bodies arrived); kept in memory and written in one transaction every few
+    /// seconds (an open must not cost a write: `cat` of 10,000 small files took 2.6× as
+    /// long with one each). Never fails.
     public func noteRead(digest: String) {
         guard hasBodyCache, !isReadOnly else { return }
         let now = Date().timeIntervalSince1970
-        let due = readNotesLock.withLock { () -> Bool in
-            guard now - (readNotes[digest] ?? 0) >= 60 else { return false }
-            if readNotes.count > 10_000 { readNotes.removeAll() }
-            readNotes[digest] = now
-            return true
+        let checkLimit = readNotesLock.withLock { now - readNotes.limitChecked > 5 }
+        if checkLimit {
+            let limited = cacheLimit != nil
+            readNotesLock.withLock {
+                readNotes.limitChecked = now
+                readNotes.limited = limited
+            }
         }
-        guard due else { return }
+        let due = readNotesLock.withLock { () -> [String: Double]? in
+            guard readNotes.limited else { return nil }
+            readNotes.pending[digest] = now
+            guard now - readNotes.lastWrite >= 2 else { return nil }
+            readNotes.lastWrite = now
+            defer { readNotes.pending.removeAll() }
+            return readNotes.pending
+        }
+        guard let due else { return }
         try? write { connection in
-            try connection.run("INSERT INTO body_cache (digest, last_read) VALUES (?, ?) ON CONFLICT (digest) DO UPDATE SET last_read = excluded.last_read",
-                               .text(digest), .real(now))
+            for (digest, time) in due {
+                try connection.run("INSERT INTO body_cache (digest, last_read) VALUES (?, ?) ON CONFLICT (digest) DO UPDATE SET last_read = excluded.last_read",
+                                   .text(digest), .real(time))
+            }
         }
+    }
+
+    /// Reads noted and not written yet (`noteRead`). Guarded by `readNotesLock`.
+    struct ReadNotes {
+        var pending: [String: Double] = [:]
+        var lastWrite: Double = 0
+        var limitChecked: Double = 0
+        var limited = false
     }
 
     /// Pins or unpins the body `digest`: a pinned body is never evicted.

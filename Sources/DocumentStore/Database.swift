@@ -35,9 +35,8 @@ public final class Database: @unchecked Sendable {
     let hasBodyEvents: Bool
     /// Whether the file has `body_cache` (version 4).
     let hasBodyCache: Bool
-    /// When this process last recorded a read of each body (`noteRead`), to record one a minute at most.
-    /// Guarded by `readNotesLock`.
-    var readNotes: [String: Double] = [:]
+    /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
+    var readNotes = ReadNotes()
     let readNotesLock = Lock()
 
     /// The one connection that writes. Guarded by `writeLock`.
