@@ -424,9 +424,10 @@ import TestSupport
 
         // An edit in the mount goes up; an edit on the remote comes down into the mount.
         #expect(try shell("mkdir '\(mount.path("docs/from-mount"))' && echo '{\"made\":\"in the mount\"}' > '\(mount.path("docs/from-mount/properties.json"))'").succeeded)
-        #expect(try waitUntil { try server.connect().request("GET", "/source/from-mount").json?["made"] == "in the mount" })
+        // (Bounds, not timings: the ThreadSanitizer pass runs every suite at once, mount and server included.)
+        #expect(try waitUntil(30) { try server.connect().request("GET", "/source/from-mount").json?["made"] == "in the mount" })
         #expect(try server.connect().json("PUT", "/source/from-remote", ["made": "remotely"]).status == 201)
-        #expect(try waitUntil { (try? String(contentsOfFile: mount.path("docs/from-remote/properties.json"), encoding: .utf8))?.contains("remotely") == true })
+        #expect(try waitUntil(30) { (try? String(contentsOfFile: mount.path("docs/from-remote/properties.json"), encoding: .utf8))?.contains("remotely") == true })
 
         // The remote goes away: edits keep working and wait; status says offline; they go out on its return.
         server.stop()
