@@ -355,6 +355,23 @@ extension Database {
         if let file = file ?? nil { unlink(file) }
     }
 
+    /// Deletes the bytes of pending saves that no row names any more (a mount stopped between
+    /// the two), once older than `Tuning.blobGracePeriod` (a mount may be about to record one).
+    /// Returns the bytes freed.
+    func removeOrphanedPendingSaveFiles() -> Int64 {
+        guard hasBodyCache, let recorded = try? Set(pendingSaves().map(\.file)) else { return 0 }
+        let folder = "\(blobs.directory)/tmp"
+        let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
+        var freed: Int64 = 0
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
+        where name.hasPrefix("pending-") && name.hasSuffix(".keep") && !recorded.contains("\(folder)/\(name)") {
+            var info = stat()
+            guard stat("\(folder)/\(name)", &info) == 0, Double(info.st_mtim.tv_sec) < cutoff else { continue }
+            if unlink("\(folder)/\(name)") == 0 { freed += Int64(info.st_blocks) * 512 }
+        }
+        return freed
+    }
+
     public func pendingSaves() throws -> [PendingSave] {
         guard hasBodyCache else { return [] }
         return try read { connection in

@@ -803,7 +803,7 @@ public final class Database: @unchecked Sendable {
                 }
             }
         }
-        report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles()
+        report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles() + removeOrphanedPendingSaveFiles()
         // Partial downloads stay while some revision still waits for their body.
         let deferred = try read { try $0.query("SELECT DISTINCT digest FROM rev_attachments WHERE blob_key IS NULL") { $0.text(0) } }
         report.temporaryBytesFreed += blobs.removePartialBodies(except: Set(deferred))
