@@ -304,6 +304,13 @@ extension DocumentFileSystem {
         file.durableID = id
     }
 
+    /// Forgets the pending save of `file`, if it has one. Caller holds its lock.
+    private func dropPendingSave(of file: WriteHandle) {
+        guard let id = file.durableID else { return }
+        database.removePendingSave(id)
+        file.durableID = nil
+    }
+
     /// Saves what mounts that stopped (killed, crashed, the machine went down) had made durable
     /// with fsync but not saved: each becomes the revision its close would have made.
     func recoverPendingSaves() {
@@ -355,11 +362,7 @@ extension DocumentFileSystem {
                 file.dirty = true
                 do { try save(file) } catch { log.error("\(file.path): not saved: \(error)") }
             }
-            if let id = file.durableID {
-                // Not to be saved after all (a failed write): nothing to recover either.
-                database.removePendingSave(id)
-                file.durableID = nil
-            }
+            dropPendingSave(of: file)  // not saved after all (a failed write): nothing to recover either
             let unused = withState { () -> Bool in
                 guard file.users == 0 else { return false }  // opened again meanwhile: still pending
                 if pendingFiles[file.path] === file { pendingFiles[file.path] = nil }
@@ -374,13 +377,7 @@ extension DocumentFileSystem {
     private func save(_ handle: WriteHandle) throws {
         if !handle.dirty, handle.failed, let error = handle.lastError { throw error }
         guard handle.dirty else { return }
-        defer {
-            // Saved, or refused (the rejected text is kept apart): no longer pending either way.
-            if let id = handle.durableID {
-                database.removePendingSave(id)
-                handle.durableID = nil
-            }
-        }
+        defer { dropPendingSave(of: handle) }  // saved, or refused (its text kept apart): not pending either way
         do {
             let revision: Revision
             switch handle {
@@ -699,10 +696,7 @@ extension DocumentFileSystem {
     func detach(_ file: WriteHandle) {
         file.lock.withLock {
             file.unlinked = true
-            if let id = file.durableID {
-                database.removePendingSave(id)
-                file.durableID = nil
-            }
+            dropPendingSave(of: file)
             withState { if pendingFiles[file.path] === file { pendingFiles[file.path] = nil } }
         }
     }
