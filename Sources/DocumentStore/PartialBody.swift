@@ -252,7 +252,8 @@ public final class PartialBody: @unchecked Sendable {
 
     /// The map in `mapFD`, if it is one for this body.
     private func readMap(_ mapFD: Int32) -> [UInt64]? {
-        let size = PartialBody.mapHeaderSize + bits.count * 8
+        // `bits` may be changing under `lock` meanwhile: its length never does.
+        let size = PartialBody.mapHeaderSize + (chunkCount + 63) / 64 * 8
         var bytes = [UInt8](repeating: 0, count: size)
         guard pread(mapFD, &bytes, size, 0) == size else { return nil }
         return PartialBody.decodeMap(bytes, length: length)
