@@ -112,7 +112,6 @@ public final class ReplicationSession: @unchecked Sendable {
 
     private func loop(_ direction: Replicator.Direction) {
         var backoff = retry.initialDelay
-        var lastLocalSequence: Int64 = -1
         while !isStopped {
             do {
                 status.set("busy")
@@ -127,9 +126,10 @@ public final class ReplicationSession: @unchecked Sendable {
                 backoff = retry.initialDelay
                 guard continuous else { return }
                 if direction == .push {
-                    // Wait for a local change (from the mount, the CLI, or a pull).
-                    lastLocalSequence = max(before, (try? database.lastSequence) ?? before)
-                    while !isStopped, ((try? database.lastSequence) ?? lastLocalSequence) <= lastLocalSequence {
+                    // Wait for a local change (from the mount, the CLI, or a pull) after the
+                    // pass began: one made while it ran may have come after its reading of
+                    // the changes, so it starts the next pass at once.
+                    while !isStopped, ((try? database.lastSequence) ?? before) <= before {
                         pause(ReplicationSession.pushPollInterval)
                     }
                 } else {

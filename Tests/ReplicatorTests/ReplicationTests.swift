@@ -445,6 +445,31 @@ import TestSupport
         })
         #expect(mount.unmount().succeeded)
     }
+
+    /// A save made while a continuous push is busy (after it read the changes) goes out
+    /// with the next pass, not with the next save after it.
+    @Test func aSaveDuringAPushPassGoesOutWithoutAnotherSave() throws {
+        let local = try directory.makeDatabase("local.sofa")
+        var big = try local.newRevision(of: "big")
+        let file = directory.appending("big.bin")
+        try writePatternFile(file, count: 2 << 20)
+        try big.setAttachment("big.bin", contentsOf: file)
+        try local.save(big)
+        let remote = try directory.makeDatabase("remote.sofa")
+        let server = try ServedDatabases([remote.path])
+        let proxy = try FaultProxy(upstreamPort: server.port)
+        proxy.limitRate(1 << 20)  // the 2 MiB body takes two seconds to go up
+        let session = ReplicationSession(database: local, remote: try RemoteDatabase("http://127.0.0.1:\(proxy.port)/remote"),
+                                         directions: [.push], continuous: true)
+        session.start()
+        defer { session.stop(); session.wait() }
+        Thread.sleep(forTimeInterval: 0.5)
+        var late = try local.newRevision(of: "late")
+        late.properties = ["saved": "during the pass"]
+        try local.save(late)
+        try #require(try server.connect().request("GET", "/remote/big").status == 404, "the first pass was still running")
+        #expect(try waitUntil(30) { try server.connect().request("GET", "/remote/late").status == 200 })
+    }
 }
 
 /// The body downloader against CouchDB 3.4.3's own bytes (../shared/fixtures): an MD5

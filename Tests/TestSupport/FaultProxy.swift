@@ -54,7 +54,7 @@ public final class FaultProxy: @unchecked Sendable {
         lock.withLock { replacement = (Array(from.utf8), Array(to.utf8)) }
     }
 
-    /// Answers travel at most `bytesPerSecond` (a slow link); nil: as fast as they come.
+    /// Bytes travel at most `bytesPerSecond` each way (a slow link); nil: as fast as they come.
     public func limitRate(_ bytesPerSecond: Int?) { lock.withLock { rate = bytesPerSecond } }
     private var rate: Int?
 
@@ -143,7 +143,7 @@ public final class FaultProxy: @unchecked Sendable {
                 sent += written
             }
             if sent < chunk.count { break }
-            if rewrite, let rate = lock.withLock({ rate }) { usleep(UInt32(min(1_000_000, chunk.count * 1_000_000 / max(1, rate)))) }
+            if let rate = lock.withLock({ rate }) { usleep(UInt32(min(1_000_000, chunk.count * 1_000_000 / max(1, rate)))) }
             forwarded += chunk.count
             if rewrite { lock.withLock { forwardedFromServer += chunk.count } }
         }
