@@ -43,12 +43,22 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var openedDigests: [String: String] = [:]
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
     var pendingFiles: [String: WriteHandle] = [:]
+    /// Attachments renamed to a scratch name in their own document, by document id and name:
+    /// hidden at once, removed from the document with its next save or after
+    /// `Tuning.setAsideGrace` (see `setAside(_:_:)`). Guarded by `stateLock`.
+    var setAside: [String: [String: SetAside]] = [:]
     /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).
     private let stateLock = NSLock()
 
     struct Removal {
         var properties = false
         var attachments: Set<String> = []
+    }
+
+    struct SetAside {
+        /// The body set aside: a save by another process meanwhile is not removed.
+        let digest: String
+        let since: Date
     }
 
     struct FolderKey: Hashable {
@@ -122,8 +132,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     /// Attachments visible in the folder of a live revision.
     func visibleAttachments(_ revision: Revision) -> [Attachment] {
-        guard let removal = removal(revision.docID) else { return revision.attachments }
-        return revision.attachments.filter { !removal.attachments.contains($0.name) }
+        let (removal, aside) = withState { (removals[revision.docID], setAside[revision.docID]) }
+        guard removal != nil || aside != nil else { return revision.attachments }
+        return revision.attachments.filter { !(removal?.attachments.contains($0.name) ?? false) && aside?[$0.name] == nil }
     }
 
     func documentFolderExists(_ id: String) throws -> Bool {

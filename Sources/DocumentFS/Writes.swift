@@ -467,9 +467,13 @@ extension DocumentFileSystem {
             if let removal = removal(id) {
                 for name in removal.attachments where draft.attachments[name] != nil { try draft.removeAttachment(name) }
             }
+            let aside = withState { setAside[id] ?? [:] }
+            for (name, set) in aside where draft.attachments[name]?.digest == set.digest { try draft.removeAttachment(name) }
             try apply(&draft)
             if !allowConflict, let live, live.revID == draft.parent, draft.repeats(live) {
-                return live  // nothing changed (rsync rewriting a file with the same bytes): no new revision
+                // Nothing changed (rsync rewriting a file with the same bytes, a backup put back): no new revision.
+                endSetAside(aside.keys, of: id)
+                return live
             }
             do {
                 defer { documentChanged(id) }
@@ -477,6 +481,7 @@ extension DocumentFileSystem {
                 if allowConflict {
                     log.warning("docs/\(FileNames.escape(id)): changed since it was opened; saved as conflicting revision \(revision.revID)")
                 }
+                endSetAside(aside.keys, of: id)
                 withState {
                     removals[id] = nil
                     emptyFolders = emptyFolders.filter { key in
@@ -489,6 +494,47 @@ extension DocumentFileSystem {
             }
         }
         throw SofaError.conflict(docID: id, revID: base?.description, current: (try? database.currentRevision(of: id)?.revID.description) ?? "?")
+    }
+
+    /// Sets an attachment aside: renamed to a scratch name in its own document (an editor's
+    /// backup, `gio copy -b`, emacs' first save), it leaves the view at once, but its removal
+    /// waits for the document's next save (the new file at its name, usually within
+    /// milliseconds) or `Tuning.setAsideGrace`, so that the rename and the new file make one
+    /// revision, and no revision without the attachment reaches a replica in between.
+    func setAside(_ attachment: Attachment, of id: String) {
+        withState { setAside[id, default: [:]][attachment.name] = SetAside(digest: attachment.digest, since: Date()) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + Tuning.setAsideGrace) { [weak self] in
+            self?.removeSetAside(of: id, setAsideBefore: Date().addingTimeInterval(-Tuning.setAsideGrace + 0.05))
+        }
+    }
+
+    /// Saves the removal of what was set aside in document `id` before `date` (everything: nil).
+    func removeSetAside(of id: String, setAsideBefore date: Date? = nil) {
+        let due = withState { (setAside[id] ?? [:]).filter { date == nil || $0.value.since <= date! }.keys }
+        guard let name = due.first else { return }
+        do {
+            guard let live = try liveRevision(id) else {
+                endSetAside(due, of: id)  // deleted meanwhile: nothing to remove
+                return
+            }
+            // The save applies every set-aside removal of the document (see `commit`).
+            _ = try commit(id, base: live.revID, change: .attachment(name)) { _ in }
+        } catch {
+            log.error("docs/\(FileNames.escape(id))/attachments/\(name): its removal (renamed to a scratch name) was not saved: \(error)")
+        }
+    }
+
+    /// Saves every removal still waiting (the mount is ending).
+    public func saveSetAsideRemovals() {
+        for id in withState({ Array(setAside.keys) }) { removeSetAside(of: id) }
+    }
+
+    private func endSetAside(_ names: Dictionary<String, SetAside>.Keys, of id: String) {
+        guard !names.isEmpty else { return }
+        withState {
+            for name in names { setAside[id]?[name] = nil }
+            if setAside[id]?.isEmpty == true { setAside[id] = nil }
+        }
     }
 
     /// Whether a change made from `base` touches what changed between `base` and `live`.
@@ -773,7 +819,11 @@ extension DocumentFileSystem {
                   try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
             let reader = try database.openContent(of: attachment, docID: id)
             try copy(reader, toScratch: scratchPath(toID, relative))
-            _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
+            if toID == id {
+                setAside(attachment, of: id)
+            } else {
+                _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
+            }
         case let (.scratch(id, relative), .scratch(toID, toRelative)):
             guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
             let destination = scratchPath(toID, toRelative)

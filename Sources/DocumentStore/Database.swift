@@ -378,7 +378,7 @@ public final class Database: @unchecked Sendable {
             var names: Set<String> = [digest]
             if hasBodyDigests, keys.count == 1,
                let remoteName = try connection.query("SELECT digest FROM body_digests WHERE blob_key = ? ORDER BY digest LIMIT 1",
-                                                     .text(keys[0])) { $0.text(0) }.first {
+                                                     .text(keys[0]), row: { $0.text(0) }).first {
                 try connection.run("UPDATE rev_attachments SET blob_key = NULL, digest = ? WHERE digest = ?", .text(remoteName), .text(digest))
                 if hasBodyCache {
                     try connection.run("UPDATE OR IGNORE body_cache SET digest = ? WHERE digest = ?", .text(remoteName), .text(digest))

@@ -23,4 +23,9 @@ public enum Tuning {
     /// truncate to 4 GiB saves in a few seconds; one to 1 TiB would hold its caller for 15 min.
     /// Bodies written byte by byte have no such limit (they are hashed as they arrive).
     public static let maximumTruncatedSize: Int64 = 4 << 30
+
+    /// How long an attachment renamed to a scratch name in its own document (an editor's
+    /// backup, `gio copy -b`) waits for the new file at its name before its removal is saved:
+    /// "rename to backup, write the new file" is then one revision, not two.
+    public static let setAsideGrace = 1.0
 }

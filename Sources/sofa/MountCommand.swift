@@ -108,6 +108,7 @@ struct Mount: SofaCommand {
         log.info("mounted \(database.path) on \(mountPoint)")
         session?.start()
         mount.run()
+        fileSystem.saveSetAsideRemovals()
         session?.stop()
         session?.wait()
         // Fetches still running end (and save what arrived) before the process does.

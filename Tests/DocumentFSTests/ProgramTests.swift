@@ -166,6 +166,72 @@ import TestSupport
         #expect(try db.revisionTree(of: "whole").conflicts.isEmpty)
     }
 
+    /// `gio copy -b`, like emacs' first save and vim with backups: the attachment is renamed to
+    /// `name~` (a scratch file), then the new bytes are written at its name. One revision.
+    @Test func gioCopyWithABackupReplacesAnAttachmentInOneRevision() throws {
+        try db.put("doc", [:], attachments: ["note.txt": Array("old\n".utf8)])
+        let before = try generation(db, "doc")
+        let mount = try MountedDatabase(db.path)
+        let new = directory.appending("new.txt")
+        try sh("echo new > '\(new)' && gio copy -b '\(new)' '\(mount.path("docs/doc/attachments/note.txt"))'")
+        #expect(try sh("cat '\(mount.path("docs/doc/attachments/note.txt"))'") == "new\n")
+        #expect(try sh("cat '\(mount.path("docs/doc/attachments/note.txt~"))'") == "old\n", "the backup, a scratch file")
+        Thread.sleep(forTimeInterval: Tuning.setAsideGrace + 0.5)
+        #expect(mount.unmount().succeeded)
+        #expect(try generation(db, "doc") == before + 1)
+        #expect(try db.document(withID: "doc")?.attachments.map(\.name) == ["note.txt"])
+        #expect(try leaves() == 1)
+    }
+
+    /// Mousepad (GTK, GLib's safe save: a `.goutputstream-…` file renamed over the original)
+    /// on a virtual display, keys sent as a user types them.
+    @Test func mousepadSavesPropertiesAndAttachmentsAndARejectedSaveLosesNothing() throws {
+        for tool in ["/usr/bin/Xvfb", "/usr/bin/mousepad", "/usr/bin/xdotool"] {
+            try #require(FileManager.default.isExecutableFile(atPath: tool), "\(tool) is missing (Scripts/test installs it)")
+        }
+        try db.put("doc", ["title": "hello"], attachments: ["note.txt": Array("first line\n".utf8)])
+        let start = try generation(db, "doc")
+        let mount = try MountedDatabase(db.path)
+        let display = try VirtualDisplay()
+
+        // properties.json saved as invalid JSON: the editor is told, the text is kept beside it.
+        let properties = try display.start(["/usr/bin/mousepad", mount.path("docs/doc/properties.json")])
+        defer { properties.kill(); _ = properties.wait() }
+        let window = try #require(try display.window(named: "properties\\.json - Mousepad"))
+        try display.press("ctrl+End", in: window)
+        try display.type("oops", in: window)
+        try display.press("ctrl+s", in: window)
+        let rejected = mount.path("docs/doc/properties.rejected.json")
+        #expect(waitUntil(30) { (try? String(contentsOfFile: rejected, encoding: .utf8))?.hasSuffix("oops") == true })
+        #expect(try sh("cat '\(mount.path("docs/doc/properties.rejected.txt"))'").contains("invalid JSON at line 4"))
+        #expect(try generation(db, "doc") == start)
+        #expect(try display.title(of: window).hasPrefix("*"), "the editor shows the document as unsaved")
+        // The user closes the error, mends the text and saves again.
+        if let dialog = try display.window(named: "^Mousepad$", within: 10) { try display.press("Escape", in: dialog) }
+        try display.press("ctrl+End BackSpace BackSpace BackSpace BackSpace ctrl+Home Down End", in: window)
+        try display.type(#", "edited": true"#, in: window)
+        try display.press("ctrl+s", in: window)
+        #expect(waitUntil(30) { (try? db.document(withID: "doc"))??.properties["edited"] == true })
+        #expect(try waitUntil(30) { try !display.title(of: window).hasPrefix("*") })
+        #expect(!FileManager.default.fileExists(atPath: rejected), "a good save clears the rejected text")
+        #expect(try generation(db, "doc") == start + 1)
+        try display.press("ctrl+q", in: window)
+
+        // An attachment edited and saved: one revision, no conflict.
+        let note = try display.start(["/usr/bin/mousepad", mount.path("docs/doc/attachments/note.txt")])
+        defer { note.kill(); _ = note.wait() }
+        let noteWindow = try #require(try display.window(named: "note\\.txt - Mousepad"))
+        try display.press("ctrl+End", in: noteWindow)
+        try display.type("second line", in: noteWindow)
+        try display.press("ctrl+s", in: noteWindow)
+        #expect(try waitUntil(30) { try generation(db, "doc") == start + 2 })
+        #expect(try sh("cat '\(mount.path("docs/doc/attachments/note.txt"))'").hasPrefix("first line\nsecond line"))
+        try display.press("ctrl+q", in: noteWindow)
+        #expect(mount.unmount().succeeded)
+        #expect(try leaves() == 1, "the editor alone made conflicting branches")
+        #expect(try db.document(withID: "doc")?.attachments.map(\.name) == ["note.txt"])
+    }
+
     @Test func everyFailedOperationIsLoggedWithItsPathAndReason() throws {
         let mount = try MountedDatabase(db.path)
         #expect(!(try shell("rmdir '\(mount.path("docs"))'")).succeeded)

@@ -172,4 +172,55 @@ import TestSupport
         try fs.removeDirectory(root + "/e")
         #expect(try listing(root) == ["c", "keep.txt"])
     }
+
+    /// `gio copy -b`, emacs' first save, vim with backups: the attachment is renamed to a
+    /// backup name, then a new file is written at its name. One revision, and none without it.
+    @Test func renamingToABackupThenWritingTheNewFileIsOneRevision() throws {
+        let before = try generation()
+        let root = "/docs/doc/attachments"
+        try fs.rename(root + "/keep.txt", to: root + "/keep.txt~", flags: 0)
+        #expect(errno { _ = try fs.attributes(of: root + "/keep.txt") } == ENOENT, "gone from the view at once")
+        #expect(try listing(root) == ["keep.txt~"])
+        let file = try fs.create(root + "/keep.txt", permissions: 0o644, flags: O_WRONLY | O_CREAT | O_EXCL, caller: shell)
+        try write(file.handle, "new text")
+        try fs.flush(file.handle, caller: shell)
+        fs.release(file.handle)
+        #expect(try generation() == before + 1)
+        let tree = try db.revisionTree(of: "doc")
+        #expect(tree.conflicts.isEmpty)
+        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 8)
+        #expect(try listing(root) == ["keep.txt", "keep.txt~"])
+        Thread.sleep(forTimeInterval: Tuning.setAsideGrace + 0.5)
+        #expect(try generation() == before + 1, "nothing more is saved when the grace ends")
+    }
+
+    @Test func anAttachmentRenamedToAScratchNameAloneIsRemovedWhenTheGraceEnds() throws {
+        let before = try generation()
+        let root = "/docs/doc/attachments"
+        try fs.rename(root + "/keep.txt", to: root + "/keep.txt~", flags: 0)
+        #expect(try generation() == before, "not yet")
+        #expect(try waitUntil(Tuning.setAsideGrace + 5) { try generation() == before + 1 })
+        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt") == nil)
+        #expect(try listing(root) == ["keep.txt~"])
+        // Putting the backup back saves the attachment again.
+        try fs.rename(root + "/keep.txt~", to: root + "/keep.txt", flags: 0)
+        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 4)
+    }
+
+    @Test func aBackupPutBackAtOnceSavesNothingAndAChangeByAnotherWriterIsNotRemoved() throws {
+        let before = try generation()
+        let root = "/docs/doc/attachments"
+        try fs.rename(root + "/keep.txt", to: root + "/keep.txt~", flags: 0)
+        try fs.rename(root + "/keep.txt~", to: root + "/keep.txt", flags: 0)
+        #expect(try generation() == before, "the same bytes at the same name: no revision")
+        fs.saveSetAsideRemovals()
+        #expect(try generation() == before)
+
+        // Set aside, then changed by another process (the CLI) before the grace ends: its body stays.
+        try fs.rename(root + "/keep.txt", to: root + "/keep.txt~", flags: 0)
+        try db.put("doc", [:], attachments: ["keep.txt": Array("from the CLI".utf8)])
+        fs.documentChanged("doc")
+        fs.saveSetAsideRemovals()
+        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 12)
+    }
 }
