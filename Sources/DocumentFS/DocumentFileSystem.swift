@@ -37,8 +37,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     /// Documents whose removal (`rm -r`) is under way. Guarded by `stateLock`.
     var removals: [String: Removal] = [:]
-    /// Attachment folders made with mkdir that hold no attachment yet. Guarded by `stateLock`.
-    var emptyFolders: Set<FolderKey> = []
+    /// Attachment folders that exist whatever they hold: made with mkdir, or left by the
+    /// removal of their last attachment, as on disk. They go with rmdir (or their document).
+    /// Guarded by `stateLock`.
+    var keptFolders: Set<FolderKey> = []
     /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
     var openedDigests: [String: String] = [:]
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
@@ -167,7 +169,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         let prefix = folder + "/"
         if attachments.contains(where: { $0.name.hasPrefix(prefix) }) { return true }
         if pendingFiles(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
-        return withState { emptyFolders.contains(FolderKey(docID: docID, folder: folder)) }
+        return withState { keptFolders.contains(FolderKey(docID: docID, folder: folder)) }
     }
 
     func conflictRevision(_ id: String, _ rev: String) throws -> Revision? {
@@ -325,7 +327,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             // Attachments, files being written, and folders made with mkdir (a folder of its own).
             var names = attachments.map { ($0.name, Optional($0), false) }
             names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil, false) } }
-            names += withState { emptyFolders.filter { $0.docID == id }.map { ($0.folder, nil, true) } }
+            names += withState { keptFolders.filter { $0.docID == id }.map { ($0.folder, nil, true) } }
             let prefix = folder.isEmpty ? "" : folder + "/"
             let modified = revision?.savedAt.timeIntervalSince1970 ?? mountTime
             for (name, attachment, isFolder) in names where name.hasPrefix(prefix) && name.count > prefix.count {

@@ -482,12 +482,7 @@ extension DocumentFileSystem {
                     log.warning("docs/\(FileNames.escape(id)): changed since it was opened; saved as conflicting revision \(revision.revID)")
                 }
                 endSetAside(aside.keys, of: id)
-                withState {
-                    removals[id] = nil
-                    emptyFolders = emptyFolders.filter { key in
-                        key.docID != id || !draft.attachments.keys.contains { $0.hasPrefix(key.folder + "/") }
-                    }
-                }
+                withState { removals[id] = nil }
                 return revision
             } catch SofaError.conflict {
                 continue  // another writer saved in between: look again
@@ -569,7 +564,7 @@ extension DocumentFileSystem {
             try AttachmentName.validate(folder)
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             if (try? attributes(of: path)) != nil { throw FileSystemError(EEXIST) }
-            _ = withState { emptyFolders.insert(FolderKey(docID: id, folder: folder)) }
+            _ = withState { keptFolders.insert(FolderKey(docID: id, folder: folder)) }
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let target = scratchPath(id, relative)
@@ -599,7 +594,7 @@ extension DocumentFileSystem {
             try? FileManager.default.removeItem(atPath: scratch)
             withState {
                 removals[id] = nil
-                emptyFolders = emptyFolders.filter { $0.docID != id }
+                keptFolders = keptFolders.filter { $0.docID != id }
             }
         case .attachment(let id, let folder):
             guard let revision = try liveRevision(id) else {
@@ -609,13 +604,13 @@ extension DocumentFileSystem {
             let attachments = visibleAttachments(revision)
             let prefix = folder.isEmpty ? "" : folder + "/"
             guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
-            let holdsFolders = withState { emptyFolders.contains { $0.docID == id && $0.folder.hasPrefix(prefix) && $0.folder != folder } }
+            let holdsFolders = withState { keptFolders.contains { $0.docID == id && $0.folder.hasPrefix(prefix) && $0.folder != folder } }
             let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }
             guard !attachments.contains(where: { $0.name.hasPrefix(prefix) }), !holdsFolders, !holdsPending,
                   folder.isEmpty ? scratchIsEmpty(scratchPath(id, Node.attachmentsDirectoryName)) : true else {
                 throw FileSystemError(ENOTEMPTY)
             }
-            _ = withState { emptyFolders.remove(FolderKey(docID: id, folder: folder)) }
+            _ = withState { keptFolders.remove(FolderKey(docID: id, folder: folder)) }
         case .conflict(let id, let rev):
             // `rm -r conflicts/<rev>`: resolve by deleting that branch.
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
@@ -645,7 +640,7 @@ extension DocumentFileSystem {
             for name in names {
                 var parts = name.split(separator: "/", omittingEmptySubsequences: false).dropLast()
                 while !parts.isEmpty {
-                    emptyFolders.insert(FolderKey(docID: id, folder: parts.joined(separator: "/")))
+                    keptFolders.insert(FolderKey(docID: id, folder: parts.joined(separator: "/")))
                     parts = parts.dropLast()
                 }
             }
@@ -673,11 +668,12 @@ extension DocumentFileSystem {
         guard !readOnly else { throw FileSystemError(EROFS) }
         if let pending = pendingFile(at: path) {
             // Open and being written: its name goes now; what its descriptors write goes nowhere.
+            // (Its folders are kept first: there is no moment when they are nowhere.)
+            if case .attachment(let id, let name) = node { keepFolders(of: [name], in: id) }
             detach(pending)
             switch node {
             case .attachment(let id, let name):
                 guard let revision = try liveRevision(id), visibleAttachments(revision).contains(where: { $0.name == name }) else {
-                    keepFolders(of: [name], in: id)
                     return  // never saved: nothing else to remove
                 }
             case .properties(let id):
@@ -700,10 +696,10 @@ extension DocumentFileSystem {
                 removals[id]!.attachments.insert(name)
                 return true
             }
+            keepFolders(of: [name], in: id)
             if !removing {
                 _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
             }
-            keepFolders(of: [name], in: id)
         case .conflictProperties(let id, let rev), .conflictAttachment(let id, let rev, _):
             // Part of `rm -r conflicts/<rev>`; the branch goes with the folder.
             guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
@@ -866,10 +862,10 @@ extension DocumentFileSystem {
         if sourceKind == .directory {
             // Folders made with mkdir move with it.
             withState {
-                emptyFolders.remove(FolderKey(docID: toID, folder: toName))  // the empty folder it replaces
-                for key in emptyFolders where key.docID == fromID && (key.folder == fromName || key.folder.hasPrefix(prefix)) {
-                    emptyFolders.remove(key)
-                    emptyFolders.insert(FolderKey(docID: toID, folder: toName + key.folder.dropFirst(fromName.count)))
+                keptFolders.remove(FolderKey(docID: toID, folder: toName))  // the empty folder it replaces
+                for key in keptFolders where key.docID == fromID && (key.folder == fromName || key.folder.hasPrefix(prefix)) {
+                    keptFolders.remove(key)
+                    keptFolders.insert(FolderKey(docID: toID, folder: toName + key.folder.dropFirst(fromName.count)))
                 }
             }
         }
@@ -882,8 +878,9 @@ extension DocumentFileSystem {
             throw FileSystemError(ENOENT)
         }
         func renamed(_ name: String) -> String { name == fromName ? toName : toName + "/" + name.dropFirst(prefix.count) }
-        // The folders that held what moved stay, as on disk; a folder that moved does not.
-        defer { keepFolders(of: sourceKind == .directory ? [fromName] : moving.map(\.name), in: fromID) }
+        // The folders that held what moved stay, as on disk (kept before the save: there is
+        // no moment when they are nowhere); a folder that moved does not.
+        keepFolders(of: sourceKind == .directory ? [fromName] : moving.map(\.name), in: fromID)
         if fromID == toID {
             _ = try commit(fromID, base: source.revID, change: .attachment(toName)) { draft in
                 for attachment in moving { try draft.renameAttachment(attachment.name, to: renamed(attachment.name)) }

@@ -223,4 +223,29 @@ import TestSupport
         fs.saveSetAsideRemovals()
         #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 12)
     }
+
+    /// A folder never vanishes for a moment while files come and go in it (a stat of it
+    /// between a save and the cache's refresh answered ENOENT: unlink then failed in the kernel).
+    @Test func aFolderStaysVisibleWhileFilesAreSavedAndRemovedInIt() throws {
+        let folder = "/docs/doc/attachments/d"
+        try fs.makeDirectory(folder)
+        let done = Locked(false)
+        let misses = Locked(0)
+        let watcher = Thread { [fs] in
+            while !done.withLock({ $0 }) {
+                if (try? fs.attributes(of: folder)) == nil { misses.withLock { $0 += 1 } }
+            }
+        }
+        watcher.start()
+        for index in 0..<150 {
+            let path = folder + "/e\(index)"
+            let file = try fs.create(path, permissions: 0o644, flags: O_WRONLY | O_CREAT | O_TRUNC, caller: shell)
+            try fs.flush(file.handle, caller: shell)
+            fs.release(file.handle)
+            try fs.unlink(path)
+        }
+        done.withLock { $0 = true }
+        #expect(misses.withLock { $0 } == 0, "the folder was missing \(misses.withLock { $0 }) times")
+        #expect(try listing(folder).isEmpty)
+    }
 }
