@@ -101,9 +101,9 @@ public final class BlobStore: Sendable {
 
     /// Deletes partial bodies whose digest is not in `wanted`, unless a writer holds them.
     /// Returns bytes freed.
-    func removePartialBodies(except wanted: Set<String>) -> Int64 {
+    func removePartialBodies(except wanted: Set<String>, dryRun: Bool = false) -> Int64 {
         var freed: Int64 = 0
-        for (digest, length) in partialBodies() where !wanted.contains(digest) && removePartialBody(digest: digest) {
+        for (digest, length) in partialBodies() where !wanted.contains(digest) && (dryRun || removePartialBody(digest: digest)) {
             freed += length
         }
         return freed
@@ -192,14 +192,14 @@ public final class BlobStore: Sendable {
 
     /// Deletes temporary files left by processes that no longer run. Returns bytes freed.
     @discardableResult
-    func removeAbandonedTemporaryFiles() -> Int64 {
+    func removeAbandonedTemporaryFiles(dryRun: Bool = false) -> Int64 {
         var freed: Int64 = 0
         for name in BlobStore.names(in: temporaryDirectory) ?? [] {
             guard name.hasSuffix(".tmp"), let dash = name.firstIndex(of: "-"), let pid = pid_t(name[..<dash]) else { continue }
             guard kill(pid, 0) != 0 && errno == ESRCH else { continue }
             let path = "\(temporaryDirectory)/\(name)"
             var info = stat()
-            if stat(path, &info) == 0, unlink(path) == 0 { freed += Int64(info.st_size) }
+            if stat(path, &info) == 0, dryRun || unlink(path) == 0 { freed += Int64(info.st_size) }
         }
         return freed
     }

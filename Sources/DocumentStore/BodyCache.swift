@@ -358,7 +358,7 @@ extension Database {
     /// Deletes the bytes of pending saves that no row names any more (a mount stopped between
     /// the two), once older than `Tuning.blobGracePeriod` (a mount may be about to record one).
     /// Returns the bytes freed.
-    func removeOrphanedPendingSaveFiles() -> Int64 {
+    func removeOrphanedPendingSaveFiles(dryRun: Bool = false) -> Int64 {
         guard hasBodyCache, let recorded = try? Set(pendingSaves().map(\.file)) else { return 0 }
         let folder = "\(blobs.directory)/tmp"
         let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
@@ -367,7 +367,7 @@ extension Database {
         where name.hasPrefix("pending-") && name.hasSuffix(".keep") && !recorded.contains("\(folder)/\(name)") {
             var info = stat()
             guard stat("\(folder)/\(name)", &info) == 0, Double(info.st_mtim.tv_sec) < cutoff else { continue }
-            if unlink("\(folder)/\(name)") == 0 { freed += Int64(info.st_blocks) * 512 }
+            if dryRun || unlink("\(folder)/\(name)") == 0 { freed += Int64(info.st_blocks) * 512 }
         }
         return freed
     }

@@ -48,6 +48,12 @@ public final class Database: @unchecked Sendable {
     /// Guards `idleReaders`. Lock order: 2 (a leaf: nothing is locked while it is held).
     private let readersLock = Lock()
 
+    /// Every process that opens the database writable holds a shared `flock` on this file
+    /// (not on the SQLite file: closing any descriptor of that would drop SQLite's own
+    /// locks), so compaction can tell whether it is alone. -1 when read-only.
+    private let openLock: Int32
+    static let openLockFileName = "open.lock"
+
     static let databaseFileName = "db.sqlite3"
     static let attachmentsDirectoryName = "attachments"
 
@@ -70,6 +76,24 @@ public final class Database: @unchecked Sendable {
         }
         self.publicUUID = publicUUID
         self.privateUUID = privateUUID
+        var lock: Int32 = -1
+        if !readOnly {
+            lock = Glibc.open("\(path)/\(Database.openLockFileName)", O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+            if lock >= 0 { flock(lock, LOCK_SH) }
+        }
+        openLock = lock
+    }
+
+    deinit {
+        if openLock >= 0 { Glibc.close(openLock) }
+    }
+
+    /// Runs `body` with whether no other process has the database open: if none has, none
+    /// can open it until `body` returns (they wait for the lock).
+    func withOtherProcessesExcluded<T>(_ body: (_ alone: Bool) throws -> T) rethrows -> T {
+        guard openLock >= 0, flock(openLock, LOCK_EX | LOCK_NB) == 0 else { return try body(false) }
+        defer { flock(openLock, LOCK_SH) }
+        return try body(true)
     }
 
     /// Creates a new, empty database directory at `path`.
@@ -109,7 +133,11 @@ public final class Database: @unchecked Sendable {
         let found = try Schema.check(connection, path: path, readOnly: readOnly)
         let database = try Database(path: path, writer: connection, readOnly: readOnly,
                                     schemaVersion: readOnly ? found : Schema.version)
-        if !readOnly { try database.blobs.createDirectories() }
+        if !readOnly {
+            try database.blobs.createDirectories()
+            // What killed writers left (an attach, import or pull cut short) goes on the next open.
+            _ = database.blobs.removeAbandonedTemporaryFiles()
+        }
         if !readOnly && found == 1 { try database.upgradeDigestsFromVersion1() }
         return database
     }
@@ -213,23 +241,29 @@ public final class Database: @unchecked Sendable {
     /// Live documents in id order, `limit` at a time after `afterID`, so that huge
     /// databases can be listed page by page.
     /// With `including`, the listing starts at `afterID` itself when it exists.
+    /// With `countingConflicts`, each summary's `conflictCount` too (a look at the document's leaves).
     public func documents(after afterID: String? = nil, including: Bool = false, offset: Int = 0, limit: Int = Int.max,
-                          includeDeleted: Bool = false) throws -> [DocumentSummary] {
+                          includeDeleted: Bool = false, countingConflicts: Bool = false) throws -> [DocumentSummary] {
         // The bound stands alone (`doc_id >= ?`): inside an OR it made SQLite scan the index
         // from its start for every page (listing 100,000 documents took 2.2 s instead of 0.3 s).
         try read { connection in
             try connection.query("""
                 SELECT d.doc_id, d.current_rev, d.deleted, d.sequence,
                        (SELECT COUNT(*) FROM rev_attachments a WHERE a.doc_key = d.doc_key AND a.rev_id = d.current_rev),
-                       r.saved_at
+                       r.saved_at,
+                       CASE WHEN ? THEN (SELECT COUNT(*) FROM revs c WHERE c.doc_key = d.doc_key AND c.leaf = 1
+                                         AND c.deleted = 0 AND c.rev_id != d.current_rev) ELSE 0 END
                 FROM docs d JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
                 WHERE d.doc_id >= ? AND (d.doc_id > ? OR ?) AND (? OR d.deleted = 0)
                 ORDER BY d.doc_id LIMIT ? OFFSET ?
-                """, .text(afterID ?? ""), .text(afterID ?? ""), SQLValue(including), SQLValue(includeDeleted), SQLValue(min(limit, Int(Int64.max))), SQLValue(offset)
+                """, SQLValue(countingConflicts), .text(afterID ?? ""), .text(afterID ?? ""), SQLValue(including), SQLValue(includeDeleted),
+                SQLValue(min(limit, Int(Int64.max))), SQLValue(offset)
             ) { row in
-                DocumentSummary(docID: row.text(0), revID: try Database.revisionID(row.text(1)), deleted: row.bool(2),
-                                sequence: row.int64(3), attachmentCount: row.int(4),
-                                modified: Date(timeIntervalSince1970: row.double(5)))
+                var summary = DocumentSummary(docID: row.text(0), revID: try Database.revisionID(row.text(1)), deleted: row.bool(2),
+                                              sequence: row.int64(3), attachmentCount: row.int(4),
+                                              modified: Date(timeIntervalSince1970: row.double(5)))
+                summary.conflictCount = row.int(6)
+                return summary
             }
         }
     }
@@ -761,52 +795,70 @@ public final class Database: @unchecked Sendable {
     /// Blobs modified in the last `Tuning.blobGracePeriod` are kept even when
     /// unreferenced: another process may have just written one for a save that
     /// has not committed yet.
-    public func compact() throws -> CompactionReport {
+    ///
+    /// Unreferenced blobs written in the last `Tuning.blobGracePeriod` are kept, as another
+    /// writer may have written one for a save it has not committed yet, unless `alone`: the
+    /// caller has no save of its own under way (the command line), and no other process has
+    /// the database open (checked here), so every unreferenced blob goes at once. With
+    /// `dryRun`, counts what would go and changes nothing (the SQLite file's shrinking is not
+    /// known before the VACUUM: `databaseBytesAfter` stays the size before).
+    public func compact(alone: Bool = false, dryRun: Bool = false) throws -> CompactionReport {
         var report = CompactionReport()
         report.databaseBytesBefore = databaseFileBytes()
-        try write { connection in
-            let limit = try Database.revsLimit(in: connection)
-            let docKeys = try connection.query("SELECT doc_key FROM revs GROUP BY doc_key HAVING COUNT(*) > ?", SQLValue(limit)) { $0.int64(0) }
-            for docKey in docKeys {
-                let tree = try Database.loadTree(docKey: docKey, in: connection)
-                for id in tree.revisionsBeyond(limit: limit) {
-                    try Database.deleteRevision(docKey: docKey, revID: id, in: connection)
-                    report.revisionsPruned += 1
+        struct RollBack: Error {}
+        do {
+            try withOtherProcessesExcluded { noOtherProcess in
+                report.sharedWithOtherProcesses = !noOtherProcess
+                try write { connection in
+                    let limit = try Database.revsLimit(in: connection)
+                    let docKeys = try connection.query("SELECT doc_key FROM revs GROUP BY doc_key HAVING COUNT(*) > ?", SQLValue(limit)) { $0.int64(0) }
+                    for docKey in docKeys {
+                        let tree = try Database.loadTree(docKey: docKey, in: connection)
+                        for id in tree.revisionsBeyond(limit: limit) {
+                            try Database.deleteRevision(docKey: docKey, revID: id, in: connection)
+                            report.revisionsPruned += 1
+                        }
+                    }
+                    try connection.run("""
+                        DELETE FROM rev_attachments WHERE EXISTS (SELECT 1 FROM revs r WHERE r.doc_key = rev_attachments.doc_key
+                            AND r.rev_id = rev_attachments.rev_id AND r.leaf = 0)
+                        """)
+                    try connection.run("UPDATE revs SET body = NULL WHERE leaf = 0 AND body IS NOT NULL")
+                    report.bodiesDropped = connection.changes
+                    // Still under the write lock: no save in this process can reference a blob meanwhile.
+                    let referenced = Set(try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { $0.text(0) })
+                    let cutoff = alone && noOtherProcess ? Double.infinity : Date().timeIntervalSince1970 - Tuning.blobGracePeriod
+                    for blob in try blobs.allBlobs() where !referenced.contains(blob.key.hex) {
+                        var info = stat()
+                        guard stat(blobs.path(for: blob.key), &info) == 0 else { continue }
+                        guard Double(info.st_mtim.tv_sec) < cutoff else {
+                            report.recentBlobsKept += 1
+                            continue
+                        }
+                        if !dryRun { try blobs.remove(blob.key) }
+                        report.blobsDeleted += 1
+                        report.blobBytesFreed += blob.size
+                    }
+                    if dryRun { throw RollBack() }
+                    if hasBodyDigests {
+                        // Aliases of bodies that are gone (deleted above, purged, or never kept).
+                        let aliased = try connection.query("SELECT DISTINCT blob_key FROM body_digests") { $0.text(0) }
+                        for hex in aliased {
+                            guard let key = BlobKey(hex: hex), !blobs.contains(key) else { continue }
+                            try connection.run("DELETE FROM body_digests WHERE blob_key = ?", .text(hex))
+                        }
+                    }
                 }
             }
-            try connection.run("""
-                DELETE FROM rev_attachments WHERE EXISTS (SELECT 1 FROM revs r WHERE r.doc_key = rev_attachments.doc_key
-                    AND r.rev_id = rev_attachments.rev_id AND r.leaf = 0)
-                """)
-            try connection.run("UPDATE revs SET body = NULL WHERE leaf = 0 AND body IS NOT NULL")
-            report.bodiesDropped = connection.changes
-            // Still under the write lock: no save in this process can reference a blob meanwhile.
-            let referenced = Set(try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { $0.text(0) })
-            let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
-            for blob in try blobs.allBlobs() where !referenced.contains(blob.key.hex) {
-                var info = stat()
-                guard stat(blobs.path(for: blob.key), &info) == 0 else { continue }
-                guard Double(info.st_mtim.tv_sec) < cutoff else {
-                    report.recentBlobsKept += 1
-                    continue
-                }
-                try blobs.remove(blob.key)
-                report.blobsDeleted += 1
-                report.blobBytesFreed += blob.size
-            }
-            if hasBodyDigests {
-                // Aliases of bodies that are gone (deleted above, purged, or never kept).
-                let aliased = try connection.query("SELECT DISTINCT blob_key FROM body_digests") { $0.text(0) }
-                for hex in aliased {
-                    guard let key = BlobKey(hex: hex), !blobs.contains(key) else { continue }
-                    try connection.run("DELETE FROM body_digests WHERE blob_key = ?", .text(hex))
-                }
-            }
-        }
-        report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles() + removeOrphanedPendingSaveFiles()
+        } catch is RollBack {}
+        report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles(dryRun: dryRun) + removeOrphanedPendingSaveFiles(dryRun: dryRun)
         // Partial downloads stay while some revision still waits for their body.
         let deferred = try read { try $0.query("SELECT DISTINCT digest FROM rev_attachments WHERE blob_key IS NULL") { $0.text(0) } }
-        report.temporaryBytesFreed += blobs.removePartialBodies(except: Set(deferred))
+        report.temporaryBytesFreed += blobs.removePartialBodies(except: Set(deferred), dryRun: dryRun)
+        guard !dryRun else {
+            report.databaseBytesAfter = report.databaseBytesBefore
+            return report
+        }
         // (write() above has already refused a read-only database.)
         try writeLock.withLock {
             try writer.execute("VACUUM")

@@ -80,6 +80,8 @@ public struct DocumentSummary: Hashable, Sendable {
     public let attachmentCount: Int
     /// When the current revision was saved.
     public let modified: Date
+    /// Live leaves besides the current revision (CouchDB's `_conflicts`); counted only when asked.
+    public var conflictCount = 0
 }
 
 /// A live document as a listing in storage order sees it (`Database.documentsInStorageOrder`).
@@ -89,6 +91,8 @@ public struct StoredDocument: Hashable, Sendable {
     public let docID: String
     /// When the current revision was saved.
     public let modified: Date
+    /// Live leaves besides the current revision (CouchDB's `_conflicts`); counted only when asked.
+    public var conflictCount = 0
 }
 
 /// What `sofa info` shows.
@@ -116,6 +120,9 @@ public struct CompactionReport: Hashable, Sendable {
     public var blobBytesFreed: Int64 = 0
     /// Unreferenced blobs kept because they were written within `Tuning.blobGracePeriod`.
     public var recentBlobsKept = 0
+    /// Whether another process had the database open, so recent unreferenced blobs had to
+    /// be kept (it may have written one for a save it has not committed yet).
+    public var sharedWithOtherProcesses = false
     public var temporaryBytesFreed: Int64 = 0
     public var databaseBytesBefore: Int64 = 0
     public var databaseBytesAfter: Int64 = 0

@@ -184,6 +184,25 @@ import TestSupport
         #expect(try db.check().isEmpty)
     }
 
+    /// `sofa compact` right after a detach frees the body at once when no other process has
+    /// the database open, and keeps it (saying why) while one has.
+    @Test func compactionAloneFreesFreshOrphansAtOnceAndKeepsThemWhileAnotherProcessHasTheDatabase() throws {
+        let db = try directory.makeDatabase()
+        let orphan = try db.blobs.write([UInt8](repeating: 7, count: 9_000))
+        // Another process with the database open: a sofa process holding it, killed afterwards.
+        let holder = try ChildProcess([sofaBinary, "pull", db.path, "http://127.0.0.1:9/never", "--continuous", "--retry-delay", "5"])
+        defer { holder.kill(); _ = holder.wait() }
+        #expect(waitUntil(10) { (try? String(contentsOfFile: "/proc/locks", encoding: .utf8))?.contains(" \(holder.pid) ") == true })
+        let shared = try db.compact(alone: true)
+        #expect(shared.sharedWithOtherProcesses)
+        #expect(shared.recentBlobsKept == 1 && db.blobs.contains(orphan.key))
+        holder.kill()
+        _ = holder.wait()
+        let alone = try db.compact(alone: true)
+        #expect(!alone.sharedWithOtherProcesses)
+        #expect(alone.blobsDeleted == 1 && alone.recentBlobsKept == 0 && !db.blobs.contains(orphan.key))
+    }
+
     @Test func sweepsTemporaryFilesOfDeadProcesses() throws {
         let db = try directory.makeDatabase()
         let dead = db.blobs.directory + "/tmp/999999-dead.tmp"
