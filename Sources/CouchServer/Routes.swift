@@ -46,7 +46,7 @@ extension CouchServer {
         try await request.response.sendJSON(.ok, [
             "couchdb": "Welcome",
             "version": "3.4.3",
-            "vendor": ["name": "Sofa"],
+            "vendor": ["name": "Sofa", "version": .string(SofaVersion.current)],
             "uuid": .string(uuid),
             "git_sha": "sofa",
             "features": [],

@@ -64,7 +64,21 @@ public final class CouchServer: @unchecked Sendable {
     /// Binds the socket; returns the port (useful with port 0).
     public func start() async throws -> Int {
         pool.start()
-        let channel = try await ServerBootstrap(group: group)
+        let channel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>
+        do {
+            channel = try await bind()
+        } catch let error as IOError where error.errnoCode == EADDRINUSE {
+            // NIO's message names the system call; say what it means and what to do instead.
+            throw SofaError.invalidArgument("the port is in use (another sofa serve, or CouchDB?): choose another with --port, or --port 0 for a free one")
+        } catch let error as IOError where error.errnoCode == EACCES {
+            throw SofaError.invalidArgument("permission denied (ports below 1024 need root): choose another with --port")
+        }
+        serverChannel = channel
+        return channel.channel.localAddress?.port ?? configuration.port
+    }
+
+    private func bind() async throws -> NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never> {
+        try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
@@ -80,8 +94,6 @@ public final class CouchServer: @unchecked Sendable {
                     return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel)
                 }
             }
-        serverChannel = channel
-        return channel.channel.localAddress?.port ?? configuration.port
     }
 
     /// Serves connections until `stop()`.

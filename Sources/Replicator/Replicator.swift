@@ -25,8 +25,14 @@ public struct ReplicationResult: Sendable {
          "docs_written": .integer(Int64(docsWritten)), "doc_write_failures": .integer(Int64(docWriteFailures)),
          "attachments_downloaded": .integer(Int64(attachmentsDownloaded)),
          "attachment_bytes_downloaded": .integer(attachmentBytesDownloaded),
-         "attachments_deferred": .integer(Int64(attachmentsDeferred)), "last_seq": lastSeq,
-         "checkpointed_seq": checkpointedSeq, "failures": .array(failures.map(\.json))]
+         "attachments_deferred": .integer(Int64(attachmentsDeferred)), "last_seq": .string(Self.token(lastSeq)),
+         "checkpointed_seq": .string(Self.token(checkpointedSeq)), "failures": .array(failures.map(\.json))]
+    }
+
+    /// A sequence as one type whatever the source: an opaque string (CouchDB 2 and later send
+    /// strings, CouchDB 1.x and Sofa numbers), so that scripts need not care which it was.
+    static func token(_ sequence: JSONValue) -> String {
+        sequence.stringValue ?? sequence.jsonString()
     }
 }
 
@@ -144,7 +150,11 @@ public final class Replicator {
 
     public func run() throws -> ReplicationResult {
         try client.logIn()
-        var (status, info) = try client.json("GET", "", allow: direction == .push && createTarget ? [404] : [])
+        var (status, info) = try client.json("GET", "", allow: direction == .push ? [404] : [])
+        if status == 404 && !createTarget {
+            throw ReplicationError.http(status: 404, error: "not_found",
+                                        reason: "no database there (--create-target creates it)", url: remote.description)
+        }
         if status == 404 {
             _ = try client.json("PUT", "", allow: [412])  // 412: someone created it meanwhile
             (_, info) = try client.json("GET", "")

@@ -24,6 +24,12 @@ struct Attach: SofaCommand {
             : try database.blobs.write(contentsOf: file, progress: report)
         progress.finish()
         try draft.setAttachment(name, blob: blob, contentType: contentType)
+        // The same bytes (and type) again change nothing: no revision, as in the mount.
+        if let current = try database.document(withID: id), draft.parent == current.revID, draft.repeats(current) {
+            Output.error("\(name) is unchanged: no new revision")
+            Output.line(current.revID.description)
+            return
+        }
         Output.line(try database.save(draft).revID.description)
     }
 }

@@ -33,7 +33,7 @@ struct Pin: SofaCommand {
         let signals = SignalWatcher([SIGINT, SIGTERM])
         defer { signals.cancel() }
         signals.onSignal { downloader.cancel() }
-        let terminal = isatty(STDERR_FILENO) == 1
+        let terminal = Verbosity.showsProgress
         let meter = TransferMeter()
         var bytes: Int64 = 0
         do {

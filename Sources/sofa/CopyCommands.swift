@@ -4,8 +4,15 @@ import DocumentStore
 import Foundation
 import Replicator
 
+/// The one rule of every command that writes a database or a file where one may be: an
+/// existing one is replaced only with --force (export, cp, copy, snapshot alike).
+func refuseExisting(_ path: String, force: Bool) throws {
+    if !force, access(path, F_OK) == 0 { throw SofaError.invalidArgument("\(path) already exists (--force replaces it)") }
+}
+
 /// Opens a database copied from `source`: a database folder or a snapshot zip.
 func copyDatabase(from source: String, to destination: String, replacing: Bool) throws -> Database {
+    try refuseExisting(destination, force: replacing)
     var info = stat()
     guard stat(source, &info) == 0 else { throw SofaError.notADatabase(path: source, reason: "no such file or directory") }
     if info.st_mode & S_IFMT == S_IFREG { return try Database.install(snapshot: source, at: destination, replacing: replacing) }
@@ -60,6 +67,7 @@ struct Snapshot: SofaCommand {
     @Flag(help: "Replace an existing file.") var force = false
 
     func execute() throws {
+        try refuseExisting(output, force: force)
         let database = try db.open()
         var progress = Progress("snapshot")
         let report = try database.writeSnapshot(to: output, replacing: force) { done, _ in progress.update(bytes: done) }
@@ -83,11 +91,25 @@ struct Cp: SofaCommand {
     @Argument(help: "What to copy from.") var source: String
     @Argument(help: "What to copy to.") var destination: String
     @Flag(help: "Replace an existing database, zip or JSON lines file at the destination.") var force = false
+    @Flag(help: "Say what would be copied where (and what replaced); change nothing.") var dryRun = false
     @OptionGroup var remote: RemoteOptions
+    @OptionGroup var pulls: PullOptions
+    @OptionGroup var pushes: PushOptions
     @OptionGroup var downloads: DownloadOptions
 
     enum Endpoint {
-        case database(String), zip(String), url(String), jsonLines(String), directory(String)
+        case database(String), zip(String), url(String), jsonLines(String), directory(String), unknown(String)
+
+        var kind: String {
+            switch self {
+            case .database: "the database"
+            case .zip: "the snapshot"
+            case .url: "the remote database"
+            case .jsonLines: "the JSON lines file"
+            case .directory: "the folder"
+            case .unknown: "?"
+            }
+        }
 
         init(_ text: String) {
             let lower = text.lowercased()
@@ -105,22 +127,31 @@ struct Cp: SofaCommand {
             } else if text.hasSuffix("/") || (exists && isDirectory.boolValue) {
                 self = .directory(text)
             } else {
-                self = .database(text)
+                self = .unknown(text)
             }
         }
     }
 
     func execute() throws {
-        switch (Endpoint(source), Endpoint(destination)) {
+        let (from, to) = (Endpoint(source), Endpoint(destination))
+        if dryRun {
+            if case .unknown = to {} else if case .unknown = from {} else {
+                let replacing = access(destination, F_OK) == 0 ? (force ? ", replacing what is there" : "; it exists: refused without --force") : ""
+                Output.line("would copy \(from.kind) \(source) to \(to.kind) \(destination)\(replacing)")
+                return
+            }
+        }
+        switch (from, to) {
         case (.database(let from), .database(let to)), (.zip(let from), .database(let to)):
             Output.line(describeCopy(from: from, try copyDatabase(from: from, to: to, replacing: force)))
         case (.database(let from), .zip(let to)):
+            try refuseExisting(to, force: force)
             let database = try Database.open(at: from)
             Output.line(describeSnapshot(try database.writeSnapshot(to: to, replacing: force), of: database))
         case (.url(let url), .database(let to)):
             let (database, created) = try openOrCreate(to)
             do {
-                let replicator = try remote.makeReplicator(.pull, database: database, url: url)
+                let replicator = try remote.makeReplicator(.pull, database: database, url: url, pulls: pulls, pushes: nil)
                 replicator.downloads = try downloads.policy(for: database, url: url)
                 try report([("pull", try replicate(replicator, json: remote.json))], json: remote.json)
             } catch {
@@ -130,13 +161,13 @@ struct Cp: SofaCommand {
                 throw error
             }
         case (.database(let from), .url(let url)):
-            let replicator = try remote.makeReplicator(.push, database: try Database.open(at: from), url: url)
+            let replicator = try remote.makeReplicator(.push, database: try Database.open(at: from), url: url, pulls: nil, pushes: pushes)
             try report([("push", try replicate(replicator, json: remote.json))], json: remote.json)
         case (.jsonLines(let file), .database(let to)):
             let count = try importing(into: to) { try JSONLines.import(from: file, into: $0) }
             Output.line("copied \(counted(count, "document")) from \(file) to \(to)")
         case (.database(let from), .jsonLines(let file)):
-            if !force, access(file, F_OK) == 0 { throw SofaError.invalidArgument("\(file) already exists (--force replaces it)") }
+            try refuseExisting(file, force: force)
             let count = try JSONLines.export(try Database.open(at: from), to: file, attachments: true)
             Output.line("copied \(counted(count, "document")) from \(from) to \(file)")
         case (.directory(let folder), .database(let to)):
@@ -147,6 +178,11 @@ struct Cp: SofaCommand {
             var line = "copied \(counted(summary.documents, "document")) and \(counted(summary.attachments, "attachment")) from \(from) to \(folder)"
             if summary.bodiesNotPresent > 0 { line += "; \(summary.bodiesNotPresent) attachment bodies were not here (deferred): metadata only" }
             Output.line(line)
+        case (_, .unknown(let name)), (.unknown(let name), _):
+            throw SofaError.invalidArgument("""
+                \(name) is not something cp knows: name a database NAME.sofa, a snapshot .zip, JSON lines .jsonl, \
+                a folder dir/ or an http(s) URL
+                """)
         default:
             throw SofaError.invalidArgument("""
                 cp copies between a database and a database, a .zip, an http(s) URL, a .jsonl file or a dir/; \

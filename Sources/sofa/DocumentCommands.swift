@@ -55,13 +55,17 @@ struct Info: SofaCommand {
 }
 
 struct List: SofaCommand {
-    static let configuration = CommandConfiguration(commandName: "ls", abstract: "List documents by id.")
+    static let configuration = CommandConfiguration(
+        commandName: "ls", abstract: "List documents by id.",
+        discussion: "An id holding a control character (a newline, a tab) is printed as a JSON string, in quotes, so that each line is one id.")
 
     @OptionGroup var db: DatabaseArgument
     @Option(help: "At most this many documents.") var limit: Int?
     @Option(help: "Skip this many documents first.") var offset = 0
-    @Flag(name: .short, help: "Long format: revision, attachment count, id.") var long = false
+    @Flag(name: .short, help: "Long format: revision, attachment count, conflicts, id.") var long = false
     @Flag(help: "Include deleted documents.") var deleted = false
+    @Flag(help: "Only documents with conflicting revisions (resolve them with sofa revs and sofa rm --rev, or in the mount).")
+    var conflicts = false
     @Flag(help: "Print JSON.") var json = false
 
     func execute() throws {
@@ -71,50 +75,96 @@ struct List: SofaCommand {
         var after: String?
         var skip = offset
         var first = true
+        let counting = conflicts || long || json
         if json { Output.write(STDOUT_FILENO, "[") }
         while remaining > 0 {
-            let page = try database.documents(after: after, offset: skip, limit: min(remaining, 1000), includeDeleted: deleted)
-            skip = 0
+            // With --conflicts, --offset and --limit count the conflicted documents only.
+            let page = try database.documents(after: after, offset: conflicts ? 0 : skip, limit: conflicts ? 1000 : min(remaining, 1000),
+                                              includeDeleted: deleted, countingConflicts: counting)
             guard let last = page.last else { break }
             after = last.docID
-            remaining -= page.count
+            if !conflicts { skip = 0 }
             for summary in page {
+                if conflicts {
+                    guard summary.conflictCount > 0 else { continue }
+                    if skip > 0 {
+                        skip -= 1
+                        continue
+                    }
+                }
+                guard remaining > 0 else { break }
+                remaining -= 1
                 if json {
                     let entry: JSONValue = ["id": .string(summary.docID), "rev": .string(summary.revID.description),
                                             "deleted": .bool(summary.deleted), "sequence": .integer(summary.sequence),
-                                            "attachments": .integer(Int64(summary.attachmentCount))]
+                                            "attachments": .integer(Int64(summary.attachmentCount)),
+                                            "conflicts": .integer(Int64(summary.conflictCount))]
                     Output.write(STDOUT_FILENO, (first ? "\n  " : ",\n  ") + entry.jsonString())
                 } else if long {
-                    Output.line("\(summary.revID)\t\(summary.attachmentCount)\t\(summary.docID)\(summary.deleted ? "\t(deleted)" : "")")
+                    let marks = (summary.conflictCount > 0 ? "\t(\(counted(summary.conflictCount, "conflict")))" : "")
+                        + (summary.deleted ? "\t(deleted)" : "")
+                    Output.line("\(summary.revID)\t\(summary.attachmentCount)\t\(List.printable(summary.docID))\(marks)")
                 } else {
-                    Output.line(summary.docID)
+                    Output.line(List.printable(summary.docID))
                 }
                 first = false
             }
         }
         if json { Output.write(STDOUT_FILENO, first ? "]\n" : "\n]\n") }
     }
+
+    /// An id as one line: as it is, or as a JSON string when it holds a control character.
+    static func printable(_ id: String) -> String {
+        id.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F } ? JSONValue.string(id).jsonString() : id
+    }
 }
 
 struct Cat: SofaCommand {
-    static let configuration = CommandConfiguration(abstract: "Print a document (its current revision, or --rev).")
+    static let configuration = CommandConfiguration(
+        abstract: "Print documents (their current revisions, or --rev of one).",
+        discussion: "A document with conflicting revisions shows them in _conflicts, as CouchDB's ?conflicts=true does; sofa put ignores that member.")
 
     @OptionGroup var db: DatabaseArgument
-    @Argument(help: "Document id.") var id: String
-    @Option(help: "A specific revision.") var rev: String?
+    @Argument(help: "Document ids.") var ids: [String]
+    @Option(help: "A specific revision (of one document).") var rev: String?
     @Flag(help: "Print only the properties, as properties.json shows them.") var properties = false
+
+    func validate() throws {
+        guard !ids.isEmpty else { throw ValidationError("give at least one document id") }
+        guard rev == nil || ids.count == 1 else { throw ValidationError("--rev takes one document id, not \(ids.count)") }
+    }
 
     func execute() throws {
         let database = try db.open()
+        var missing: [String] = []
+        for id in ids {
+            do {
+                Output.json(.object(try document(id, in: database)))
+            } catch SofaError.documentNotFound(let id) where ids.count > 1 {
+                missing.append(id)  // the others are still printed
+            }
+        }
+        if let first = missing.first {
+            throw missing.count == 1 ? SofaError.documentNotFound(first)
+                : SofaError.invalidArgument("no documents \(missing.map { "\"\($0)\"" }.joined(separator: ", "))")
+        }
+    }
+
+    private func document(_ id: String, in database: Database) throws -> JSONObject {
         if DocumentID.isLocal(id) {
             guard let local = try database.localDocument(withID: id) else { throw SofaError.documentNotFound(id) }
             var object: JSONObject = ["_id": .string(id), "_rev": .string(local.rev)]
             for (key, value) in local.body { object[key] = value }
-            Output.json(.object(properties ? local.body : object))
-            return
+            return properties ? local.body : object
         }
         let revision = try database.revision(of: id, rev: rev)
-        Output.json(.object(properties ? revision.properties : try revision.couchJSON()))
+        if properties { return revision.properties }
+        var object = try revision.couchJSON()
+        let conflicts = try database.revisionTree(of: id).conflicts
+        if rev == nil, !conflicts.isEmpty {
+            object["_conflicts"] = .array(conflicts.map(\.id).sorted(by: >).map { .string($0.description) })
+        }
+        return object
     }
 }
 
@@ -137,6 +187,7 @@ struct Put: SofaCommand {
         }
         let rev = body["_rev"]
         body["_rev"] = nil
+        body["_conflicts"] = nil  // shown by cat, not stored
         if DocumentID.isLocal(id) {
             try DocumentID.validate(id)
             Output.line(try database.putLocalDocument(id, body: body, rev: rev?.stringValue))
@@ -236,26 +287,32 @@ struct Compact: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Print JSON.") var json = false
+    @Flag(help: "Say what would be dropped and freed; change nothing.") var dryRun = false
 
     func execute() throws {
-        let report = try db.open().compact()
+        // Alone in this process; compact() checks for other processes itself.
+        let report = try db.open().compact(alone: true, dryRun: dryRun)
         if json {
-            Output.json(["revisions_pruned": .integer(Int64(report.revisionsPruned)),
+            Output.json(["dry_run": .bool(dryRun), "revisions_pruned": .integer(Int64(report.revisionsPruned)),
                          "bodies_dropped": .integer(Int64(report.bodiesDropped)),
                          "blobs_deleted": .integer(Int64(report.blobsDeleted)),
                          "blob_bytes_freed": .integer(report.blobBytesFreed),
                          "recent_blobs_kept": .integer(Int64(report.recentBlobsKept)),
+                         "shared_with_other_processes": .bool(report.sharedWithOtherProcesses),
                          "temporary_bytes_freed": .integer(report.temporaryBytesFreed),
                          "database_bytes_before": .integer(report.databaseBytesBefore),
                          "database_bytes_after": .integer(report.databaseBytesAfter),
                          "bytes_freed": .integer(report.bytesFreed)])
             return
         }
+        if dryRun { Output.line("Dry run: nothing was changed; this is what compaction would do.") }
         Output.line("""
             Revisions pruned: \(report.revisionsPruned)
             Bodies dropped:   \(report.bodiesDropped)
             Blobs deleted:    \(report.blobsDeleted) (\(formatBytes(report.blobBytesFreed)))\(report.recentBlobsKept > 0
-                ? "; \(report.recentBlobsKept) unreferenced blob(s) younger than \(Int(Tuning.blobGracePeriod / 60)) minutes kept" : "")
+                ? "; \(counted(report.recentBlobsKept, "unreferenced blob")) younger than \(Int(Tuning.blobGracePeriod / 60)) minutes kept: "
+                    + "another process has the database open (a mount, a server?) and may be about to use them; "
+                    + "compact again when it has closed it" : "")
             Temporary files:  \(formatBytes(report.temporaryBytesFreed))
             SQLite file:      \(formatBytes(report.databaseBytesBefore)) -> \(formatBytes(report.databaseBytesAfter))
             Freed in all:     \(formatBytes(report.bytesFreed))

@@ -13,8 +13,10 @@ struct Export: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "The output file, or - (the default) for standard output.") var file = "-"
     @Flag(help: "Write attachment stubs (metadata only) instead of inline base64 bodies.") var noAttachments = false
+    @Flag(help: "Replace an existing output file.") var force = false
 
     func execute() throws {
+        if file != "-" { try refuseExisting(file, force: force) }
         _ = try JSONLines.export(try db.open(), to: file, attachments: !noAttachments)
     }
 }

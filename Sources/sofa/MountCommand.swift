@@ -10,16 +10,18 @@ struct Mount: SofaCommand {
     static let configuration = CommandConfiguration(
         abstract: "Mount a database as a directory tree.",
         discussion: """
-            /docs/<id>/properties.json and /docs/<id>/attachments/<name>; writes create revisions.
-            Unmount with `fusermount3 -u MOUNTPOINT`, or Ctrl-C / SIGTERM in the foreground:
-            pending saves finish first. Use `-o auto_unmount` so that a killed process leaves no dead mount.
+            /docs/<id>/properties.json and /docs/<id>/attachments/<name>; writes create revisions. \
+            Unmount with `fusermount3 -u MOUNTPOINT`, or Ctrl-C / SIGTERM in the foreground: \
+            pending saves finish first. A killed mount leaves no dead mount point behind. \
+            From /etc/fstab or `mount -t fuse.sofa DB MOUNTPOINT -o remote=URL,sync`: see mount.sofa.
             """)
 
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "An empty directory to mount on.") var mountPoint: String
     @Flag(help: "Refuse every change.") var readOnly = false
     @Flag(name: [.short, .customLong("foreground")], help: "Stay in the foreground until unmounted.") var foreground = false
-    @Option(name: .short, help: "FUSE mount options, comma-separated (allow_other, auto_unmount, …).") var options: [String] = []
+    @Option(name: .short, help: "Mount options, comma-separated: FUSE's (allow_other, auto_unmount, …) and nonempty (mount over files).")
+    var options: [String] = []
     @Option(help: "Fetch bodies that are not here from this database URL (default: where the database last pulled from).")
     var remote: String?
     @OptionGroup var connection: ConnectionOptions
@@ -32,6 +34,9 @@ struct Mount: SofaCommand {
     var downloads: DownloadOptions
     @Option(help: "When the database does not exist, create it from this snapshot (.zip) or database, as `sofa copy` does.")
     var seed: String?
+
+    /// The `-o` options, one by one. `nonempty` is Sofa's (libfuse 3 has none: it mounts anywhere).
+    var fuseOptions: [String] { options.flatMap { $0.split(separator: ",").map(String.init) } }
 
     var directions: [Replicator.Direction] {
         (pull || sync ? [.pull] : []) + (push || sync ? [.push] : [])
@@ -51,11 +56,19 @@ struct Mount: SofaCommand {
         guard !MountTable.contains(mountPoint) else {
             throw SofaError.invalidArgument("\(mountPoint) is already a mount point (unmount it with fusermount3 -u)")
         }
+        func refuseNonEmpty() throws {
+            guard !fuseOptions.contains("nonempty"), let entries = try? FileManager.default.contentsOfDirectory(atPath: mountPoint),
+                  !entries.isEmpty else { return }
+            throw SofaError.invalidArgument("mount point \(mountPoint) is not empty: the mount would hide its "
+                + "\(counted(entries.count, "entry", "entries")) (use an empty directory, or -o nonempty to mount over them anyway)")
+        }
         if let seed, access(db.database, F_OK) != 0 {
+            try refuseNonEmpty()
             let copy = try copyDatabase(from: seed, to: db.database, replacing: false)
             Output.error("created \(copy.path) from \(seed)")
         }
         _ = try db.open()  // a bad database fails here, in the foreground, with its reason
+        try refuseNonEmpty()
         if !foreground { return try daemonize(mountPoint) }
         let signals = SignalWatcher([SIGINT, SIGTERM, SIGHUP])  // before any thread starts
 
@@ -87,8 +100,7 @@ struct Mount: SofaCommand {
         }
         var configuration = FuseMount.Configuration()
         // default_permissions: the kernel checks mode bits itself (`test -x` of a 0644 file is false, even for root).
-        configuration.options = ["default_permissions"] + options.flatMap { $0.split(separator: ",").map(String.init) }
-            + (readOnly ? ["ro"] : [])
+        configuration.options = ["default_permissions"] + fuseOptions.filter { $0 != "nonempty" } + (readOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
         let mount: FuseMount
         do {

@@ -54,17 +54,11 @@ struct RemoteOptions: ParsableArguments {
     @Option(help: "Replicate only documents matching this CouchDB Mango selector (JSON).")
     var selector: String?
 
-    @Option(help: "Pull only these Sync Gateway channels (comma-separated).")
-    var channels: String?
-
     @Flag(help: "Print JSON events and a final summary with PouchDB's result fields.")
     var json = false
 
     @Option(help: .hidden)
     var batchSize = 200
-
-    @Flag(help: "Pushes create the remote database if it does not exist.")
-    var createTarget = false
 
     /// What `--doc-ids`, `--selector` and `--channels` ask for.
     struct Filters: Sendable {
@@ -79,25 +73,26 @@ struct RemoteOptions: ParsableArguments {
         }
     }
 
-    func filters() throws -> Filters {
+    func filters(_ pulls: PullOptions?) throws -> Filters {
         let parsed = try selector.map { text in
             do { return try Selector(JSONParser.parse(Array(text.utf8))) } catch {
                 throw SofaError.invalidArgument("--selector: \(error)")
             }
         }
         return Filters(docIDs: docIDs?.split(separator: ",").map(String.init), selector: parsed,
-                       channels: channels?.split(separator: ",").map(String.init))
+                       channels: pulls?.channels?.split(separator: ",").map(String.init))
     }
 
     /// Runs the directions until a signal, printing what moves.
-    func runContinuously(_ directions: [Replicator.Direction], database: Database, url: String, downloads: DownloadPolicy) throws {
+    func runContinuously(_ directions: [Replicator.Direction], database: Database, url: String, downloads: DownloadPolicy,
+                         pulls: PullOptions?, pushes: PushOptions?) throws {
         let signals = SignalWatcher([SIGINT, SIGTERM])  // before the session's threads start
         let session = ReplicationSession(database: database, remote: try connection.remote(url), directions: directions, continuous: true)
         session.downloads = downloads
         session.retry = connection.retryPolicy
         session.caFile = connection.cacert
-        let filters = try filters()
-        let createTarget = self.createTarget
+        let filters = try filters(pulls)
+        let createTarget = pushes?.createTarget ?? false
         session.configure = { replicator in
             filters.apply(to: replicator)
             replicator.createTarget = createTarget
@@ -123,12 +118,13 @@ struct RemoteOptions: ParsableArguments {
         }
     }
 
-    func makeReplicator(_ direction: Replicator.Direction, database: Database, url: String) throws -> Replicator {
+    func makeReplicator(_ direction: Replicator.Direction, database: Database, url: String,
+                        pulls: PullOptions?, pushes: PushOptions?) throws -> Replicator {
         let replicator = try Replicator(database: database, remote: try connection.remote(url), direction: direction,
                                         caFile: connection.cacert, retry: connection.retryPolicy)
         replicator.batchSize = max(1, batchSize)
-        replicator.createTarget = createTarget
-        try filters().apply(to: replicator)
+        replicator.createTarget = direction == .push && pushes?.createTarget == true
+        try filters(direction == .pull ? pulls : nil).apply(to: replicator)
         return replicator
     }
 }
@@ -148,13 +144,26 @@ struct ReplicationOptions: ParsableArguments {
 
     var json: Bool { remote.json }
 
-    func runContinuously(_ directions: [Replicator.Direction], database: Database, downloads: DownloadPolicy) throws {
-        try remote.runContinuously(directions, database: database, url: url, downloads: downloads)
+    func runContinuously(_ directions: [Replicator.Direction], database: Database, downloads: DownloadPolicy,
+                         pulls: PullOptions?, pushes: PushOptions?) throws {
+        try remote.runContinuously(directions, database: database, url: url, downloads: downloads, pulls: pulls, pushes: pushes)
     }
 
-    func makeReplicator(_ direction: Replicator.Direction, database: Database) throws -> Replicator {
-        try remote.makeReplicator(direction, database: database, url: url)
+    func makeReplicator(_ direction: Replicator.Direction, database: Database, pulls: PullOptions?, pushes: PushOptions?) throws -> Replicator {
+        try remote.makeReplicator(direction, database: database, url: url, pulls: pulls, pushes: pushes)
     }
+}
+
+/// Options that only a pull has.
+struct PullOptions: ParsableArguments {
+    @Option(help: "Pull only these Sync Gateway channels (comma-separated).")
+    var channels: String?
+}
+
+/// Options that only a push has.
+struct PushOptions: ParsableArguments {
+    @Flag(help: "Create the remote database if it does not exist.")
+    var createTarget = false
 }
 
 /// Options of pulls: which attachment bodies to download now. Rules given are stored with
@@ -212,7 +221,7 @@ func parseSize(_ text: String) -> Int64? {
 
 /// Runs one direction and reports it.
 func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult {
-    let terminal = isatty(STDERR_FILENO) == 1
+    let terminal = Verbosity.showsProgress
     let started = Date()
     let meter = TransferMeter()
     replicator.bodyProgress = { body in
@@ -259,7 +268,8 @@ func report(_ results: [(String, ReplicationResult)], json: Bool) throws {
         } else {
             var line = "\(direction): \(counted(result.docsRead, "document")) read, \(result.docsWritten) written, \(result.docWriteFailures) failed"
             if result.attachmentsDownloaded > 0 || result.attachmentsDeferred > 0 {
-                line += "; \(result.attachmentsDownloaded) attachment bodies downloaded (\(result.attachmentBytesDownloaded) bytes), \(result.attachmentsDeferred) deferred"
+                line += "; \(counted(result.attachmentsDownloaded, "attachment body", "attachment bodies")) downloaded "
+                    + "(\(result.attachmentBytesDownloaded) bytes), \(result.attachmentsDeferred) deferred"
             }
             Output.line(line + "; last sequence \(result.lastSeq.jsonString())")
         }
@@ -268,7 +278,7 @@ func report(_ results: [(String, ReplicationResult)], json: Bool) throws {
     guard !failed.isEmpty else { return }
     for (direction, result) in failed {
         for failure in result.failures { Output.error("\(direction): \(failure)") }
-        Output.error("sofa: \(direction) incomplete: \(counted(result.failures.count, "document")) did not arrive; "
+        Output.error("\(direction) incomplete: \(counted(result.failures.count, "document")) did not arrive; "
             + "the checkpoint stays before the first, so the next \(direction) tries again")
     }
     throw ExitCode(1)
@@ -277,13 +287,14 @@ func report(_ results: [(String, ReplicationResult)], json: Bool) throws {
 struct Pull: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Pull changes from a CouchDB-compatible database (one-shot, resumable).")
     @OptionGroup var options: ReplicationOptions
+    @OptionGroup var pulls: PullOptions
     @OptionGroup var downloads: DownloadOptions
 
     func execute() throws {
         let db = try Database.open(at: options.database)
         let policy = try downloads.policy(for: db, url: options.url)
-        if options.continuous { return try options.runContinuously([.pull], database: db, downloads: policy) }
-        let replicator = try options.makeReplicator(.pull, database: db)
+        if options.continuous { return try options.runContinuously([.pull], database: db, downloads: policy, pulls: pulls, pushes: nil) }
+        let replicator = try options.makeReplicator(.pull, database: db, pulls: pulls, pushes: nil)
         replicator.downloads = policy
         try report([("pull", try replicate(replicator, json: options.json))], json: options.json)
     }
@@ -292,27 +303,35 @@ struct Pull: SofaCommand {
 struct Push: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Push changes to a CouchDB-compatible database (one-shot, resumable).")
     @OptionGroup var options: ReplicationOptions
+    @OptionGroup var pushes: PushOptions
 
     func execute() throws {
         let db = try Database.open(at: options.database)
-        if options.continuous { return try options.runContinuously([.push], database: db, downloads: DownloadPolicy()) }
-        try report([("push", try replicate(try options.makeReplicator(.push, database: db), json: options.json))], json: options.json)
+        if options.continuous {
+            return try options.runContinuously([.push], database: db, downloads: DownloadPolicy(), pulls: nil, pushes: pushes)
+        }
+        let replicator = try options.makeReplicator(.push, database: db, pulls: nil, pushes: pushes)
+        try report([("push", try replicate(replicator, json: options.json))], json: options.json)
     }
 }
 
 struct Sync: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Pull, then push: both databases end with every revision.")
     @OptionGroup var options: ReplicationOptions
+    @OptionGroup var pulls: PullOptions
+    @OptionGroup var pushes: PushOptions
     @OptionGroup var downloads: DownloadOptions
 
     func execute() throws {
         let db = try Database.open(at: options.database)
         let policy = try downloads.policy(for: db, url: options.url)
-        if options.continuous { return try options.runContinuously([.pull, .push], database: db, downloads: policy) }
-        let puller = try options.makeReplicator(.pull, database: db)
+        if options.continuous {
+            return try options.runContinuously([.pull, .push], database: db, downloads: policy, pulls: pulls, pushes: pushes)
+        }
+        let puller = try options.makeReplicator(.pull, database: db, pulls: pulls, pushes: nil)
         puller.downloads = policy
         let pulled = try replicate(puller, json: options.json)
-        let pushed = try replicate(try options.makeReplicator(.push, database: db), json: options.json)
+        let pushed = try replicate(try options.makeReplicator(.push, database: db, pulls: nil, pushes: pushes), json: options.json)
         try report([("pull", pulled), ("push", pushed)], json: options.json)
     }
 }
@@ -342,13 +361,18 @@ struct Download: SofaCommand {
         let signals = SignalWatcher([SIGINT, SIGTERM])
         defer { signals.cancel() }
         let db = try Database.open(at: database)
+        if let id {
+            // A name that matches nothing is a mistake to report, not "0 bodies downloaded".
+            guard let document = try db.document(withID: id) else { throw SofaError.documentNotFound(id) }
+            if let name, document.attachment(named: name) == nil { throw SofaError.attachmentNotFound(docID: id, name: name) }
+        }
         guard let url = remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
         }
         let downloader = RemoteBodies(database: db, remote: try connection.remote(url), retry: connection.retryPolicy,
                                       caFile: connection.cacert)
         signals.onSignal { downloader.cancel() }
-        let terminal = isatty(STDERR_FILENO) == 1
+        let terminal = Verbosity.showsProgress
         do {
             let meter = TransferMeter()
             let json = self.json
@@ -378,7 +402,7 @@ struct Download: SofaCommand {
             let kept = db.blobs.partialBodies().reduce(0) { $0 + $1.length }
             let resume = kept > 0 ? "; \(formatBytes(kept)) already here will not travel again when you run sofa download again" : ""
             if case .cancelled = error {
-                Output.error("sofa: download cancelled\(resume)")
+                Output.error("download cancelled\(resume)")
                 throw ExitCode(130)
             }
             throw SofaError.invalidArgument("download failed: \(error)\(resume)")
@@ -431,11 +455,18 @@ struct PurgeAttachment: SofaCommand {
     @Argument(help: "The database.") var database: String
     @Argument(help: "The document.") var id: String
     @Argument(help: "The attachment.") var name: String
+    @Flag(help: "Say what would be purged; change nothing.") var dryRun = false
 
     func execute() throws {
         let db = try Database.open(at: database)
         guard let document = try db.document(withID: id) else { throw SofaError.documentNotFound(id) }
         guard let attachment = document.attachment(named: name) else { throw SofaError.attachmentNotFound(docID: id, name: name) }
+        if dryRun {
+            let here = attachment.blobKey.map { db.blobs.contains($0) } ?? false
+            Output.line(here ? "would purge the body of \(name) (\(attachment.length) bytes); its metadata would stay"
+                             : "the body of \(name) is not here: nothing to purge")
+            return
+        }
         if db.rememberedRemote == nil {
             Output.error("warning: \(database) has no remote it pulled from; give --remote when you download or mount")
         }

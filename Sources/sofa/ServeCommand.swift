@@ -11,9 +11,9 @@ struct Serve: SofaCommand {
     static let configuration = CommandConfiguration(
         abstract: "Serve databases over the CouchDB HTTP API (for replication, PouchDB, curl).",
         discussion: """
-            Each database is served under its folder name without .sofa: `sofa serve notes.sofa`
-            answers at http://127.0.0.1:5984/notes. New databases (PUT /name) are created in
-            --directory, which defaults to the folder of the first database.
+            Each database is served under its folder name without .sofa: `sofa serve notes.sofa` \
+            answers at http://127.0.0.1:5984/notes. New databases (PUT /name) are created in \
+            --directory, which defaults to the folder of the first database. \
             Stop with Ctrl-C or SIGTERM; requests in progress finish first.
             """
     )

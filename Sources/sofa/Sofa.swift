@@ -11,6 +11,11 @@ struct Sofa: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sofa",
         abstract: "A document database with revision histories and attachments, used through the file system.",
+        discussion: """
+            Every command takes -v/--verbose (log what happens; -vv: debug) and -q/--quiet (errors only, \
+            no progress lines). Environment: SOFA_LOG_LEVEL=trace|debug|info|notice|warning|error.
+            """,
+        version: SofaVersion.current,
         subcommands: [
             Create.self, Info.self, List.self, Cat.self, Put.self, Remove.self, Revs.self,
             Attach.self, Detach.self, CatAttachment.self, Compact.self, Check.self, Export.self, Import.self, Mount.self, MountGuard.self, Serve.self, Pull.self, Push.self, Sync.self, Download.self, DownloadRules.self, Pin.self, Unpin.self, Cache.self, PurgeAttachment.self, Copy.self, Cp.self, Snapshot.self,
@@ -18,13 +23,21 @@ struct Sofa: ParsableCommand {
     )
 
     static func main() {
+        let arguments = Verbosity.take(from: Array(CommandLine.arguments.dropFirst()))
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = ProcessInfo.processInfo.environment["SOFA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
+            handler.logLevel = Verbosity.logLevel
+                ?? ProcessInfo.processInfo.environment["SOFA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
             return handler
         }
         do {
-            var command = try parseAsRoot()
+            var command: ParsableCommand
+            if MountHelper.names.contains(URL(fileURLWithPath: CommandLine.arguments[0]).lastPathComponent) {
+                guard let translated = try MountHelper.translate(arguments) else { return }
+                command = try parseAsRoot(translated)
+            } else {
+                command = try parseAsRoot(arguments)
+            }
             try command.run()
         } catch {
             exit(withError: error)
@@ -33,6 +46,42 @@ struct Sofa: ParsableCommand {
 }
 
 let log = Logger(label: "sofa")
+
+/// `-v`/`--verbose` (twice: debug) and `-q`/`--quiet`, accepted anywhere before `--`
+/// by every command: they say how much Sofa tells on standard error, never what a
+/// command prints as its result.
+enum Verbosity {
+    nonisolated(unsafe) private static var level = 0  // set once in main, before any thread
+
+    /// Removes the flags from `arguments`, remembering them.
+    static func take(from arguments: [String]) -> [String] {
+        var kept: [String] = []
+        var passedSeparator = false
+        for argument in arguments {
+            if argument == "--" { passedSeparator = true }
+            switch passedSeparator ? "" : argument {
+            case "-v", "--verbose": level += 1
+            case "-vv": level += 2
+            case "-q", "--quiet": level = -1
+            default: kept.append(argument)
+            }
+        }
+        return kept
+    }
+
+    /// The log level the flags ask for (nil: SOFA_LOG_LEVEL, or warnings).
+    static var logLevel: Logger.Level? {
+        switch level {
+        case ..<0: .error
+        case 0: nil
+        case 1: .info
+        default: .debug
+        }
+    }
+
+    /// Progress lines: on a terminal, unless quiet.
+    static var showsProgress: Bool { level >= 0 && isatty(STDERR_FILENO) == 1 }
+}
 
 /// Catches `signals` for a long-running command (mount, serve, continuous replication):
 /// they are blocked in the calling thread, and so in every thread started after it, and
@@ -140,7 +189,7 @@ enum Output {
 /// A progress line on standard error, shown only when it is a terminal.
 struct Progress {
     let label: String
-    private let enabled = isatty(STDERR_FILENO) == 1
+    private let enabled = Verbosity.showsProgress
     private var lastUpdate = Date.distantPast
 
     init(_ label: String) { self.label = label }

@@ -17,12 +17,3 @@ func generation(_ db: Database, _ id: String) throws -> Int {
     try db.currentRevision(of: id)?.revID.generation ?? 0
 }
 
-extension Database {
-    @discardableResult
-    func put(_ id: String, _ properties: JSONObject, attachments: [String: [UInt8]] = [:]) throws -> Revision {
-        var draft = try newRevision(of: id)
-        draft.properties = properties
-        for (name, bytes) in attachments { try draft.setAttachment(name, data: bytes) }
-        return try save(draft)
-    }
-}

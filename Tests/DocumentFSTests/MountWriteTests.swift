@@ -473,4 +473,67 @@ import TestSupport
         #expect(try shell("fusermount3 -u \(mountPoint)").succeeded)
         #expect(try waitUntil(3) { !MountedDatabase.isMounted(mountPoint) })
     }
+
+    @Test func aMountPointWithFilesIsRefusedUnlessAskedFor() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        let mountPoint = directory.appending("busy")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        FileManager.default.createFile(atPath: mountPoint + "/mine.txt", contents: Data("mine".utf8))
+        let refused = try sofa("mount", db.path, mountPoint)
+        #expect(refused.status == 1 && refused.stderr.contains("is not empty") && refused.stderr.contains("-o nonempty"), "\(refused.stderr)")
+        #expect(!MountedDatabase.isMounted(mountPoint))
+        let over = try sofa("mount", db.path, mountPoint, "-o", "nonempty")
+        defer { _ = try? shell("fusermount3 -u \(mountPoint)") }
+        #expect(over.succeeded, "\(over.stderr)")
+        #expect(FileManager.default.fileExists(atPath: mountPoint + "/docs"))
+        #expect(try shell("fusermount3 -u \(mountPoint)").succeeded)
+        #expect(try waitUntil(3) { !MountedDatabase.isMounted(mountPoint) })
+        #expect(FileManager.default.fileExists(atPath: mountPoint + "/mine.txt"), "the files were hidden, not touched")
+    }
+
+    /// mount(8) with `-t fuse.sofa` and with an fstab line (`mount -T FSTAB MOUNTPOINT`, so the
+    /// machine's own /etc/fstab stays as it is), through /sbin/mount.fuse.sofa as Scripts/install links it.
+    @Test func mountEightMountsThroughTheHelperAndAnFstabLine() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let helper = "/sbin/mount.fuse.sofa"
+        let existing = try? FileManager.default.destinationOfSymbolicLink(atPath: helper)
+        try #require(existing == nil || existing!.hasSuffix("/sofa"), "\(helper) exists and is not a link to sofa")
+        if let existing, existing != sofaBinary { try FileManager.default.removeItem(atPath: helper) }
+        if existing != sofaBinary { try FileManager.default.createSymbolicLink(atPath: helper, withDestinationPath: sofaBinary) }
+        defer {
+            try? FileManager.default.removeItem(atPath: helper)
+            if let existing, existing != sofaBinary { try? FileManager.default.createSymbolicLink(atPath: helper, withDestinationPath: existing) }
+        }
+
+        let source = try directory.makeDatabase("source.sofa")
+        try source.put("from-server", ["made": "remotely"])
+        let server = try ServedDatabases([source.path])
+        let db = try directory.makeDatabase("replica.sofa")
+        let mountPoint = directory.appending("mnt")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+
+        // mount -t fuse.sofa DB MOUNTPOINT -o remote=URL,sync,continuous
+        let url = "http://127.0.0.1:\(server.port)/source"
+        let mounted = try shell("timeout 30 mount -t fuse.sofa '\(db.path)' '\(mountPoint)' -o remote=\(url),sync,continuous,nofail 2>&1")
+        defer { _ = try? shell("fusermount3 -u \(mountPoint)") }
+        #expect(mounted.succeeded, "\(mounted.stdout)")
+        #expect(MountedDatabase.isMounted(mountPoint))
+        #expect(waitUntil(30) { FileManager.default.fileExists(atPath: mountPoint + "/docs/from-server/properties.json") })
+        #expect(try shell("mkdir '\(mountPoint)/docs/from-mount' && echo '{\"made\":\"here\"}' > '\(mountPoint)/docs/from-mount/properties.json'").succeeded)
+        #expect(try waitUntil(30) { try server.connect().request("GET", "/source/from-mount").json?["made"] == "here" })
+        #expect(try shell("umount '\(mountPoint)'").succeeded)
+        #expect(try waitUntil(10) { !MountedDatabase.isMounted(mountPoint) })
+
+        // An fstab line, read-only: `mount MOUNTPOINT`.
+        let fstab = directory.appending("fstab")
+        try "\(db.path) \(mountPoint) fuse.sofa ro,noauto,_netdev 0 0\n".write(toFile: fstab, atomically: true, encoding: .utf8)
+        let byLine = try shell("timeout 30 mount -T '\(fstab)' '\(mountPoint)' 2>&1")
+        #expect(byLine.succeeded, "\(byLine.stdout)")
+        #expect(FileManager.default.fileExists(atPath: mountPoint + "/docs/from-mount/properties.json"))
+        let write = try shell("touch '\(mountPoint)/docs/from-mount/new.txt' 2>&1")
+        #expect(!write.succeeded && write.stdout.contains("Read-only file system"), "\(write.stdout)")
+        #expect(try shell("umount '\(mountPoint)'").succeeded)
+        #expect(try waitUntil(10) { !MountedDatabase.isMounted(mountPoint) })
+    }
 }

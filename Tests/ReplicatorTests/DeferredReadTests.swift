@@ -195,7 +195,7 @@ final class DeferredReadTests {
         #expect(try connection.request("PUT", "/source/later/small.txt", headers: [("Content-Type", "text/plain")],
                                        body: Array("small body\n".utf8)).status == 201)
         let pulled = try sofa("pull", setup.target, url)
-        #expect(pulled.succeeded && pulled.stdout.contains("1 attachment bodies downloaded"), "\(pulled.stdout)\(pulled.stderr)")
+        #expect(pulled.succeeded && pulled.stdout.contains("1 attachment body downloaded"), "\(pulled.stdout)\(pulled.stderr)")
         #expect(try sofa("cat-attachment", setup.target, "later", "small.txt").stdout == "small body\n")
         #expect(try sofa("cat-attachment", setup.target, "plain", "body.bin").status == 1)
     }

@@ -236,3 +236,14 @@ public final class Locked<Value>: @unchecked Sendable {
         return try body(&value)
     }
 }
+
+extension Database {
+    /// Saves `properties` (and attachments) as the next revision of `id`.
+    @discardableResult
+    public func put(_ id: String, _ properties: JSONObject, attachments: [String: [UInt8]] = [:]) throws -> Revision {
+        var draft = try newRevision(of: id)
+        draft.properties = properties
+        for (name, bytes) in attachments { try draft.setAttachment(name, data: bytes) }
+        return try save(draft)
+    }
+}
