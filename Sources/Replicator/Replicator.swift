@@ -31,7 +31,7 @@ public struct ReplicationResult: Sendable {
 
     /// A sequence as one type whatever the source: an opaque string (CouchDB 2 and later send
     /// strings, CouchDB 1.x and Sofa numbers), so that scripts need not care which it was.
-    static func token(_ sequence: JSONValue) -> String {
+    public static func token(_ sequence: JSONValue) -> String {
         sequence.stringValue ?? sequence.jsonString()
     }
 }

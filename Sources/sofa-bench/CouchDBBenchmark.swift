@@ -4,7 +4,8 @@ import Foundation
 
 /// `sofa-bench couchdb`: Sofa's replicator against a live CouchDB 3.4.3 (`SOFA_COUCHDB_URL`,
 /// admin/secret), each job beside CouchDB's own replicator doing the same copy on the same
-/// node in the same round. Three interleaved rounds; medians; ratio = Sofa's time / CouchDB's.
+/// node in the same round. Three interleaved rounds; medians; ratio = CouchDB's time / Sofa's
+/// (the convention of every benchmark: Sofa's throughput as a fraction of the reference's).
 func couchDBBenchmark(_ options: Options) throws {
     guard let base = ProcessInfo.processInfo.environment["SOFA_COUCHDB_URL"], let port = base.split(separator: ":").last else {
         throw SofaError.invalidArgument("SOFA_COUCHDB_URL is not set (Scripts/bench couchdb starts a node)")
@@ -49,12 +50,12 @@ func couchDBBenchmark(_ options: Options) throws {
     func row(_ what: String, _ times: [Double], _ rss: Int?) {
         let time = median(times)
         print(what.padding(toLength: 48, withPad: " ", startingAt: 0)
-              + String(format: " %7.2f s  %5.2f× CouchDB's %.2f s", time, time / reference, reference)
+              + String(format: " %7.2f s  %5.2f× (CouchDB's %.2f s)", time, reference / time, reference)
               + (rss.map { String(format: "  peak RSS %d MB", $0 >> 20) } ?? ""))
     }
     row("CouchDB's replicator, source → new database", couch, nil)
     row("sofa pull (sofa cp URL DB), all bodies", pull, pullRSS)
     row("sofa pull --no-download-attachments", deferred, deferredRSS)
     row("sofa push into a new CouchDB database", push, pushRSS)
-    print("(times are medians of 3 interleaved rounds; lower ratios are faster)")
+    print("(times are medians of 3 interleaved rounds; ratios are CouchDB's time / Sofa's: higher is better)")
 }

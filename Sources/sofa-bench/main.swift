@@ -1,5 +1,7 @@
 // sofa-bench: measures Sofa against plain tools on the same disk, in one run,
 // and prints ratios (these machines are shared and noisy; absolute numbers drift).
+// Every ratio is the reference's time / Sofa's (Sofa's throughput as a fraction of the
+// reference's): higher is better, 1.00× is as fast (BENCHMARKS.md).
 //
 //   sofa-bench storage|mount|serve|sync [--dir DIR] [--documents N] [--attachment-mib N]
 

@@ -271,12 +271,17 @@ struct Check: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Check the SQLite file and the hash of every blob.")
 
     @OptionGroup var db: DatabaseArgument
+    @Flag(help: "Print JSON: {\"ok\": …, \"problems\": […]} (the exit status is the same).") var json = false
 
     func execute() throws {
         let problems = try db.open().check()
-        for problem in problems { Output.line(problem) }
-        guard problems.isEmpty else { throw SofaError.invalidArgument("\(problems.count) problem(s) found") }
-        Output.line("ok")
+        if json {
+            Output.json(["ok": .bool(problems.isEmpty), "problems": .array(problems.map { .string($0) })])
+        } else {
+            for problem in problems { Output.line(problem) }
+        }
+        guard problems.isEmpty else { throw SofaError.invalidArgument(counted(problems.count, "problem") + " found") }
+        if !json { Output.line("ok") }
     }
 }
 

@@ -13,14 +13,15 @@ struct Mount: SofaCommand {
             /docs/<id>/properties.json and /docs/<id>/attachments/<name>; writes create revisions. \
             Unmount with `fusermount3 -u MOUNTPOINT`, or Ctrl-C / SIGTERM in the foreground: \
             pending saves finish first. A killed mount leaves no dead mount point behind. \
-            From /etc/fstab or `mount -t fuse.sofa DB MOUNTPOINT -o remote=URL,sync`: see mount.sofa.
+            mount(8) mounts databases too, from /etc/fstab or with `mount -t fuse.sofa DB MOUNTPOINT -o remote=URL,sync`, \
+            through /sbin/mount.fuse.sofa (a link to sofa that Scripts/install makes).
             """)
 
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "An empty directory to mount on.") var mountPoint: String
     @Flag(help: "Refuse every change.") var readOnly = false
     @Flag(name: [.short, .customLong("foreground")], help: "Stay in the foreground until unmounted.") var foreground = false
-    @Option(name: .short, help: "Mount options, comma-separated: FUSE's (allow_other, auto_unmount, …) and nonempty (mount over files).")
+    @Option(name: .short, help: "Mount options, comma-separated: FUSE's (allow_other, auto_unmount, ...) and nonempty (mount over files).")
     var options: [String] = []
     @Option(help: "Fetch bodies that are not here from this database URL (default: where the database last pulled from).")
     var remote: String?

@@ -271,7 +271,7 @@ func report(_ results: [(String, ReplicationResult)], json: Bool) throws {
                 line += "; \(counted(result.attachmentsDownloaded, "attachment body", "attachment bodies")) downloaded "
                     + "(\(result.attachmentBytesDownloaded) bytes), \(result.attachmentsDeferred) deferred"
             }
-            Output.line(line + "; last sequence \(result.lastSeq.jsonString())")
+            Output.line(line + "; last sequence \(ReplicationResult.token(result.lastSeq))")
         }
     }
     let failed = results.filter { !$0.1.failures.isEmpty }

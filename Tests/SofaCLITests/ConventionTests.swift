@@ -15,6 +15,23 @@ import TestSupport
         return path
     }
 
+    @Test func checkPrintsJSON() throws {
+        let db = try create()
+        let file = directory.appending("a.txt")
+        try "body\n".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect(try sofa("attach", db, "doc", "a.txt", file).succeeded)
+        let healthy = try JSONValue(parsing: try sofa("check", db, "--json").stdout)
+        #expect(healthy["ok"] == true && healthy["problems"]?.arrayValue?.isEmpty == true)
+        // A blob whose bytes no longer match its name.
+        let blob = try #require(try FileManager.default.contentsOfDirectory(atPath: db + "/attachments").first { $0.hasSuffix(".blob") })
+        chmod(db + "/attachments/" + blob, 0o644)
+        try "tampered\n".write(toFile: db + "/attachments/" + blob, atomically: false, encoding: .utf8)
+        let broken = try sofa("check", db, "--json")
+        #expect(broken.status == 1)
+        let report = try JSONValue(parsing: broken.stdout)
+        #expect(report["ok"] == false && report["problems"]?.arrayValue?.count == 1, "\(broken.stdout)")
+    }
+
     @Test func versionIsPrinted() throws {
         let version = try sofa("--version")
         #expect(version.succeeded)
