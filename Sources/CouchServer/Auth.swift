@@ -133,7 +133,7 @@ extension CouchServer {
             try await request.response.sendJSON(.ok, ["ok": true, "name": .string(name), "roles": ["_admin"]],
                                                  headers: ["Set-Cookie": cookie])
         case .GET, .HEAD:
-            let user = try? authenticatedUser(request)
+            let user = try authenticatedUser(request)  // wrong credentials: 401, not an anonymous 200
             let name: JSONValue = user.map { .string($0) } ?? .null
             let roles: JSONValue = user == nil ? [] : ["_admin"]
             try await request.response.sendJSON(.ok, [

@@ -20,8 +20,43 @@ extension CouchServer {
         case .GET, .HEAD: try await getDocument(request, db, id: id)
         case .PUT: try await putDocument(request, db, id: id)
         case .DELETE: try await deleteDocument(request, db, id: id)
+        case .COPY: try await copyDocument(request, db, id: id)
         default: throw HTTPError.methodNotAllowed
         }
+    }
+
+    /// `COPY /db/doc` with `Destination: other` (or `other?rev=R` to overwrite other's R):
+    /// the current revision (or `?rev=`) with its attachments, as a new revision of other.
+    /// No bytes are copied: the new revision refers to the same bodies.
+    private func copyDocument(_ request: Request, _ db: Database, id: String) async throws {
+        try requireWritable(request)
+        guard let destination = request.headers["Destination"].first, !destination.isEmpty else {
+            throw HTTPError.badRequest("Destination header is mandatory for COPY.")
+        }
+        let parts = destination.split(separator: "?", maxSplits: 1).map(String.init)
+        guard let target = parts[0].removingPercentEncoding, !target.isEmpty else { throw HTTPError.badRequest("Invalid Destination header") }
+        var targetRev: RevisionID?
+        if parts.count == 2 {
+            for pair in parts[1].split(separator: "&") where pair.hasPrefix("rev=") {
+                guard let rev = RevisionID(String(pair.dropFirst(4))) else { throw HTTPError.badRequest("Invalid rev format") }
+                targetRev = rev
+            }
+        }
+        let sourceRev = try request.query("rev").map { try RevisionID.parse($0) }
+        let saved = try await blocking { [targetRev] () -> RevisionID in
+            try DocumentID.validate(target)
+            let source = try sourceRev.map { try db.revision($0, of: id) } ?? db.document(withID: id)
+            guard let source, !source.deleted else { throw HTTPError.notFound }
+            // As CouchDB: an existing destination is overwritten only when its revision is given.
+            if targetRev == nil, try db.document(withID: target) != nil { throw HTTPError.conflict }
+            var draft = try targetRev.map { try db.newRevision(of: target, from: $0) } ?? db.newRevision(of: target)
+            draft.properties = source.properties
+            for name in draft.attachments.keys { try draft.removeAttachment(name) }
+            for attachment in source.attachments { try draft.setAttachment(attachment.with(revpos: 0)) }
+            return try db.save(draft).revID
+        }
+        try await request.response.sendJSON(.created, ["ok": true, "id": .string(target), "rev": .string(saved.description)],
+                                             headers: ["ETag": "\"\(saved)\"", "Location": location(request, [request.segments[0], target])])
     }
 
     // MARK: - Reading
@@ -216,8 +251,7 @@ extension CouchServer {
         if document.rev == nil { document.rev = try requestedRev(request) }
         let stored = try await storeDocuments([(id, document)], received: [id: received], db: db, newEdits: newEdits)
         let rev = try stored[0].get()
-        try await request.response.sendJSON(.created, ["ok": true, "id": .string(id), "rev": .string(rev.description)],
-                                             headers: ["ETag": "\"\(rev)\"", "Location": location(request, [request.segments[0], id])])
+        try await sendSaved(request, id: id, rev: rev)
     }
 
     func postDocument(_ request: Request, database db: Database) async throws {
@@ -226,6 +260,16 @@ extension CouchServer {
         let id = document.id ?? UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
         document.id = id
         let rev = try await storeDocuments([(id, document)], received: [:], db: db, newEdits: true)[0].get()
+        try await sendSaved(request, id: id, rev: rev)
+    }
+
+    /// 201 with the new revision; with `batch=ok`, CouchDB's 202 without one. (Sofa has
+    /// already saved it: the answer only keeps the protocol clients expect.)
+    private func sendSaved(_ request: Request, id: String, rev: RevisionID) async throws {
+        if request.query("batch") == "ok" {
+            return try await request.response.sendJSON(.accepted, ["ok": true, "id": .string(id)],
+                                                        headers: ["Location": location(request, [request.segments[0], id])])
+        }
         try await request.response.sendJSON(.created, ["ok": true, "id": .string(id), "rev": .string(rev.description)],
                                              headers: ["ETag": "\"\(rev)\"", "Location": location(request, [request.segments[0], id])])
     }

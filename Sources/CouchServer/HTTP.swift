@@ -30,6 +30,11 @@ struct HTTPError: Error, CustomStringConvertible {
     static let unauthorized = HTTPError(.unauthorized, "unauthorized", "You are not authorized to access this db.")
     static let readOnly = HTTPError(.forbidden, "forbidden", "This server is read-only.")
 
+    /// A CouchDB endpoint Sofa does not implement, named.
+    static func notImplemented(_ endpoint: String) -> HTTPError {
+        HTTPError(.notImplemented, "not_implemented", "Sofa does not implement \(endpoint).")
+    }
+
     /// The HTTP view of a storage error.
     init(_ error: SofaError) {
         switch error {
@@ -193,7 +198,7 @@ final class ResponseWriter {
         self.keepAlive = keepAlive
     }
 
-    static let serverName = "Sofa/0.1 (CouchDB-compatible)"
+    static let serverName = "Sofa/\(SofaVersion.current) (CouchDB-compatible)"
 
     private func head(_ status: HTTPResponseStatus, _ headers: HTTPHeaders) -> HTTPResponseHead {
         var headers = headers

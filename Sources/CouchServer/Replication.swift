@@ -58,7 +58,8 @@ extension CouchServer {
         guard ["normal", "longpoll", "continuous"].contains(query.feed) else {
             throw HTTPError.badRequest("Supported `feed` types: normal, continuous, longpoll")
         }
-        if let since = request.query("since") ?? body?["since"]?.stringValue {
+        // Last-Event-ID: where an EventSource client that reconnects left off.
+        if let since = request.query("since") ?? body?["since"]?.stringValue ?? request.headers["Last-Event-ID"].first {
             query.since = since == "now" ? try await blocking { try db.lastSequence } : try CouchJSON.parseSequence(since)
         } else if let since = body?["since"]?.int64Value {
             query.since = since

@@ -17,6 +17,9 @@ extension CouchServer {
     /// Dispatches a request by its path, the way CouchDB lays out its API.
     func route(_ request: Request) async throws {
         let segments = request.segments
+        // Credentials that are given must be right, wherever they are sent (CouchDB answers
+        // 401 even on `/`): a client must be able to tell that its login failed.
+        if requiresAuthentication, request.headers["Authorization"].first != nil { _ = try authenticatedUser(request) }
         guard let first = segments.first else {
             return try await root(request)
         }
@@ -36,6 +39,11 @@ extension CouchServer {
             let count = min(try request.intQuery("count") ?? 1, 1000)
             let uuids = (0..<count).map { _ in JSONValue.string(makeBoundary()) }
             try await request.response.sendJSON(.ok, ["uuids": .array(uuids)])
+        case "_users", "_replicator", "_global_changes":
+            // CouchDB's system databases: Sofa has none of them (yet).
+            throw HTTPError(.notFound, "not_found", "Database does not exist.")
+        case _ where CouchServer.unimplementedServerEndpoints.contains(first):
+            throw HTTPError.notImplemented("/\(first)")
         default:
             if first.hasPrefix("_") { throw HTTPError(.badRequest, "illegal_database_name", "Name: '\(first)'. Only lowercase characters (a-z), digits (0-9), and any of the characters _, $, (, ), +, and - are allowed. Must begin with a letter.") }
             try await routeDatabase(request, name: first, rest: Array(segments.dropFirst()))
@@ -91,18 +99,38 @@ extension CouchServer {
             try await localDocument(request, db, id: "_local/" + rest.dropFirst().joined(separator: "/"))
         case "_design":
             guard rest.count >= 2 else { throw HTTPError.notFound }
+            if rest.count >= 3, rest[2].hasPrefix("_") {
+                // Views, shows, lists, updates…: design documents are stored and replicated, never run.
+                throw HTTPError.notImplemented("\(rest[2]) (design document functions)")
+            }
             try await documentOrAttachment(request, db, id: "_design/" + rest[1], attachment: Array(rest.dropFirst(2)))
+        case _ where CouchServer.unimplementedDatabaseEndpoints.contains(rest[0]):
+            throw HTTPError.notImplemented(rest[0])
         case "_compact", "_view_cleanup":
             try requireWritable(request)
             _ = try await blocking { try db.compact() }
             try await request.response.sendJSON(.accepted, ["ok": true])
-        case "_revs_limit", "_security":
-            // Accepted for compatibility with tools that set them; Sofa keeps its own limit.
+        case "_revs_limit":
+            // Stored with the database; saves prune history beyond it, as compaction does.
             if request.method == .PUT {
-                _ = try await request.body.collect(limit: 4096)
+                try requireWritable(request)
+                let body = try await request.body.collect(limit: 4096)
+                guard let limit = (try? JSONParser.parse(body))?.int64Value, limit >= 1, limit <= Int64(Int32.max) else {
+                    throw HTTPError.badRequest("_revs_limit must be a positive integer")
+                }
+                try await blocking { try db.setRevsLimit(Int(limit)) }
                 try await request.response.sendJSON(.ok, ["ok": true])
             } else {
-                try await request.response.sendJSON(.ok, rest[0] == "_security" ? [:] : .integer(Int64(Tuning.defaultRevsLimit)))
+                try await request.response.sendJSON(.ok, .integer(Int64(try await blocking { try db.revsLimit })))
+            }
+        case "_security":
+            // Accepted for tools that set it, not stored or enforced yet: every database is
+            // open to whoever passes the server's own authentication.
+            if request.method == .PUT {
+                _ = try await request.body.collect(limit: 64 * 1024)
+                try await request.response.sendJSON(.ok, ["ok": true])
+            } else {
+                try await request.response.sendJSON(.ok, [:])
             }
         default:
             let id = rest[0]
@@ -116,6 +144,17 @@ extension CouchServer {
             try await documentOrAttachment(request, db, id: id, attachment: Array(rest.dropFirst()))
         }
     }
+
+    /// CouchDB endpoints Sofa does not implement: answered 501 with their name, not with an
+    /// error about database names or document ids that would send a client looking elsewhere.
+    static let unimplementedServerEndpoints: Set<String> = [
+        "_replicate", "_active_tasks", "_dbs_info", "_stats", "_node", "_scheduler", "_membership", "_cluster_setup",
+        "_db_updates", "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
+    ]
+    static let unimplementedDatabaseEndpoints: Set<String> = [
+        "_find", "_index", "_explain", "_purge", "_purged_infos_limit", "_purged_infos", "_design_docs", "_missing_revs",
+        "_shards", "_sync_shards", "_partition", "_view_cleanup_all",
+    ]
 
     func database(_ name: String) async throws -> Database {
         try await blocking { try self.registry.database(name) }

@@ -176,8 +176,15 @@ public final class CouchServer: @unchecked Sendable {
     private func handle(_ head: HTTPRequestHead, parts: InboundParts,
                         outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>) async throws -> Bool {
         let started = DispatchTime.now()
+        let range = head.headers["Range"].first.map { " (\($0))" } ?? ""
         let body = RequestBody(parts)
         let response = ResponseWriter(outbound: outbound, isHead: head.method == .HEAD, keepAlive: head.isKeepAlive)
+        var cut = ""
+        // Every request is logged at debug level, one cut short too (a client that went away).
+        defer {
+            let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
+            log.debug("\(head.method) \(head.uri)\(range) \(response.status.code) \(response.bytesSent)B\(cut) \(String(format: "%.1f", elapsed))ms")
+        }
         var keepAlive = head.isKeepAlive
         if head.headers["Expect"].contains(where: { $0.lowercased() == "100-continue" }) {
             try await outbound.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
@@ -191,6 +198,7 @@ public final class CouchServer: @unchecked Sendable {
             if response.headSent {
                 // Too late for an error response: end the connection so the client sees a truncated body.
                 log.warning("\(head.method) \(head.uri) failed mid-response: \(failure)")
+                cut = " (cut short)"
                 return false
             }
             // A refused request whose body was not read (a 401 on a big upload, say) ends the
@@ -208,9 +216,6 @@ public final class CouchServer: @unchecked Sendable {
             }
             try await response.sendError(failure)
         }
-        let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
-        let range = head.headers["Range"].first.map { " (\($0))" } ?? ""
-        log.debug("\(head.method) \(head.uri)\(range) \(response.status.code) \(response.bytesSent)B \(String(format: "%.1f", elapsed))ms")
         guard keepAlive else { return false }
         // Whatever the handler left unread is skipped so the next request starts cleanly.
         try await body.drain()
@@ -303,20 +308,26 @@ final class DatabaseRegistry: @unchecked Sendable {
         self.directory = directory
         if let directory, let entries = try? FileManager.default.contentsOfDirectory(atPath: directory) {
             for entry in entries where entry.hasSuffix(".sofa") {
-                let name = String(entry.dropLast(5))
+                let name = DatabaseRegistry.name(ofFolder: String(entry.dropLast(5)))
                 if paths[name] == nil, (try? DatabaseRegistry.validate(name)) != nil { paths[name] = "\(directory)/\(entry)" }
             }
         }
     }
 
-    /// CouchDB's rule for database names, without `/` (names become folder names here).
+    /// CouchDB's rule for database names (at most 238 characters, as CouchDB's).
     static func validate(_ name: String) throws {
-        let allowed = Set("abcdefghijklmnopqrstuvwxyz0123456789_$()+-")
-        guard let first = name.first, first.isLetter, first.isLowercase, first.isASCII, name.allSatisfy(allowed.contains) else {
+        let allowed = Set("abcdefghijklmnopqrstuvwxyz0123456789_$()+-/")
+        guard let first = name.first, first.isLetter, first.isLowercase, first.isASCII, name.allSatisfy(allowed.contains),
+              name.utf8.count <= 238 else {
             throw HTTPError(.badRequest, "illegal_database_name",
-                            "Name: '\(name)'. Only lowercase characters (a-z), digits (0-9), and any of the characters _, $, (, ), +, and - are allowed. Must begin with a letter.")
+                            "Name: '\(name)'. Only lowercase characters (a-z), digits (0-9), and any of the characters _, $, (, ), +, -, and / are allowed. Must begin with a letter.")
         }
     }
+
+    /// A name's folder (`NAME.sofa` without the suffix): `/` becomes `%2F`, which no name
+    /// can hold otherwise (`%` is not allowed), so the way back is exact.
+    static func folder(of name: String) -> String { name.replacingOccurrences(of: "/", with: "%2F") }
+    static func name(ofFolder folder: String) -> String { folder.replacingOccurrences(of: "%2F", with: "/") }
 
     var names: [String] { lock.withLock { paths.keys.sorted() } }
 
@@ -337,7 +348,7 @@ final class DatabaseRegistry: @unchecked Sendable {
             guard let directory else {
                 throw HTTPError(.forbidden, "forbidden", "this server was started without a directory for new databases")
             }
-            let path = "\(directory)/\(name).sofa"
+            let path = "\(directory)/\(DatabaseRegistry.folder(of: name)).sofa"
             let database = try Database.create(at: path)
             paths[name] = path
             open[name] = database

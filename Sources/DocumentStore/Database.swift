@@ -948,6 +948,17 @@ public final class Database: @unchecked Sendable {
         try connection.query("SELECT value FROM meta WHERE key = 'last_sequence'") { $0.int64(0) }[0]
     }
 
+    /// Generations of history kept per document (CouchDB's `_revs_limit`).
+    public var revsLimit: Int {
+        get throws { try read { try Database.revsLimit(in: $0) } }
+    }
+
+    /// Changes the history kept per document; later saves and compaction prune to it.
+    public func setRevsLimit(_ limit: Int) throws {
+        guard limit >= 1 else { throw SofaError.invalidArgument("the revs limit must be at least 1") }
+        try write { try $0.run("UPDATE meta SET value = ? WHERE key = 'revs_limit'", SQLValue(limit)) }
+    }
+
     static func revsLimit(in connection: SQLiteConnection) throws -> Int {
         try connection.query("SELECT value FROM meta WHERE key = 'revs_limit'") { $0.int(0) }[0]
     }

@@ -18,6 +18,85 @@ import TestSupport
         return (server, try server.connect())
     }
 
+    /// What Sofa does not implement is named as such (501), not blamed on a database name or
+    /// a document id; CouchDB's system databases are absent (404), HEAD included.
+    @Test func endpointsSofaLacksAreNamedHonestly() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        for (method, path, named) in [("POST", "/db/_find", "_find"), ("POST", "/db/_index", "_index"), ("POST", "/db/_purge", "_purge"),
+                                      ("GET", "/_stats", "/_stats"), ("POST", "/_replicate", "/_replicate"),
+                                      ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_active_tasks", "/_active_tasks"),
+                                      ("GET", "/db/_design/d/_view/v", "_view"), ("PUT", "/db/_design/d/_update/f", "_update")] {
+            let answer = try http.request(method, path)
+            #expect(answer.status == 501 && answer.json?["error"] == "not_implemented", "\(method) \(path): \(answer.status)")
+            #expect(answer.json?["reason"]?.stringValue?.contains(named) == true, "\(path): \(answer.json ?? .null)")
+        }
+        #expect(try http.request("HEAD", "/_users").status == 404)
+        #expect(try http.request("GET", "/_replicator").json == ["error": "not_found", "reason": "Database does not exist."])
+        #expect(try http.request("GET", "/_nonsense").json?["error"] == "illegal_database_name")
+    }
+
+    /// CouchDB allows `/` in database names (`team/notes`); here they become `team%2Fnotes.sofa`.
+    @Test func databaseNamesWithSlashes() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        #expect(try http.request("PUT", "/team%2Fnotes").status == 201)
+        #expect(FileManager.default.fileExists(atPath: directory.appending("team%2Fnotes.sofa")))
+        #expect(try http.request("GET", "/_all_dbs").json == ["db", "team/notes"])
+        #expect(try http.json("PUT", "/team%2Fnotes/doc", ["n": 1]).status == 201)
+        #expect(try http.request("GET", "/team%2Fnotes/doc").json?["n"] == 1)
+        #expect(try http.request("GET", "/team%2Fnotes").json?["db_name"] == "team/notes")
+        #expect(try http.request("PUT", "/%2Fleading").status == 400)
+        // A server started on the same folder finds it under its name.
+        let again = try ServedDatabases([directory.appending("db.sofa")])
+        #expect(try again.connect().request("GET", "/team%2Fnotes/doc").json?["n"] == 1)
+    }
+
+    @Test func copyMakesANewDocumentWithTheSameBodies() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        let rev = try #require(try http.request("GET", "/db/seed").json?["_rev"]?.stringValue)
+        #expect(try http.request("PUT", "/db/seed/a.txt?rev=\(rev)", headers: [("Content-Type", "text/plain")], body: Array("body".utf8)).status == 201)
+        let copied = try http.request("COPY", "/db/seed", headers: [("Destination", "twin")])
+        #expect(copied.status == 201 && copied.json?["id"] == "twin", "\(copied.json ?? .null)")
+        let twin = try #require(try http.request("GET", "/db/twin").json)
+        #expect(twin["n"] == 1 && twin["_attachments"]?["a.txt"]?["length"] == 4)
+        #expect(try http.request("GET", "/db/twin/a.txt").body == Array("body".utf8))
+        // An existing destination needs its revision.
+        #expect(try http.request("COPY", "/db/seed", headers: [("Destination", "twin")]).status == 409)
+        let twinRev = try #require(twin["_rev"]?.stringValue)
+        #expect(try http.request("COPY", "/db/seed", headers: [("Destination", "twin?rev=\(twinRev)")]).status == 201)
+        #expect(try http.request("COPY", "/db/seed").status == 400)
+        #expect(try http.request("COPY", "/db/absent", headers: [("Destination", "x")]).status == 404)
+    }
+
+    @Test func batchOkRevsLimitAndLastEventID() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        let batched = try http.json("PUT", "/db/later?batch=ok", ["n": 1])
+        #expect(batched.status == 202 && batched.json == ["ok": true, "id": "later"], "\(batched.json ?? .null)")
+        #expect(try http.request("GET", "/db/later").json?["n"] == 1, "saved, as CouchDB saves a batch soon after")
+        let posted = try http.json("POST", "/db?batch=ok", ["_id": "posted"])
+        #expect(posted.status == 202 && posted.json?["rev"] == nil)
+
+        #expect(try http.request("GET", "/db/_revs_limit").json == 1000)
+        #expect(try http.request("PUT", "/db/_revs_limit", body: Array("3".utf8)).status == 200)
+        #expect(try http.request("GET", "/db/_revs_limit").json == 3)
+        #expect(try http.request("PUT", "/db/_revs_limit", body: Array("0".utf8)).status == 400)
+        var rev = try #require(try http.request("GET", "/db/later").json?["_rev"]?.stringValue)
+        for n in 2...6 {
+            rev = try #require(try http.json("PUT", "/db/later", ["_rev": .string(rev), "n": .integer(Int64(n))]).json?["rev"]?.stringValue)
+        }
+        let history = try http.request("GET", "/db/later?revs=true").json?["_revisions"]?["ids"]?.arrayValue
+        #expect(history?.count == 3, "history pruned to the stored limit: \(history ?? [])")
+
+        // An EventSource client reconnecting says where it left off in Last-Event-ID.
+        let all = try #require(try http.request("GET", "/db/_changes").json?["results"]?.arrayValue)
+        let second = try #require(all[1]["seq"]?.stringValue)
+        let resumed = try http.request("GET", "/db/_changes", headers: [("Last-Event-ID", second)]).json?["results"]?.arrayValue
+        #expect(resumed?.count == all.count - 2)
+    }
+
     @Test func serverAndDatabaseEndpoints() throws {
         let (server, http) = try serve()
         let root = try http.request("GET", "/")
@@ -356,6 +435,12 @@ import TestSupport
         let wrong = "Basic " + Data("admin:nope".utf8).base64EncodedString()
         #expect(try http.request("GET", "/db/seed", headers: [("Authorization", basic)]).status == 200)
         #expect(try http.request("GET", "/db/seed", headers: [("Authorization", wrong)]).json?["reason"] == "Name or password is incorrect.")
+        // Wrong credentials are refused wherever they are sent, so a client can tell its login failed.
+        for path in ["/", "/_session", "/_up"] {
+            let refused = try http.request("GET", path, headers: [("Authorization", wrong)])
+            #expect(refused.status == 401 && refused.json?["error"] == "unauthorized", "\(path): \(refused.status)")
+        }
+        #expect(try http.request("GET", "/_session", headers: [("Authorization", basic)]).json?["userCtx"]?["name"] == "admin")
 
         let badLogin = try http.request("POST", "/_session", headers: [("Content-Type", "application/x-www-form-urlencoded")],
                                         body: Array("name=admin&password=x".utf8))
