@@ -110,6 +110,14 @@ extension CouchServer {
             try requireWritable(request)
             _ = try await blocking { try db.compact() }
             try await request.response.sendJSON(.accepted, ["ok": true])
+        case "_find": try await find(request, db)
+        case "_explain": try await explain(request, db, name: name)
+        case "_index":
+            // Only the special _all_docs index exists: queries scan every document.
+            guard request.method == .GET || request.method == .HEAD else {
+                throw HTTPError.notImplemented("creating or deleting Mango indexes with _index (queries scan every document)")
+            }
+            try await request.response.sendJSON(.ok, ["total_rows": 1, "indexes": [CouchServer.allDocsIndex]])
         case "_revs_limit":
             // Stored with the database; saves prune history beyond it, as compaction does.
             if request.method == .PUT {
@@ -152,9 +160,55 @@ extension CouchServer {
         "_db_updates", "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
     ]
     static let unimplementedDatabaseEndpoints: Set<String> = [
-        "_find", "_index", "_explain", "_purge", "_purged_infos_limit", "_purged_infos", "_design_docs", "_missing_revs",
+        "_purge", "_purged_infos_limit", "_purged_infos", "_design_docs", "_missing_revs",
         "_shards", "_sync_shards", "_partition", "_view_cleanup_all",
     ]
+
+    static let allDocsIndex: JSONValue = ["ddoc": .null, "name": "_all_docs", "type": "special", "def": ["fields": [["_id": "asc"]]]]
+    static let noIndexWarning = "No matching index found, create an index to optimize query time."
+
+    /// `POST /db/_find`: a Mango query, answered by scanning every document (`Database.find`).
+    private func find(_ request: Request, _ db: Database) async throws {
+        guard request.method == .POST else { throw HTTPError.methodNotAllowed }
+        let query = try await mangoQuery(request)
+        let started = DispatchTime.now()
+        let result = try await blocking { try db.find(query) }
+        var answer: JSONObject = ["docs": .array(result.documents.map { .object($0) }),
+                                  "bookmark": .string(result.bookmark?.token ?? "nil"),
+                                  "warning": .string(CouchServer.noIndexWarning)]
+        if query.executionStats {
+            let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
+            answer["execution_stats"] = ["total_keys_examined": .integer(Int64(result.documentsExamined)),
+                                         "total_docs_examined": .integer(Int64(result.documentsExamined)),
+                                         "total_quorum_docs_examined": 0, "results_returned": .integer(Int64(result.documents.count)),
+                                         "execution_time_ms": .double(elapsed)]
+        }
+        try await request.response.sendJSON(.ok, .object(answer))
+    }
+
+    /// `POST /db/_explain`: which index a query would use (always `_all_docs`, for now).
+    private func explain(_ request: Request, _ db: Database, name: String) async throws {
+        guard request.method == .POST else { throw HTTPError.methodNotAllowed }
+        let query = try await mangoQuery(request)
+        try await request.response.sendJSON(.ok, [
+            "dbname": .string(name), "index": CouchServer.allDocsIndex, "partitioned": false,
+            "selector": .object(query.selector.json),
+            "opts": ["use_index": query.useIndex ?? [], "bookmark": .string(query.bookmark?.token ?? "nil"),
+                     "limit": .integer(Int64(query.limit)), "skip": .integer(Int64(query.skip)),
+                     "sort": .object(JSONObject(query.sort.map { ($0.field, .string($0.descending ? "desc" : "asc")) })),
+                     "fields": query.fields.map { .array($0.map { .string($0) }) } ?? "all_fields",
+                     "r": 1, "conflicts": false],
+            "limit": .integer(Int64(query.limit)), "skip": .integer(Int64(query.skip)),
+            "fields": query.fields.map { .array($0.map { .string($0) }) } ?? "all_fields",
+            "range": ["start_key": .null, "end_key": "<MAX>"],
+        ])
+    }
+
+    private func mangoQuery(_ request: Request) async throws -> MangoQuery {
+        let body = try await request.body.json(limit: Limits.jsonBody)
+        guard case .object(let object) = body else { throw HTTPError.badRequest("the query must be a JSON object") }
+        do { return try MangoQuery(object) } catch { throw HTTPError.badRequest("\(error)") }
+    }
 
     func database(_ name: String) async throws -> Database {
         try await blocking { try self.registry.database(name) }

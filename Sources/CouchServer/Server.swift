@@ -18,6 +18,13 @@ import NIOPosix
 /// try await server.run()   // until stop()
 /// ```
 public final class CouchServer: @unchecked Sendable {
+    /// The name a database folder is served under: `notes.sofa` → `notes`, `team%2Fnotes.sofa` → `team/notes`.
+    public static func databaseName(ofFolder path: String) -> String {
+        var folder = URL(fileURLWithPath: path).lastPathComponent
+        if folder.hasSuffix(".sofa") { folder.removeLast(5) }
+        return DatabaseRegistry.name(ofFolder: folder)
+    }
+
     public struct Configuration: Sendable {
         public var host = "127.0.0.1"
         /// 0 picks a free port.

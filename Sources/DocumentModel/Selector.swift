@@ -56,7 +56,8 @@ public struct Selector: Sendable {
         }
     }
 
-    private static func lookUp(_ value: JSONValue, path: String) -> JSONValue? {
+    /// The value at a dotted path (`address.city`), if there is one.
+    public static func lookUp(_ value: JSONValue, path: String) -> JSONValue? {
         var current: JSONValue? = value
         for part in path.split(separator: ".", omittingEmptySubsequences: false) {
             current = current?[String(part)]
@@ -126,7 +127,7 @@ public struct Selector: Sendable {
     }
 
     /// CouchDB's collation of JSON types: null < false < true < numbers < strings < arrays < objects.
-    private static func compare(_ a: JSONValue, _ b: JSONValue) -> Int {
+    public static func compare(_ a: JSONValue, _ b: JSONValue) -> Int {
         func rank(_ value: JSONValue) -> Int {
             switch value {
             case .null: 0

@@ -65,8 +65,7 @@ struct Serve: SofaCommand {
         var served: [String: String] = [:]
         for path in databases {
             let database = try Database.open(at: path)  // a clear error now rather than a 404 later
-            var name = URL(fileURLWithPath: database.path).lastPathComponent
-            if name.hasSuffix(".sofa") { name.removeLast(5) }
+            let name = CouchServer.databaseName(ofFolder: database.path)
             guard served[name] == nil else { throw SofaError.invalidArgument("two databases are named \(name)") }
             served[name] = database.path
         }

@@ -23,7 +23,7 @@ import TestSupport
     @Test func endpointsSofaLacksAreNamedHonestly() throws {
         let (server, http) = try serve()
         defer { withExtendedLifetime(server) {} }
-        for (method, path, named) in [("POST", "/db/_find", "_find"), ("POST", "/db/_index", "_index"), ("POST", "/db/_purge", "_purge"),
+        for (method, path, named) in [("POST", "/db/_index", "_index"), ("POST", "/db/_purge", "_purge"),
                                       ("GET", "/_stats", "/_stats"), ("POST", "/_replicate", "/_replicate"),
                                       ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_active_tasks", "/_active_tasks"),
                                       ("GET", "/db/_design/d/_view/v", "_view"), ("PUT", "/db/_design/d/_update/f", "_update")] {
@@ -37,6 +37,33 @@ import TestSupport
     }
 
     /// CouchDB allows `/` in database names (`team/notes`); here they become `team%2Fnotes.sofa`.
+    /// Mango `_find` as PouchDB and CouchDB's clients call it, `_explain` and the `_index` list.
+    @Test func findAnswersMangoQueries() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        for (id, kind, n) in [("a", "note", 3), ("b", "note", 7), ("c", "task", 5), ("d", "note", 9)] {
+            #expect(try http.json("PUT", "/db/\(id)", ["kind": .string(kind), "n": .integer(Int64(n)), "meta": ["by": .string(id)]]).status == 201)
+        }
+        let found = try http.json("POST", "/db/_find", ["selector": ["kind": "note", "n": ["$gt": 4]], "fields": ["_id", "n", "meta.by"],
+                                                         "sort": [["n": "desc"]], "execution_stats": true])
+        #expect(found.status == 200, "\(found.json ?? .null)")
+        #expect(found.json?["docs"] == [["_id": "d", "n": 9, "meta": ["by": "d"]], ["_id": "b", "n": 7, "meta": ["by": "b"]]])
+        #expect(found.json?["warning"]?.stringValue?.contains("No matching index found") == true)
+        #expect(found.json?["execution_stats"]?["results_returned"] == 2 && found.json?["execution_stats"]?["total_docs_examined"] == 5)
+        // Pages follow the bookmark.
+        let first = try #require(try http.json("POST", "/db/_find", ["selector": ["kind": "note"], "limit": 2]).json)
+        #expect(first["docs"]?.arrayValue?.compactMap { $0["_id"]?.stringValue } == ["a", "b"])
+        let next = try http.json("POST", "/db/_find", ["selector": ["kind": "note"], "limit": 2, "bookmark": try #require(first["bookmark"])]).json
+        #expect(next?["docs"]?.arrayValue?.compactMap { $0["_id"]?.stringValue } == ["d"])
+        #expect(next?["bookmark"] == "nil")
+        // Bad queries are 400 with the reason.
+        let bad = try http.json("POST", "/db/_find", ["selector": ["n": ["$near": 1]]])
+        #expect(bad.status == 400 && bad.json?["reason"]?.stringValue?.contains("$near") == true, "\(bad.json ?? .null)")
+        #expect(try http.json("POST", "/db/_find", ["limit": 1]).status == 400)
+        #expect(try http.json("POST", "/db/_explain", ["selector": ["kind": "note"]]).json?["index"]?["name"] == "_all_docs")
+        #expect(try http.request("GET", "/db/_index").json?["total_rows"] == 1)
+    }
+
     @Test func databaseNamesWithSlashes() throws {
         let (server, http) = try serve()
         defer { withExtendedLifetime(server) {} }

@@ -205,4 +205,15 @@ import TestSupport
         #expect(cp.succeeded && cp.stdout.contains("would copy the database") && cp.stdout.contains("replacing what is there"), "\(cp.stdout)")
         #expect(try String(contentsOfFile: target, encoding: .utf8) == "keep\n")
     }
+
+    @Test func findPrintsMatchingDocumentsOnePerLine() throws {
+        let path = try create()
+        let db = try Database.open(at: path)
+        for (id, n) in [("x", 1), ("y", 5), ("z", 3)] { try db.put(id, ["n": .integer(Int64(n))]) }
+        _ = try db.deleteDocument("x")
+        let found = try sofa("find", path, #"{"n": {"$gte": 1}}"#, "--sort", "n:desc", "--fields", "_id,n")
+        #expect(found.stdout == "{\"_id\":\"y\",\"n\":5}\n{\"_id\":\"z\",\"n\":3}\n", "\(found.stdout)\(found.stderr)")
+        let bad = try sofa("find", path, #"{"n": {"$near": 1}}"#)
+        #expect(bad.status == 1 && bad.stderr.contains("unknown selector operator $near"), "\(bad.stderr)")
+    }
 }
