@@ -497,15 +497,16 @@ extension DocumentFileSystem {
     /// milliseconds) or `Tuning.setAsideGrace`, so that the rename and the new file make one
     /// revision, and no revision without the attachment reaches a replica in between.
     func setAside(_ attachment: Attachment, of id: String) {
-        withState { setAside[id, default: [:]][attachment.name] = SetAside(digest: attachment.digest, since: Date()) }
+        let since = Date()
+        withState { setAside[id, default: [:]][attachment.name] = SetAside(digest: attachment.digest, since: since) }
         DispatchQueue.global().asyncAfter(deadline: .now() + Tuning.setAsideGrace) { [weak self] in
-            self?.removeSetAside(of: id, setAsideBefore: Date().addingTimeInterval(-Tuning.setAsideGrace + 0.05))
+            self?.removeSetAside(of: id, setAsideBy: since)
         }
     }
 
-    /// Saves the removal of what was set aside in document `id` before `date` (everything: nil).
-    func removeSetAside(of id: String, setAsideBefore date: Date? = nil) {
-        let due = withState { (setAside[id] ?? [:]).filter { date == nil || $0.value.since <= date! }.keys }
+    /// Saves the removal of what was set aside in document `id` by `date` (everything: nil).
+    func removeSetAside(of id: String, setAsideBy date: Date? = nil) {
+        let due = withState { (setAside[id] ?? [:]).filter { entry in date.map { entry.value.since <= $0 } ?? true }.keys }
         guard let name = due.first else { return }
         do {
             guard let live = try liveRevision(id) else {

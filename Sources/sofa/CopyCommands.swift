@@ -100,6 +100,11 @@ struct Cp: SofaCommand {
     enum Endpoint {
         case database(String), zip(String), url(String), jsonLines(String), directory(String), unknown(String)
 
+        var isKnown: Bool {
+            if case .unknown = self { return false }
+            return true
+        }
+
         var kind: String {
             switch self {
             case .database: "the database"
@@ -134,12 +139,10 @@ struct Cp: SofaCommand {
 
     func execute() throws {
         let (from, to) = (Endpoint(source), Endpoint(destination))
-        if dryRun {
-            if case .unknown = to {} else if case .unknown = from {} else {
-                let replacing = access(destination, F_OK) == 0 ? (force ? ", replacing what is there" : "; it exists: refused without --force") : ""
-                Output.line("would copy \(from.kind) \(source) to \(to.kind) \(destination)\(replacing)")
-                return
-            }
+        if dryRun, from.isKnown, to.isKnown {
+            let replacing = access(destination, F_OK) == 0 ? (force ? ", replacing what is there" : "; it exists: refused without --force") : ""
+            Output.line("would copy \(from.kind) \(source) to \(to.kind) \(destination)\(replacing)")
+            return
         }
         switch (from, to) {
         case (.database(let from), .database(let to)), (.zip(let from), .database(let to)):

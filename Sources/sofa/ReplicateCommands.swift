@@ -363,8 +363,7 @@ struct Download: SofaCommand {
         let db = try Database.open(at: database)
         if let id {
             // A name that matches nothing is a mistake to report, not "0 bodies downloaded".
-            guard let document = try db.document(withID: id) else { throw SofaError.documentNotFound(id) }
-            if let name, document.attachment(named: name) == nil { throw SofaError.attachmentNotFound(docID: id, name: name) }
+            if let name { _ = try db.currentAttachment(name, of: id) } else { _ = try db.revision(of: id, rev: nil) }
         }
         guard let url = remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
@@ -459,8 +458,7 @@ struct PurgeAttachment: SofaCommand {
 
     func execute() throws {
         let db = try Database.open(at: database)
-        guard let document = try db.document(withID: id) else { throw SofaError.documentNotFound(id) }
-        guard let attachment = document.attachment(named: name) else { throw SofaError.attachmentNotFound(docID: id, name: name) }
+        let attachment = try db.currentAttachment(name, of: id)
         if dryRun {
             let here = attachment.blobKey.map { db.blobs.contains($0) } ?? false
             Output.line(here ? "would purge the body of \(name) (\(attachment.length) bytes); its metadata would stay"

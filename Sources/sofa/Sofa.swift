@@ -226,6 +226,14 @@ extension Database {
         guard let current = try document(withID: id) else { throw SofaError.documentNotFound(id) }
         return current
     }
+
+    /// An attachment of a document's current revision; errors name what is missing.
+    func currentAttachment(_ name: String, of id: String) throws -> Attachment {
+        guard let attachment = try revision(of: id, rev: nil).attachment(named: name) else {
+            throw SofaError.attachmentNotFound(docID: id, name: name)
+        }
+        return attachment
+    }
 }
 
 extension Revision {
@@ -277,17 +285,4 @@ func formatBytes(_ bytes: Int64) -> String {
         unit += 1
     }
     return unit == 0 ? "\(bytes) B" : String(format: "%.1f", value) + " " + units[unit]
-}
-
-/// A value guarded by a lock.
-final class Locked<Value>: @unchecked Sendable {
-    // Sendable invariant: `value` is only touched under `lock`.
-    private let lock = NSLock()
-    private var value: Value
-    init(_ value: Value) { self.value = value }
-    func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
-        lock.lock()
-        defer { lock.unlock() }
-        return try body(&value)
-    }
 }

@@ -224,19 +224,6 @@ public func waitUntil(_ seconds: Double = 10, _ condition: () throws -> Bool) re
     return try condition()
 }
 
-/// A value shared between a test and the threads it starts, guarded by a lock.
-public final class Locked<Value>: @unchecked Sendable {
-    // Sendable invariant: `value` is only touched under `lock`.
-    private let lock = NSLock()
-    private var value: Value
-    public init(_ value: Value) { self.value = value }
-    public func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
-        lock.lock()
-        defer { lock.unlock() }
-        return try body(&value)
-    }
-}
-
 extension Database {
     /// Saves `properties` (and attachments) as the next revision of `id`.
     @discardableResult
