@@ -40,6 +40,7 @@ struct HTTPError: Error, CustomStringConvertible {
         switch error {
         case .invalidJSON: self = .invalidJSON
         case .invalidDocument(let reason): self.init(.badRequest, "doc_validation", reason)
+        case .invalidBlob: self.init(.badRequest, "doc_validation", "\(error)")
         case .invalidDocumentID(_, let reason): self.init(.badRequest, "illegal_docid", reason)
         case .invalidAttachmentName(_, let reason): self.init(.badRequest, "bad_request", "invalid attachment name: \(reason)")
         case .invalidRevisionID: self.init(.badRequest, "bad_request", "Invalid rev format")

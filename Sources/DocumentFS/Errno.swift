@@ -7,7 +7,7 @@ extension SofaError: ErrnoConvertible {
     public var errno: Int32 {
         switch self {
         case .invalidJSON, .invalidDocument, .invalidRevisionID, .invalidArgument: EINVAL
-        case .invalidDocumentID, .invalidAttachmentName: EINVAL
+        case .invalidDocumentID, .invalidAttachmentName, .invalidBlob: EINVAL
         case .documentNotFound, .revisionNotFound, .attachmentNotFound: ENOENT
         case .conflict: EBUSY
         case .notADatabase: EIO

@@ -15,6 +15,8 @@ public enum SofaError: Error, Hashable, Sendable {
     case documentNotFound(String)
     case revisionNotFound(docID: String, revID: String)
     case attachmentNotFound(docID: String, name: String)
+    /// A blob property (Couchbase Lite 3.x) that cannot be saved as it is.
+    case invalidBlob(docID: String, pointer: String, reason: String)
     /// Saving from `revID` (or from nothing) when the document's current revision is `current`.
     case conflict(docID: String, revID: String?, current: String)
     case notADatabase(path: String, reason: String)
@@ -51,6 +53,7 @@ extension SofaError: CustomStringConvertible, LocalizedError {
         case .documentNotFound(let id): "no document \(quoted(id))"
         case .revisionNotFound(let id, let rev): "document \(quoted(id)) has no revision \(rev)"
         case .attachmentNotFound(let id, let name): "document \(quoted(id)) has no attachment \(quoted(name))"
+        case .invalidBlob(let id, let pointer, let reason): "document \(quoted(id)), blob at \(pointer): \(reason)"
         case .conflict(let id, let rev, let current):
             "conflict: document \(quoted(id)) is at revision \(current), not \(rev ?? "(new document)")"
         case .notADatabase(let path, let reason): "\(path) is not a Sofa database: \(reason)"

@@ -569,8 +569,15 @@ public final class Database: @unchecked Sendable {
         } else {
             parentAttachments = [:]
         }
+        var draftRows = draft.attachments
+        if !draft.deleted {
+            let parentProperties = try parentAttachments.keys.contains(where: Blobs.isStandInName)
+                ? loadRevision(docKey: row!.key, docID: draft.docID, revID: parent!, in: connection)?.properties : nil
+            draftRows = try StandInRows(docID: draft.docID, parentProperties: parentProperties, parentAttachments: parentAttachments,
+                                        blobs: blobs).rows(for: draft.properties, draftRows: draftRows)
+        }
         let generation = (parent?.generation ?? 0) + 1
-        let attachments: [Attachment] = draft.deleted ? [] : draft.attachments.values.sorted { $0.name < $1.name }.map { attachment in
+        let attachments: [Attachment] = draft.deleted ? [] : draftRows.values.sorted { $0.name < $1.name }.map { attachment in
             // Keep revpos when neither body nor type changed since the parent.
             let old = parentAttachments[attachment.name]
             let unchanged = old.map { $0.digest == attachment.digest && $0.contentType == attachment.contentType } ?? false

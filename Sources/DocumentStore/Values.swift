@@ -198,7 +198,9 @@ public struct RevisionDraft: Sendable {
         try AttachmentName.validate(name)
         let type = contentType ?? attachments[name]?.contentType ?? MIMEType.forFileName(name)
         // revpos 0 marks a changed attachment; the save gives it the new generation.
-        attachments[name] = Attachment(name: name, contentType: type, blob: blob, revpos: 0)
+        let attachment = Attachment(name: name, contentType: type, blob: blob, revpos: 0)
+        try updateBlobProperty(for: attachment)
+        attachments[name] = attachment
     }
 
     public mutating func setAttachment(_ name: String, data: some ContiguousBytes, contentType: String? = nil) throws {
@@ -215,27 +217,95 @@ public struct RevisionDraft: Sendable {
     /// Sets an attachment's metadata directly (e.g. a body known only by its remote digest).
     public mutating func setAttachment(_ attachment: Attachment) throws {
         try AttachmentName.validate(attachment.name)
+        try updateBlobProperty(for: attachment)
         attachments[attachment.name] = attachment
     }
 
     /// Changes an attachment's content type, keeping its body.
     public mutating func setContentType(_ contentType: String, ofAttachment name: String) throws {
         guard let existing = attachments[name] else { throw SofaError.attachmentNotFound(docID: docID, name: name) }
-        attachments[name] = existing.with(contentType: contentType, revpos: 0)
+        let changed = existing.with(contentType: contentType, revpos: 0)
+        if let pointer = Blobs.pointer(ofStandIn: name), case .object(var blob)? = JSONPointer.value(at: pointer, in: properties),
+           Blobs.isBlob(.object(blob)) {
+            blob["content_type"] = .string(contentType)
+            properties = try JSONPointer.setting(.object(blob), at: pointer, in: properties)
+        }
+        attachments[name] = changed
     }
 
     public mutating func removeAttachment(_ name: String) throws {
         guard attachments.removeValue(forKey: name) != nil else {
             throw SofaError.attachmentNotFound(docID: docID, name: name)
         }
+        _ = removeBlobProperty(standingIn: name)
     }
 
-    /// Renames an attachment without touching its body.
+    /// Renames an attachment without touching its body. Renaming to or from a stand-in name
+    /// (`blob_/…`) moves, makes or removes the blob property too.
     public mutating func renameAttachment(_ name: String, to newName: String) throws {
         try AttachmentName.validate(newName)
-        guard let existing = attachments.removeValue(forKey: name) else {
+        guard let existing = attachments[name] else {
             throw SofaError.attachmentNotFound(docID: docID, name: name)
         }
-        attachments[newName] = existing.with(name: newName, revpos: 0)
+        let renamed = existing.with(name: newName, revpos: 0)
+        var moved = self
+        moved.attachments[name] = nil
+        let blob = moved.removeBlobProperty(standingIn: name)
+        if let pointer = Blobs.pointer(ofStandIn: newName), let blob, existing.blobKey == nil {
+            moved.properties = try JSONPointer.setting(.object(blob), at: pointer, in: moved.properties)
+        } else {
+            try moved.updateBlobProperty(for: renamed, keeping: blob)
+        }
+        moved.attachments[newName] = renamed
+        self = moved
+    }
+
+    // MARK: Blobs
+
+    /// Sets the blob property at `pointer` (`/avatar`, `/photos/0`) to a body in the blob
+    /// store: the property and its stand-in attachment.
+    public mutating func setBlob(at pointer: String, blob: StoredBlob, contentType: String? = nil) throws {
+        let name = Blobs.standInName(pointer)
+        let type = contentType ?? Blobs.blob(at: pointer, in: properties, docID: docID)?.contentType
+            ?? attachments[name]?.contentType ?? MIMEType.forFileName(pointer)
+        try setAttachment(name, blob: blob, contentType: type)
+    }
+
+    /// Removes the blob property at `pointer` and its stand-in.
+    public mutating func removeBlob(at pointer: String) throws {
+        guard let value = JSONPointer.value(at: pointer, in: properties), Blobs.isBlob(value) else {
+            throw SofaError.invalidArgument("document \"\(docID)\" has no blob at \(pointer)")
+        }
+        properties = JSONPointer.removing(pointer, from: properties)
+        attachments[Blobs.standInName(pointer)] = nil
+    }
+
+    /// When `attachment` is the stand-in of a blob property (its name is `blob_/POINTER`) and
+    /// its body is known here, the property at POINTER becomes (or stays) the blob dictionary of
+    /// that body: the attachment is authoritative, as Couchbase Lite treats it.
+    private mutating func updateBlobProperty(for attachment: Attachment, keeping old: JSONObject? = nil) throws {
+        guard let pointer = Blobs.pointer(ofStandIn: attachment.name), let key = attachment.blobKey else { return }
+        guard JSONPointer.segments(pointer).map({ !$0.isEmpty }) == true else {
+            throw SofaError.invalidAttachmentName(attachment.name, reason: "\(pointer) is not a JSON pointer (RFC 6901: ~0 for ~, ~1 for /)")
+        }
+        var existing = old
+        if existing == nil, case .object(let object)? = JSONPointer.value(at: pointer, in: properties) {
+            guard Blobs.isBlob(.object(object)) else {
+                throw SofaError.invalidBlob(docID: docID, pointer: pointer, reason: "a property that is not a blob is there")
+            }
+            existing = object
+        } else if existing == nil, let value = JSONPointer.value(at: pointer, in: properties) {
+            throw SofaError.invalidBlob(docID: docID, pointer: pointer, reason: "\(value.kindName) that is not a blob is there")
+        }
+        let dictionary = Blobs.dictionary(key: key, length: attachment.length, contentType: attachment.contentType, keeping: existing)
+        properties = try JSONPointer.setting(.object(dictionary), at: pointer, in: properties)
+    }
+
+    /// Takes out the blob property `name` stands in for, if there is one, and returns it.
+    private mutating func removeBlobProperty(standingIn name: String) -> JSONObject? {
+        guard let pointer = Blobs.pointer(ofStandIn: name), case .object(let blob)? = JSONPointer.value(at: pointer, in: properties),
+              Blobs.isBlob(.object(blob)) else { return nil }
+        properties = JSONPointer.removing(pointer, from: properties)
+        return blob
     }
 }
