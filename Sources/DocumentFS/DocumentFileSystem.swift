@@ -165,11 +165,21 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     /// Whether some attachment name lies below `folder` ("" is attachments/ itself).
     func isFolder(_ folder: String, in attachments: [Attachment], docID: String) -> Bool {
-        if folder.isEmpty { return true }
+        if folder.isEmpty || folder == Node.blobsFolder { return true }
         let prefix = folder + "/"
         if attachments.contains(where: { $0.name.hasPrefix(prefix) }) { return true }
         if pendingFiles(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
         return withState { keptFolders.contains(FolderKey(docID: docID, folder: folder)) }
+    }
+
+    /// Whether a document folder lists `blobs/`: when the document has blob properties, or
+    /// something is being made there. (It can be entered, and written into, in any document.)
+    func hasBlobsFolder(_ revision: Revision) -> Bool {
+        let id = revision.docID
+        return revision.attachments.contains { Blobs.isStandInName($0.name) }
+            || pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { Blobs.isStandInName($0.name) } == true }
+            || withState { keptFolders.contains { $0.docID == id && Blobs.isStandInName($0.folder) } }
+            || isDirectory(scratchPath(id, Node.blobsDirectoryName))
     }
 
     func conflictRevision(_ id: String, _ rev: String) throws -> Revision? {
@@ -207,7 +217,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id) else {
-                guard name.isEmpty, isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
+                guard name.isEmpty || name == Node.blobsFolder, isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
                 return directory(mountTime)
             }
             let attachments = visibleAttachments(revision)
@@ -311,13 +321,16 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                                                   position: ListingPosition.first))
                 }
                 entries.append(named(Node.attachmentsDirectoryName, attributes: directory(modified)))
+                if hasBlobsFolder(revision) {
+                    entries.append(named(Node.blobsDirectoryName, attributes: directory(modified)))
+                }
                 if entry.hasConflicts {
                     entries.append(named(Node.conflictsDirectoryName, attributes: directory(modified, writable: false)))
                 }
             } else {
                 entries.append(named(Node.attachmentsDirectoryName, attributes: directory(mountTime)))
             }
-            entries += scratchEntries(scratchDirectory(id)).filter { $0.name != Node.attachmentsDirectoryName }
+            entries += scratchEntries(scratchDirectory(id)).filter { ![Node.attachmentsDirectoryName, Node.blobsDirectoryName].contains($0.name) }
             return entries
         case .attachment(let id, let folder):
             var entries: [DirectoryEntry] = []
@@ -331,6 +344,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             let prefix = folder.isEmpty ? "" : folder + "/"
             let modified = revision?.savedAt.timeIntervalSince1970 ?? mountTime
             for (name, attachment, isFolder) in names where name.hasPrefix(prefix) && name.count > prefix.count {
+                // attachments/ does not show blobs/.
+                if folder.isEmpty && (name == Node.blobsFolder || Blobs.isStandInName(name)) { continue }
                 let components = FileNames.attachmentComponents(String(name.dropFirst(prefix.count)))
                     .filter { !$0.isEmpty }
                 guard let first = components.first, seen.insert(first).inserted else { continue }
@@ -342,8 +357,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                     entries.append(named(first))
                 }
             }
-            if folder.isEmpty {
-                entries += scratchEntries(scratchPath(id, Node.attachmentsDirectoryName)).filter { !seen.contains($0.name) }
+            if folder.isEmpty || folder == Node.blobsFolder {
+                let directory = folder.isEmpty ? Node.attachmentsDirectoryName : Node.blobsDirectoryName
+                entries += scratchEntries(scratchPath(id, directory)).filter { !seen.contains($0.name) }
             }
             return entries
         case .conflicts(let id):
@@ -447,6 +463,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// settable with `setfattr -n user.sofa.pinned -v true`, `false` or `setfattr -x` unpins.
     static let pinnedAttribute = "user.sofa.pinned"
     static let contentTypeAttribute = "user.mime_type"
+    /// The JSON pointer of the blob property a file in blobs/ is.
+    static let blobAttribute = "user.sofa.blob"
 
     /// The extended attributes of a node, by name.
     func extendedAttributes(of path: String) throws -> [String: String] {
@@ -485,6 +503,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                           DocumentFileSystem.availableAttribute: here ? "true" : "false",
                           DocumentFileSystem.contentTypeAttribute: attachment.contentType,
                           DocumentFileSystem.pinnedAttribute: database.isPinned(digest: attachment.digest) ? "true" : "false"]
+        if let pointer = Blobs.pointer(ofStandIn: attachment.name) { attributes[DocumentFileSystem.blobAttribute] = pointer }
         if !here, let progress = bodySource?.progress(of: attachment) {
             if progress.present == attachment.length {
                 attributes[DocumentFileSystem.availableAttribute] = "true"

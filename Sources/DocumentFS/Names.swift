@@ -32,6 +32,8 @@ enum Node: Equatable {
     case document(String)
     case properties(String)
     /// `attachments/` itself (empty name) or a path below it: an attachment or a folder of them.
+    /// Also `blobs/` (`blobsFolder`) and the paths below it, named by the stand-in attachments
+    /// of the document's blob properties: `blobs/album/0` is `blob_/album/0`.
     case attachment(String, name: String)
     case conflicts(String)
     case conflict(String, rev: String)
@@ -43,6 +45,12 @@ enum Node: Equatable {
     static let propertiesFileName = "properties.json"
     static let attachmentsDirectoryName = "attachments"
     static let conflictsDirectoryName = "conflicts"
+    /// Blob properties (Couchbase Lite 3.x) as files, at their JSON pointer: `blobs/avatar` is
+    /// the property `avatar`, `blobs/album/0` the first element of `album`. File names are the
+    /// pointer's segments, `~0` for `~` and `~1` for `/` as RFC 6901 writes them.
+    static let blobsDirectoryName = "blobs"
+    /// The attachment-name form of `blobs/` itself: stand-in names are this, `/` and a pointer.
+    static let blobsFolder = "blob_"
     static let statusDirectoryName = ".sofa"
 
     /// The scratch space of the mount's root, as the scratch folder of a document id no
@@ -83,7 +91,16 @@ enum Node: Equatable {
             if let last = rest.last, FileNames.isToolTemporary(last) {
                 self = .scratch(id, relative: parts[2...].joined(separator: "/"))
             } else {
-                self = .attachment(id, name: FileNames.attachmentName(rest))
+                let name = FileNames.attachmentName(rest)
+                // The stand-ins of blob properties are shown in blobs/, never here.
+                guard name != Node.blobsFolder, !Blobs.isStandInName(name) else { return nil }
+                self = .attachment(id, name: name)
+            }
+        case Node.blobsDirectoryName:
+            if let last = rest.last, FileNames.isToolTemporary(last) {
+                self = .scratch(id, relative: parts[2...].joined(separator: "/"))
+            } else {
+                self = .attachment(id, name: rest.isEmpty ? Node.blobsFolder : Blobs.standInName("/" + FileNames.attachmentName(rest)))
             }
         case Node.conflictsDirectoryName:
             switch rest.count {
@@ -116,4 +133,16 @@ enum Node: Equatable {
 extension String {
     /// The mount path of a document folder.
     static func documentPath(_ id: String) -> String { "/docs/" + FileNames.escape(id) }
+
+    /// Where an attachment is in its document's folder: `attachments/<name>`, or for the
+    /// stand-in of a blob property `blobs/<pointer>`.
+    static func relativePath(ofAttachment name: String) -> String {
+        if let pointer = Blobs.pointer(ofStandIn: name) {
+            return Node.blobsDirectoryName + "/" + FileNames.attachmentComponents(String(pointer.dropFirst())).joined(separator: "/")
+        }
+        return Node.attachmentsDirectoryName + "/" + FileNames.attachmentComponents(name).joined(separator: "/")
+    }
+
+    /// The mount path of an attachment.
+    static func attachmentPath(_ id: String, _ name: String) -> String { documentPath(id) + "/" + relativePath(ofAttachment: name) }
 }

@@ -111,8 +111,11 @@ extension DocumentFileSystem {
             handle.emptiedAtOpen = true
             return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
         case .attachment(let id, let name):
-            guard !name.isEmpty else { throw FileSystemError(EISDIR) }
+            guard !name.isEmpty, name != Node.blobsFolder else { throw FileSystemError(EISDIR) }
             try AttachmentName.validate(name)
+            if let pointer = Blobs.pointer(ofStandIn: name), JSONPointer.segments(pointer) == nil {
+                throw SofaError.invalidAttachmentName(name, reason: "a ~ in blobs/ must be ~0 (for ~) or ~1 (for /)")
+            }
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let revision = try liveRevision(id)
             let existing = revision.flatMap { visibleAttachments($0).first { $0.name == name } }
@@ -516,7 +519,7 @@ extension DocumentFileSystem {
             // The save applies every set-aside removal of the document (see `commit`).
             _ = try commit(id, base: live.revID, change: .attachment(name)) { _ in }
         } catch {
-            log.error("docs/\(FileNames.escape(id))/attachments/\(name): its removal (renamed to a scratch name) was not saved: \(error)")
+            log.error("\(String.attachmentPath(id, name).dropFirst()): its removal (renamed to a scratch name) was not saved: \(error)")
         }
     }
 
@@ -605,10 +608,13 @@ extension DocumentFileSystem {
             let attachments = visibleAttachments(revision)
             let prefix = folder.isEmpty ? "" : folder + "/"
             guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
-            let holdsFolders = withState { keptFolders.contains { $0.docID == id && $0.folder.hasPrefix(prefix) && $0.folder != folder } }
-            let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }
-            guard !attachments.contains(where: { $0.name.hasPrefix(prefix) }), !holdsFolders, !holdsPending,
-                  folder.isEmpty ? scratchIsEmpty(scratchPath(id, Node.attachmentsDirectoryName)) : true else {
+            // attachments/ holds what is not in blobs/.
+            func within(_ name: String) -> Bool { name.hasPrefix(prefix) && !(folder.isEmpty && Blobs.isStandInName(name)) }
+            let holdsFolders = withState { keptFolders.contains { $0.docID == id && within($0.folder) && $0.folder != folder } }
+            let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { within($0.name) } == true }
+            let scratch = folder.isEmpty ? Node.attachmentsDirectoryName : folder == Node.blobsFolder ? Node.blobsDirectoryName : nil
+            guard !attachments.contains(where: { within($0.name) }), !holdsFolders, !holdsPending,
+                  scratch.map({ scratchIsEmpty(scratchPath(id, $0)) }) ?? true else {
                 throw FileSystemError(ENOTEMPTY)
             }
             _ = withState { keptFolders.remove(FolderKey(docID: id, folder: folder)) }
@@ -841,8 +847,8 @@ extension DocumentFileSystem {
 
     private func renameAttachment(_ fromID: String, _ fromName: String, to toID: String, _ toName: String) throws {
         try AttachmentName.validate(toName)
-        let fromPath = "/docs/\(FileNames.escape(fromID))/attachments/" + FileNames.attachmentComponents(fromName).joined(separator: "/")
-        let toPath = "/docs/\(FileNames.escape(toID))/attachments/" + FileNames.attachmentComponents(toName).joined(separator: "/")
+        let fromPath = String.attachmentPath(fromID, fromName)
+        let toPath = String.attachmentPath(toID, toName)
         let sourceKind = try attributes(of: fromPath).kind
         if let targetKind = (try? attributes(of: toPath))?.kind {
             // As rename(2): a folder replaces only an empty folder, a file only a file.
@@ -912,9 +918,7 @@ extension DocumentFileSystem {
         do {
             try writeScratch(folder + "/" + Node.propertiesFileName, bytes: render(revision.properties))
             for attachment in attachments {
-                let path = folder + "/" + Node.attachmentsDirectoryName + "/"
-                    + FileNames.attachmentComponents(attachment.name).joined(separator: "/")
-                try copy(try database.openContent(of: attachment, docID: id), toScratch: path)
+                try copy(try database.openContent(of: attachment, docID: id), toScratch: folder + "/" + .relativePath(ofAttachment: attachment.name))
             }
             let scratch = scratchDirectory(id)
             for name in (try? FileManager.default.contentsOfDirectory(atPath: scratch)) ?? [] {
@@ -935,19 +939,25 @@ extension DocumentFileSystem {
         guard try liveRevision(id) == nil else { throw FileSystemError(ENOTEMPTY) }
         let properties = try parseProperties(try readSmallFile(folder + "/" + Node.propertiesFileName))
         let attachmentsFolder = folder + "/" + Node.attachmentsDirectoryName
+        let blobsFolder = folder + "/" + Node.blobsDirectoryName
         var bodies: [(String, StoredBlob)] = []
-        if let enumerator = FileManager.default.enumerator(atPath: attachmentsFolder) {
-            for case let relative as String in enumerator where !isDirectory(attachmentsFolder + "/" + relative) {
-                let name = FileNames.attachmentName(relative.split(separator: "/").map(String.init))
-                bodies.append((name, try database.blobs.adopt(fileAt: attachmentsFolder + "/" + relative, keepingOriginal: true)))
+        for (directory, prefix) in [(attachmentsFolder, ""), (blobsFolder, Blobs.standInPrefix)] {
+            guard let enumerator = FileManager.default.enumerator(atPath: directory) else { continue }
+            for case let relative as String in enumerator where !isDirectory(directory + "/" + relative) {
+                let name = prefix + FileNames.attachmentName(relative.split(separator: "/").map(String.init))
+                bodies.append((name, try database.blobs.adopt(fileAt: directory + "/" + relative, keepingOriginal: true)))
             }
         }
         _ = try commit(id, base: nil, change: .properties) { draft in
             draft.properties = properties
-            for (name, blob) in bodies { try draft.setAttachment(name, blob: blob, contentType: MIMEType.forFileName(name)) }
+            for (name, blob) in bodies {
+                // A blob's type is in its dictionary; an attachment's is guessed from its name.
+                try draft.setAttachment(name, blob: blob, contentType: Blobs.isStandInName(name) ? nil : MIMEType.forFileName(name))
+            }
         }
         try? FileManager.default.removeItem(atPath: folder + "/" + Node.propertiesFileName)
         try? FileManager.default.removeItem(atPath: attachmentsFolder)
+        try? FileManager.default.removeItem(atPath: blobsFolder)
         let scratch = scratchDirectory(id)
         try? FileManager.default.removeItem(atPath: scratch)
         try FileManager.default.moveItem(atPath: folder, toPath: scratch)

@@ -196,7 +196,8 @@ public struct RevisionDraft: Sendable {
     /// Sets an attachment to a body already in the blob store.
     public mutating func setAttachment(_ name: String, blob: StoredBlob, contentType: String? = nil) throws {
         try AttachmentName.validate(name)
-        let type = contentType ?? attachments[name]?.contentType ?? MIMEType.forFileName(name)
+        let blobType = Blobs.pointer(ofStandIn: name).flatMap { Blobs.blob(at: $0, in: properties, docID: docID)?.contentType }
+        let type = contentType ?? attachments[name]?.contentType ?? blobType ?? MIMEType.forFileName(name)
         // revpos 0 marks a changed attachment; the save gives it the new generation.
         let attachment = Attachment(name: name, contentType: type, blob: blob, revpos: 0)
         try updateBlobProperty(for: attachment)

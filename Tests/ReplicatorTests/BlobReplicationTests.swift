@@ -128,6 +128,25 @@ extension CouchDBInteropTests {
         #expect(back.legacyAttachments.isEmpty)
     }
 
+    @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
+    func aDeferredBlobIsFetchedWhenItsFileIsRead() throws {
+        let source = try couch.newDatabase("cbl-mount")
+        #expect(try couch.request("POST", "/\(source)/_bulk_docs",
+                                  ["new_edits": false, "docs": [.object(CouchDBInteropTests.couchbaseLiteDocument)]]).status == 201)
+        let local = directory.appending("cbl-mount.sofa")
+        #expect(try sofa("create", local).succeeded)
+        #expect(try sofa("pull", local, couch.url(source), "--no-download-attachments").succeeded)
+        let mount = try MountedDatabase(local, arguments: ["--remote", couch.url(source)])
+        let avatar = mount.path("docs/cbl-profile/blobs/avatar")
+        #expect(try shell("getfattr --only-values -n user.sofa.available '\(avatar)'").stdout == "false")
+        #expect(try shell("stat -c %s '\(avatar)'").stdout == "40000\n")
+        let read = try shell("sha1sum '\(avatar)'")
+        #expect(read.stdout.hasPrefix(BlobKey.of(CouchDBInteropTests.photo).hex), "\(read.stderr)")
+        #expect(try shell("getfattr --only-values -n user.sofa.available '\(avatar)'").stdout == "true")
+        #expect(try shell("cat '\(mount.path("docs/cbl-profile/blobs/a~1b~0c"))'").stdout == "tiny thumbnail")
+        #expect(try shell("ls '\(mount.path("docs/cbl-profile/attachments"))'").stdout == "notes.txt\n")
+    }
+
     @Test func sofaServeHandsBlobsToCouchDBsReplicatorWithTheirStandIns() throws {
         let source = try couch.newDatabase("cbl-serve")
         #expect(try couch.request("POST", "/\(source)/_bulk_docs",
