@@ -15,22 +15,44 @@ struct Attach: SofaCommand {
 
     func execute() throws {
         try AttachmentName.validate(name)
-        let database = try db.open()
-        var draft = try database.newRevision(of: id)
-        var progress = Progress("attaching \(name)")
-        let report: (Int64) -> Void = { progress.update(bytes: $0) }
-        let blob = file == "-"
-            ? try database.blobs.write(fromDescriptor: STDIN_FILENO, name: "standard input", progress: report)
-            : try database.blobs.write(contentsOf: file, progress: report)
-        progress.finish()
-        try draft.setAttachment(name, blob: blob, contentType: contentType)
-        // The same bytes (and type) again change nothing: no revision, as in the mount.
-        if let current = try database.document(withID: id), draft.parent == current.revID, draft.repeats(current) {
-            Output.error("\(name) is unchanged: no new revision")
-            Output.line(current.revID.description)
-            return
+        if let pointer = Blobs.pointer(ofStandIn: name) {
+            throw SofaError.invalidAttachmentName(name, reason: "blob_/ names are the stand-ins of blob properties; "
+                                                  + "use sofa blob set \(db.database) \(id) \(pointer) FILE")
         }
-        Output.line(try database.save(draft).revID.description)
+        try saveBody(db.open(), id: id, what: name, from: file) { draft, blob in
+            try draft.setAttachment(name, blob: blob, contentType: contentType)
+        }
+    }
+}
+
+/// Streams `file` (or standard input for `-`) into the blob store, lets `apply` put it in a
+/// draft of document `id`, and saves that draft, unless it repeats the current revision (the
+/// same bytes and type again change nothing, as in the mount). Prints the revision id.
+func saveBody(_ database: Database, id: String, what: String, from file: String,
+              _ apply: (inout RevisionDraft, StoredBlob) throws -> Void) throws {
+    var draft = try database.newRevision(of: id)
+    var progress = Progress("attaching \(what)")
+    let report: (Int64) -> Void = { progress.update(bytes: $0) }
+    let blob = file == "-"
+        ? try database.blobs.write(fromDescriptor: STDIN_FILENO, name: "standard input", progress: report)
+        : try database.blobs.write(contentsOf: file, progress: report)
+    progress.finish()
+    try apply(&draft, blob)
+    if let current = try database.document(withID: id), draft.parent == current.revID, draft.repeats(current) {
+        Output.error("\(what) is unchanged: no new revision")
+        Output.line(current.revID.description)
+        return
+    }
+    Output.line(try database.save(draft).revID.description)
+}
+
+/// Streams a body to standard output; the reader checks its hash at the end.
+func streamToStandardOutput(_ reader: BlobReader) throws {
+    let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+    defer { buffer.deallocate() }
+    while case let count = try reader.read(into: buffer), count > 0 {
+        // A full disk or a closed pipe behind stdout is an error, not a silently short copy.
+        try writeFully(STDOUT_FILENO, UnsafeRawBufferPointer(rebasing: buffer[0..<count]), path: "standard output")
     }
 }
 
@@ -64,12 +86,6 @@ struct CatAttachment: SofaCommand {
         let database = try db.open()
         let revision = try database.revision(of: id, rev: rev)
         guard let attachment = revision.attachment(named: name) else { throw SofaError.attachmentNotFound(docID: id, name: name) }
-        let reader = try database.openContent(of: attachment, docID: id)
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
-        defer { buffer.deallocate() }
-        while case let count = try reader.read(into: buffer), count > 0 {
-            // A full disk or a closed pipe behind stdout is an error, not a silently short copy.
-            try writeFully(STDOUT_FILENO, UnsafeRawBufferPointer(rebasing: buffer[0..<count]), path: "standard output")
-        }
+        try streamToStandardOutput(try database.openContent(of: attachment, docID: id))
     }
 }
