@@ -612,3 +612,43 @@ import TestSupport
         print("sofa serve peak RSS with a 2 GiB attachment up and down: \(result.maxRSS >> 20) MiB")
     }
 }
+
+/// Blob properties (Couchbase Lite 3.x) written by clients of `sofa serve`.
+extension ServerTests {
+    @Test func blobsWrittenByClientsKeepTheirStandInsInStep() throws {
+        let (server, http) = try serve()
+        defer { withExtendedLifetime(server) {} }
+        let photo = Array("photo bytes".utf8)
+        let digest = BlobKey.of(photo).digestString
+        // As Couchbase Lite sends it: the blob and its stand-in with the body.
+        let put = try http.json("PUT", "/db/profile", [
+            "avatar": ["@type": "blob", "content_type": "image/jpeg", "digest": .string(digest), "length": 11],
+            "_attachments": ["blob_/avatar": ["content_type": "image/jpeg", "data": .string(Data(photo).base64EncodedString())]],
+        ])
+        #expect(put.status == 201, "\(put.text)")
+        let doc = try #require(try http.json("GET", "/db/profile").json)
+        #expect(doc["avatar"]?["digest"]?.stringValue == digest)
+        #expect(doc["_attachments"]?["blob_/avatar"]?["digest"]?.stringValue == digest)
+        #expect(try http.request("GET", "/db/profile/blob_/avatar").body == photo)
+
+        // A new body through the stand-in's own URL: the blob takes its digest and length.
+        let rev = try #require(doc["_rev"]?.stringValue)
+        let newer = Array("a larger photo".utf8)
+        let upload = try http.request("PUT", "/db/profile/blob_/avatar?rev=\(rev)", headers: [("Content-Type", "image/png")], body: newer)
+        #expect(upload.status == 201, "\(upload.text)")
+        let updated = try #require(try http.json("GET", "/db/profile").json)
+        #expect(updated["avatar"] == .object(Blobs.dictionary(key: BlobKey.of(newer), length: 14, contentType: "image/png")))
+
+        // A blob whose body is nowhere, or with a wrong length, is refused (400) and nothing is saved.
+        let missing = try http.json("PUT", "/db/other", ["p": ["@type": "blob", "digest": .string(BlobKey.of([1]).digestString)]])
+        #expect(missing.status == 400 && missing.json?["reason"]?.stringValue?.contains("blob at /p: no body with digest") == true,
+                "\(missing.text)")
+        let wrong = try http.json("PUT", "/db/other", ["p": ["@type": "blob", "digest": .string(digest), "length": 99]])
+        #expect(wrong.status == 400 && wrong.json?["reason"]?.stringValue?.contains("its length is 99") == true, "\(wrong.text)")
+        #expect(try http.request("GET", "/db/other").status == 404)
+        // Deleting the stand-in removes the blob property.
+        let current = try #require(updated["_rev"]?.stringValue)
+        #expect(try http.request("DELETE", "/db/profile/blob_/avatar?rev=\(current)").status == 200)
+        #expect(try http.json("GET", "/db/profile").json?["avatar"] == nil)
+    }
+}

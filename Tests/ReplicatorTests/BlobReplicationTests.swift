@@ -126,6 +126,20 @@ extension CouchDBInteropTests {
         #expect(back.properties == saved.properties)
         #expect(back.blobAttachments.allSatisfy { $0.attachment.contentAvailable && $0.attachment.blobKey == $0.blob.key })
         #expect(back.legacyAttachments.isEmpty)
+
+        // Sofa to sofa serve and back, with Sofa's replicator.
+        let served = directory.appending("served-blobs.sofa")
+        #expect(try sofa("create", served).succeeded)
+        let server = try ServedDatabases([served])
+        let url = "http://127.0.0.1:\(server.port)/served-blobs"
+        #expect(try sofa("push", local, url).succeeded)
+        let third = directory.appending("third.sofa")
+        #expect(try sofa("create", third).succeeded)
+        #expect(try sofa("pull", third, url).succeeded)
+        let viaServe = try #require(try Database.open(at: third).currentRevision(of: "made-here"))
+        #expect(viaServe.revID == saved.revID && viaServe.properties == saved.properties)
+        #expect(viaServe.attachments.map { [$0.name, $0.digest] } == saved.attachments.map { [$0.name, $0.digest] })
+        #expect(viaServe.blobAttachments.count == 2 && viaServe.blobAttachments.allSatisfy(\.attachment.contentAvailable))
     }
 
     @Test(.enabled(if: isRoot, "mounting needs root and /dev/fuse"))
