@@ -367,14 +367,19 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .conflict(let id, let rev):
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
             let modified = conflict.savedAt.timeIntervalSince1970
-            return [named(Node.propertiesFileName,
-                          attributes: file(Int64(render(conflict.properties).count), modified, writable: false)),
-                    named(Node.attachmentsDirectoryName, attributes: directory(modified, writable: false))]
+            var entries = [named(Node.propertiesFileName,
+                                 attributes: file(Int64(render(conflict.properties).count), modified, writable: false)),
+                           named(Node.attachmentsDirectoryName, attributes: directory(modified, writable: false))]
+            if conflict.attachments.contains(where: { Blobs.isStandInName($0.name) }) {
+                entries.append(named(Node.blobsDirectoryName, attributes: directory(modified, writable: false)))
+            }
+            return entries
         case .conflictAttachment(let id, let rev, let folder):
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
             let prefix = folder.isEmpty ? "" : folder + "/"
             var seen = Set<String>()
-            return conflict.attachments.filter { $0.name.hasPrefix(prefix) }.compactMap { attachment in
+            return conflict.attachments.filter { $0.name.hasPrefix(prefix) && !(folder.isEmpty && Blobs.isStandInName($0.name)) }
+                .compactMap { attachment in
                 let components = FileNames.attachmentComponents(String(attachment.name.dropFirst(prefix.count)))
                 guard let first = components.first, seen.insert(first).inserted else { return nil }
                 return named(first)

@@ -110,7 +110,12 @@ enum Node: Equatable {
                 if rest.count == 2 && rest[1] == Node.propertiesFileName {
                     self = .conflictProperties(id, rev: rest[0])
                 } else if rest[1] == Node.attachmentsDirectoryName {
-                    self = .conflictAttachment(id, rev: rest[0], name: FileNames.attachmentName(Array(rest[2...])))
+                    let name = FileNames.attachmentName(Array(rest[2...]))
+                    guard name != Node.blobsFolder, !Blobs.isStandInName(name) else { return nil }
+                    self = .conflictAttachment(id, rev: rest[0], name: name)
+                } else if rest[1] == Node.blobsDirectoryName {
+                    let pointer = rest.count > 2 ? "/" + FileNames.attachmentName(Array(rest[2...])) : ""
+                    self = .conflictAttachment(id, rev: rest[0], name: Blobs.standInName(pointer))
                 } else {
                     return nil
                 }

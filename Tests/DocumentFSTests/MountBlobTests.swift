@@ -115,6 +115,26 @@ import TestSupport
         #expect(try db.currentRevision(of: "profile")?.deleted == true)
     }
 
+    @Test func aConflictingBranchShowsItsBlobsReadOnly() throws {
+        let base = try current()
+        var draft = try db.newRevision(of: "profile", from: base.revID)
+        try draft.setBlob(at: "/avatar", blob: db.blobs.write(Array("branch photo".utf8)))
+        _ = try db.save(draft, allowConflict: true)
+        draft = try db.newRevision(of: "profile", from: base.revID)
+        draft.properties["name"] = "other branch"
+        _ = try db.save(draft, allowConflict: true)
+        let loser = try #require(try db.revisionTree(of: "profile").conflicts.first?.id.description)
+        let mount = try MountedDatabase(db.path)
+        let branch = mount.path("docs/profile/conflicts/\(loser)")
+        #expect(try sh("ls '\(branch)'") == "attachments\nblobs\nproperties.json\n")
+        #expect(try sh("ls '\(branch)/attachments'") == "notes.txt\n")
+        #expect(try sh("cd '\(branch)/blobs' && find . -type f | LC_ALL=C sort") == "./album/0\n./avatar\n./a~1b~0c\n./ünï\n")
+        let losing = try db.revision(try #require(RevisionID(loser)), of: "profile")
+        let key = try #require(Blobs.blob(at: "/avatar", in: losing.properties, docID: "profile")?.key)
+        #expect(try sh("sha1sum '\(branch)/blobs/avatar'").hasPrefix(key.hex))
+        #expect(try shell("touch '\(branch)/blobs/new'").status != 0, "a conflict is read-only")
+    }
+
     @Test func badWritesInBlobsAreRefusedWithAReason() throws {
         let mount = try MountedDatabase(db.path)
         let doc = mount.path("docs/profile")
