@@ -103,15 +103,18 @@ struct Mount: SofaCommand {
         // default_permissions: the kernel checks mode bits itself (`test -x` of a 0644 file is false, even for root).
         configuration.options = ["default_permissions"] + fuseOptions.filter { $0 != "nonempty" } + (readOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
+        // Whatever ends this process, the mount does not outlive it as a dead one. The guard starts
+        // before the mount and is told its device as soon as it exists, so a kill at any moment
+        // after the mount appears is covered.
+        let guardPipe = try? MountGuard.start(for: mountPoint)
+        defer { guardPipe.flatMap { $0 }.map { _ = close($0) } }
         let mount: FuseMount
         do {
             mount = try FuseMount(fileSystem: fileSystem, at: mountPoint, configuration: configuration)
         } catch let error as FileSystemError {
             throw SofaError.invalidArgument("cannot mount on \(mountPoint): \(error)")
         }
-        // Whatever ends this process, the mount does not outlive it as a dead one.
-        let guardPipe = try? MountGuard.start(for: mountPoint)
-        defer { guardPipe.flatMap { $0 }.map { _ = close($0) } }
+        if let pipe = guardPipe.flatMap({ $0 }) { MountGuard.arm(pipe, mountPoint: mountPoint) }
         let watcher = try ChangeWatcher(database: database, documentChanged: { [fileSystem] id in fileSystem.documentChanged(id) },
                                         invalidate: { [mount] path, descendants in mount.invalidate(path, descendants: descendants) })
         watcher.start()
@@ -235,31 +238,42 @@ struct MountGuard: SofaCommand {
 
     static let variable = "SOFA_GUARDED_MOUNT"
 
-    /// Starts the guard of the mount at `mountPoint`; the returned descriptor must stay open
-    /// for as long as the mount runs (the process's end closes it).
+    /// Starts the guard of a mount about to be made at `mountPoint`; the returned descriptor
+    /// must stay open for as long as the mount runs (the process's end closes it), and is
+    /// given the mount's device with `arm` once it is mounted.
     static func start(for mountPoint: String) throws -> Int32? {
-        guard let device = MountTable.device(of: mountPoint) else { return nil }
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { return nil }
         for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         defer { close(fds[0]) }
         _ = try spawnDetached(["fuse-guard", "fuse-guard"], executable: sofaExecutable,
-                              environment: [variable: device + " " + mountPoint], stdin: fds[0])
+                              environment: [variable: mountPoint], stdin: fds[0])
         return fds[1]
+    }
+
+    /// Tells the guard which mount is its own: the device now mounted at `mountPoint`.
+    static func arm(_ pipe: Int32, mountPoint: String) {
+        guard let device = MountTable.device(of: mountPoint) else { return }
+        let line = Array((device + "\n").utf8)
+        _ = line.withUnsafeBytes { write(pipe, $0.baseAddress, $0.count) }
     }
 
     func execute() throws {
         // The process name (what `pkill sofa` matches) too; the main thread's is the process's.
         try? "fuse-guard".write(toFile: "/proc/self/comm", atomically: false, encoding: .utf8)
-        guard let value = ProcessInfo.processInfo.environment[MountGuard.variable], let space = value.firstIndex(of: " ") else {
+        guard let mountPoint = ProcessInfo.processInfo.environment[MountGuard.variable] else {
             throw SofaError.invalidArgument("fuse-guard is started by sofa mount")
         }
-        let device = String(value[..<space]), mountPoint = String(value[value.index(after: space)...])
+        // The device arrives as one line once mounted; the end of the pipe is the end of the mount.
+        var received: [UInt8] = []
         var byte: UInt8 = 0
         while true {
             let count = read(0, &byte, 1)
             if count == 0 || (count < 0 && errno != EINTR) { break }
+            if count == 1 { received.append(byte) }
         }
+        guard let newline = received.firstIndex(of: UInt8(ascii: "\n")) else { return }  // never mounted
+        let device = String(decoding: received[..<newline], as: UTF8.self)
         // A clean unmount has already happened; another mount there is not ours.
         guard MountTable.device(of: mountPoint) == device else { return }
         let pid = try spawnDetached(["fusermount3", "-u", "-z", mountPoint])
