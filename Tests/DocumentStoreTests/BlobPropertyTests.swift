@@ -170,6 +170,21 @@ import TestSupport
         #expect(throws: SofaError.self) { try draft.setAttachment("blob_/x~9", data: bytes) }
     }
 
+    @Test func anAttachmentAndABlobOfTheSameNameAreTwoThings() throws {
+        let db = try directory.makeDatabase()
+        var draft = try db.newRevision(of: "d")
+        try draft.setAttachment("avatar", data: Array("attachment".utf8))
+        try draft.setBlob(at: "/avatar", blob: db.blobs.write(Array("blob".utf8)))
+        let saved = try db.save(draft)
+        #expect(saved.legacyAttachments.map(\.name) == ["avatar"])
+        #expect(saved.blobAttachments.map(\.attachment.name) == ["blob_/avatar"])
+        #expect(try db.blobs.contents(of: try #require(saved.attachment(named: "avatar")?.blobKey)) == Array("attachment".utf8))
+        draft = try db.newRevision(of: "d")
+        try draft.removeAttachment("avatar")
+        let after = try db.save(draft)
+        #expect(after.attachmentNames == ["blob_/avatar"] && after.properties["avatar"] != nil, "removing the attachment keeps the blob")
+    }
+
     @Test func aLegacyAttachmentNamedLikeAStandInStaysUntilItsNameIsABlob() throws {
         let db = try directory.makeDatabase()
         // As another replica may send it: an attachment named blob_/… with no blob behind it.
