@@ -91,7 +91,11 @@ extension DocumentFileSystem {
             openedDigests[path] = attachment.digest
             return same
         }
-        return OpenFile(handle: handles.add(BlobReadHandle(path: path, reader: reader)), keepCache: keep, noFlush: true)
+        // A large body is read by the kernel itself (FUSE passthrough, when in use): the blob
+        // file never changes, and a new revision's body is another file.
+        return OpenFile(handle: handles.add(BlobReadHandle(path: path, reader: reader)), keepCache: keep, noFlush: true,
+                        backing: reader.length >= Tuning.passthroughMinimumSize
+                            ? OpenFile.Backing(descriptor: reader.descriptor, identity: reader.key.hex) : nil)
     }
 
     public func create(_ path: String, permissions: UInt32, flags: Int32, caller: pid_t) throws -> OpenFile {

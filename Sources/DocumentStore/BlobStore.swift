@@ -406,6 +406,10 @@ public final class BlobReader {
 
     deinit { close(fd) }
 
+    /// The open file, for a reader that needs it (the kernel reading it directly: FUSE
+    /// passthrough). Borrowed: it stays open as long as this reader, and is not to be closed.
+    public var descriptor: Int32 { fd }
+
     /// Reads the next bytes into `buffer`; 0 at the end, once the hash has been checked.
     public func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         while true {

@@ -28,4 +28,9 @@ public enum Tuning {
     /// backup, `gio copy -b`) waits for the new file at its name before its removal is saved:
     /// "rename to backup, write the new file" is then one revision, not two.
     public static let setAsideGrace = 1.0
+
+    /// Bodies at least this large are read by the kernel itself in a mount (FUSE passthrough,
+    /// when it is in use); smaller ones through the mount, where an open costs less than
+    /// registering a backing file and the kernel keeps what was read in its page cache.
+    public static let passthroughMinimumSize: Int64 = 256 << 10
 }

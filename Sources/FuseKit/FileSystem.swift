@@ -70,12 +70,28 @@ public struct OpenFile: Sendable {
     public var directIO: Bool
     /// `close` need not call `flush` (nothing to save): one round trip less.
     public var noFlush: Bool
+    /// A file holding exactly this file's bytes, which will not change while it is open (a
+    /// read-only open of an immutable body). With FUSE passthrough the kernel then reads (and
+    /// maps) that file itself and sends no READ for this one.
+    public var backing: Backing?
 
-    public init(handle: UInt64, keepCache: Bool = false, directIO: Bool = false, noFlush: Bool = false) {
+    public struct Backing: Sendable {
+        /// Open for reading; it stays the file system's (closed with its handle).
+        public let descriptor: Int32
+        /// Names the bytes: two files of the same identity hold the same bytes.
+        public let identity: String
+        public init(descriptor: Int32, identity: String) {
+            self.descriptor = descriptor
+            self.identity = identity
+        }
+    }
+
+    public init(handle: UInt64, keepCache: Bool = false, directIO: Bool = false, noFlush: Bool = false, backing: Backing? = nil) {
         self.handle = handle
         self.keepCache = keepCache
         self.directIO = directIO
         self.noFlush = noFlush
+        self.backing = backing
     }
 }
 

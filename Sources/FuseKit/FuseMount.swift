@@ -30,6 +30,9 @@ public final class FuseMount: @unchecked Sendable {
         public var workers = 8
         /// Shown as the source in `mount` and `df`.
         public var fileSystemName = "sofa"
+        /// Let the kernel read files opened with a backing descriptor itself (FUSE passthrough),
+        /// when it offers that.
+        public var passthrough = true
 
         public init() {}
     }
@@ -69,8 +72,25 @@ public final class FuseMount: @unchecked Sendable {
             fuse_session_destroy(session)
             throw FileSystemError(errno == 0 ? EIO : errno)
         }
+        box.passthrough.install(on: session)
         self.session = session
+        box.invalidateEntry = { [weak self] parent, name in self?.invalidateEntry(parent, name) }
     }
+
+    /// Drops the kernel's entry `name` in `parent`: its next lookup asks.
+    private func invalidateEntry(_ parent: fuse_ino_t, _ name: String) {
+        sessionLock.lock()
+        defer { sessionLock.unlock() }
+        guard !destroyed else { return }
+        _ = name.withCString { fuse_lowlevel_notify_inval_entry(session, parent, $0, strlen($0)) }
+    }
+
+    /// Whether FUSE passthrough is in use, and if not, why ("in use", "off: …").
+    public var passthrough: String { box.passthrough.currentState.description }
+    /// Files the kernel reads itself now, and how many were opened so since the mount.
+    public var passthroughFiles: (open: Int, opened: Int) { (box.passthrough.openFiles, box.passthrough.openedCount) }
+    /// READ requests this process answered since the mount.
+    public var readRequests: Int { box.readRequests.load(ordering: .relaxed) }
 
     /// Serves requests until the file system is unmounted.
     public func run() {
@@ -151,6 +171,8 @@ final class Box: @unchecked Sendable {
     let fileSystem: any FileSystem
     let configuration: FuseMount.Configuration
     let table = InodeTable()
+    let passthrough: Passthrough
+    let readRequests = Atomic<Int>(0)
     /// Whether the kernel opens directories without asking (set at INIT, read by every worker).
     private let kernelOpensDirectories = Atomic<Bool>(false)
     var openDirectoryInKernel: Bool {
@@ -161,6 +183,16 @@ final class Box: @unchecked Sendable {
     init(fileSystem: any FileSystem, configuration: FuseMount.Configuration) {
         self.fileSystem = fileSystem
         self.configuration = configuration
+        passthrough = Passthrough(enabled: configuration.passthrough)
+    }
+
+    /// Set by the mount: drops the kernel's entry `name` in `parent` (from another thread).
+    var invalidateEntry: (@Sendable (fuse_ino_t, String) -> Void)?
+
+    /// Gives the name of `ino`, just opened through passthrough, a new inode for later lookups.
+    func retire(_ ino: fuse_ino_t) {
+        guard let (parent, name) = table.retire(ino) else { return }
+        invalidateEntry?(parent, name)
     }
 
     /// The path of `ino`, or ENOENT.
@@ -400,7 +432,26 @@ extension FuseMount {
                 cfuse_set_keep_cache(info, file.keepCache ? 1 : 0)
                 cfuse_set_direct_io(info, file.directIO ? 1 : 0)
                 cfuse_set_noflush(info, file.noFlush ? 1 : 0)
-                if fuse_reply_open(request, info) != 0 { fs.release(file.handle) }
+                var first = false
+                if let backing = file.backing {
+                    switch box.passthrough.register(backing, for: file.handle, inode: ino) {
+                    case .notUsed: break
+                    case .used(let made): first = made
+                    case .conflict:
+                        // Open through passthrough with the bytes it had: changed in the moment before
+                        // its name was given a new inode (below). A new open finds the new one.
+                        fs.release(file.handle)
+                        throw FileSystemError(ESTALE, reason: "changed while open; open it again")
+                    }
+                }
+                // Before the reply, so that nothing the opener does next (open the name to write it)
+                // meets this inode: the kernel would refuse any open of it but through passthrough.
+                // (An open holds no lock of its folder by the time it asks: the entry can go now.)
+                if first { box.retire(ino) }
+                if fuse_reply_open(request, info) != 0 {
+                    box.passthrough.release(file.handle)
+                    fs.release(file.handle)
+                }
             }
         }
         ops.create = { request, parent, name, mode, info in
@@ -424,7 +475,8 @@ extension FuseMount {
             }
         }
         ops.read = { request, ino, size, offset, info in
-            answer(request, "read", ino) { _, fs in
+            answer(request, "read", ino) { box, fs in
+                box.readRequests.add(1, ordering: .relaxed)
                 let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
                 defer { buffer.deallocate() }
                 let count = try fs.read(info!.pointee.fh, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), at: Int64(offset))
@@ -450,7 +502,9 @@ extension FuseMount {
             }
         }
         ops.release = { request, _, info in
-            context(request).fileSystem.release(info!.pointee.fh)
+            let box = context(request)
+            box.passthrough.release(info!.pointee.fh)
+            box.fileSystem.release(info!.pointee.fh)
             fuse_reply_err(request, 0)
         }
         ops.mkdir = { request, parent, name, _ in

@@ -95,6 +95,17 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// `ino` keeps its path but the path no longer leads to it: the next lookup of its name makes
+    /// a new node (a file open through passthrough is tied to its inode's backing file, so later
+    /// opens of the name, for writing too, need an inode of their own). Returns its parent and name.
+    func retire(_ ino: fuse_ino_t) -> (parent: fuse_ino_t, name: String)? {
+        lock.withLock {
+            guard let node = nodes[ino], node.parent != 0, children[node.parent]?[node.name] == ino else { return nil }
+            take(node.parent, node.name)
+            return (node.parent, node.name)
+        }
+    }
+
     /// The number of the node at `path`, if the kernel knows it.
     func number(of path: String) -> fuse_ino_t? {
         lock.withLock {

@@ -35,6 +35,8 @@ struct Mount: SofaCommand {
     var downloads: DownloadOptions
     @Option(help: "When the database does not exist, create it from this snapshot (.zip) or database, as `sofa copy` does.")
     var seed: String?
+    @Flag(help: "Serve every read through the mount, also where the kernel could read a stored body itself (FUSE passthrough).")
+    var noPassthrough = false
 
     /// The `-o` options, one by one. `nonempty` is Sofa's (libfuse 3 has none: it mounts anywhere).
     var fuseOptions: [String] { options.flatMap { $0.split(separator: ",").map(String.init) } }
@@ -72,6 +74,13 @@ struct Mount: SofaCommand {
         try refuseNonEmpty()
         if !foreground { return try daemonize(mountPoint) }
         let signals = SignalWatcher([SIGINT, SIGTERM, SIGHUP])  // before any thread starts
+        // Every open file of the mount holds a descriptor here: as many as the system allows.
+        var files = rlimit()
+        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        if getrlimit(resource, &files) == 0, files.rlim_cur < files.rlim_max {
+            files.rlim_cur = files.rlim_max
+            setrlimit(resource, &files)
+        }
 
         let database = try db.open()
         var downloader: RemoteBodies?
@@ -87,8 +96,15 @@ struct Mount: SofaCommand {
             }
         }
         let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: downloader, fetchTimeout: fetchTimeout)
-        fileSystem.statusProvider = { [downloader, session] in
+        let mounted = Locked<FuseMount?>(nil)
+        fileSystem.statusProvider = { [downloader, session, mounted] in
             var status: JSONObject = [:]
+            if let mount = mounted.withLock({ $0 }) {
+                let files = mount.passthroughFiles
+                status["fuse"] = .object(["passthrough": .string(mount.passthrough), "passthrough_open_files": .integer(Int64(files.open)),
+                                          "passthrough_opened": .integer(Int64(files.opened)),
+                                          "read_requests": .integer(Int64(mount.readRequests))])
+            }
             if let session { status["replication"] = .object(session.status.json) }
             if let downloader {
                 status["downloads"] = .array(downloader.active.map { body in
@@ -103,6 +119,7 @@ struct Mount: SofaCommand {
         // default_permissions: the kernel checks mode bits itself (`test -x` of a 0644 file is false, even for root).
         configuration.options = ["default_permissions"] + fuseOptions.filter { $0 != "nonempty" } + (readOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
+        configuration.passthrough = !noPassthrough
         // Whatever ends this process, the mount does not outlive it as a dead one. The guard starts
         // before the mount and is told its device as soon as it exists, so a kill at any moment
         // after the mount appears is covered.
@@ -115,6 +132,7 @@ struct Mount: SofaCommand {
             throw SofaError.invalidArgument("cannot mount on \(mountPoint): \(error)")
         }
         if let pipe = guardPipe.flatMap({ $0 }) { MountGuard.arm(pipe, mountPoint: mountPoint) }
+        mounted.withLock { $0 = mount }
         let watcher = try ChangeWatcher(database: database, documentChanged: { [fileSystem] id in fileSystem.documentChanged(id) },
                                         invalidate: { [mount] path, descendants in mount.invalidate(path, descendants: descendants) })
         watcher.start()
@@ -145,6 +163,7 @@ struct Mount: SofaCommand {
         if push { arguments.append("--push") }
         if sync { arguments.append("--sync") }
         if continuous { arguments.append("--continuous") }
+        if noPassthrough { arguments.append("--no-passthrough") }
         if downloads.noDownloadAttachments { arguments.append("--no-download-attachments") }
         if downloads.downloadAttachments { arguments.append("--download-attachments") }
         if let max = downloads.downloadAttachmentsMax { arguments += ["--download-attachments-max", max] }
