@@ -64,12 +64,16 @@ struct Detach: SofaCommand {
     @Argument(help: "Attachment name.") var name: String
 
     func execute() throws {
-        let database = try db.open()
-        guard try database.document(withID: id) != nil else { throw SofaError.documentNotFound(id) }
-        var draft = try database.newRevision(of: id)
-        try draft.removeAttachment(name)
-        Output.line(try database.save(draft).revID.description)
+        try saveEdit(db.open(), id: id) { try $0.removeAttachment(name) }
     }
+}
+
+/// Saves `edit` of the current revision of document `id`, which must exist, and prints the new revision id.
+func saveEdit(_ database: Database, id: String, _ edit: (inout RevisionDraft) throws -> Void) throws {
+    guard try database.document(withID: id) != nil else { throw SofaError.documentNotFound(id) }
+    var draft = try database.newRevision(of: id)
+    try edit(&draft)
+    Output.line(try database.save(draft).revID.description)
 }
 
 struct CatAttachment: SofaCommand {

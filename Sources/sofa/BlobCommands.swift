@@ -82,11 +82,7 @@ struct BlobRemove: SofaCommand {
 
     func execute() throws {
         let pointer = try path.pointer
-        let database = try db.open()
-        guard try database.document(withID: id) != nil else { throw SofaError.documentNotFound(id) }
-        var draft = try database.newRevision(of: id)
-        try draft.removeBlob(at: pointer)
-        Output.line(try database.save(draft).revID.description)
+        try saveEdit(db.open(), id: id) { try $0.removeBlob(at: pointer) }
     }
 }
 
