@@ -143,8 +143,13 @@ final class InboundParts {
 final class RequestBody {
     private let parts: InboundParts
     private(set) var finished = false
+    /// The request's `Content-Length`, when it declared one.
+    let declaredLength: Int?
 
-    init(_ parts: InboundParts) { self.parts = parts }
+    init(_ parts: InboundParts, declaredLength: Int? = nil) {
+        self.parts = parts
+        self.declaredLength = declaredLength
+    }
 
     func next() async throws -> ByteBuffer? {
         guard !finished else { return nil }
@@ -155,6 +160,10 @@ final class RequestBody {
 
     /// The whole body, refused with 413 beyond `limit` bytes.
     func collect(limit: Int) async throws -> [UInt8] {
+        // A declared length says it before a byte is read.
+        if let declaredLength, declaredLength > limit {
+            throw HTTPError(.payloadTooLarge, "too_large", "the request body is larger than \(limit) bytes", closeConnection: true)
+        }
         var bytes: [UInt8] = []
         while var chunk = try await next() {
             guard bytes.count + chunk.readableBytes <= limit else {
@@ -170,6 +179,8 @@ final class RequestBody {
         let bytes = try await collect(limit: limit)
         do {
             return try JSONParser.parse(bytes)
+        } catch where "\(error)".contains("nesting deeper") {
+            throw HTTPError(.badRequest, "bad_request", "JSON nested deeper than \(JSONParser.maximumDepth) levels")
         } catch {
             throw HTTPError.invalidJSON
         }
@@ -193,10 +204,14 @@ final class ResponseWriter {
     private(set) var bytesSent = 0
     private var chunked = false
 
-    init(outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>, isHead: Bool, keepAlive: Bool) {
+    /// An HTTP/1.0 client keeps the connection only when the answer says so.
+    let announceKeepAlive: Bool
+
+    init(outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>, isHead: Bool, keepAlive: Bool, announceKeepAlive: Bool = false) {
         self.outbound = outbound
         self.isHead = isHead
         self.keepAlive = keepAlive
+        self.announceKeepAlive = announceKeepAlive
     }
 
     static let serverName = "Sofa/\(SofaVersion.current) (CouchDB-compatible)"
@@ -205,7 +220,11 @@ final class ResponseWriter {
         var headers = headers
         headers.replaceOrAdd(name: "Server", value: ResponseWriter.serverName)
         headers.replaceOrAdd(name: "Date", value: httpDate(Date()))
-        if !keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
+        if !keepAlive {
+            headers.replaceOrAdd(name: "Connection", value: "close")
+        } else if announceKeepAlive {
+            headers.replaceOrAdd(name: "Connection", value: "keep-alive")
+        }
         return HTTPResponseHead(version: .http1_1, status: status, headers: headers)
     }
 
@@ -375,5 +394,70 @@ final class ParseErrorWatcher: ChannelInboundHandler, @unchecked Sendable {
     func errorCaught(context: ChannelHandlerContext, error: Error) {
         if error is HTTPParserError { closer.lingerOnClose = true }
         context.fireErrorCaught(error)
+    }
+}
+
+/// Closes a connection that is too slow to send a request: its head must arrive within
+/// `header` of the previous response's end (or the connection's start), and its body may
+/// not pause for longer than `body`. While a request is being answered (a long response,
+/// a continuous feed) no deadline runs. Placed after the decoder.
+final class RequestDeadlines: ChannelDuplexHandler, @unchecked Sendable {
+    // Sendable invariant: used on its channel's event loop only.
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let header: TimeAmount
+    private let body: TimeAmount
+    private var deadline: Scheduled<Void>?
+    /// Requests whose head arrived and whose response has not ended.
+    private var answering = 0
+
+    init(header: TimeAmount, body: TimeAmount) {
+        self.header = header
+        self.body = body
+    }
+
+    private func arm(_ context: ChannelHandlerContext, _ amount: TimeAmount) {
+        deadline?.cancel()
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        deadline = context.eventLoop.scheduleTask(in: amount) { loopBound.value.close(promise: nil) }
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { arm(context, header) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        arm(context, header)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head:
+            answering += 1
+            arm(context, body)
+        case .body:
+            arm(context, body)
+        case .end:
+            deadline?.cancel()
+            deadline = nil
+        }
+        context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .end = unwrapOutboundIn(data) {
+            answering = max(0, answering - 1)
+            if answering == 0 { arm(context, header) }
+        }
+        context.write(data, promise: promise)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        context.fireChannelInactive()
     }
 }

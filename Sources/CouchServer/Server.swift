@@ -40,6 +40,16 @@ public final class CouchServer: @unchecked Sendable {
         /// Where a database's deferred bodies come from when asked for (`sofa serve`: its
         /// remembered remote); called once per database. Nil: such bodies answer 404.
         public var bodySource: (@Sendable (Database) -> (any BodySource)?)?
+        /// How long a connection may take to send a request's head, counted from the end of the
+        /// previous response (or the connection's start): an idle keep-alive connection, or one
+        /// sending its headers a byte at a time (slowloris), is closed after it.
+        public var headerTimeout: TimeAmount = .seconds(60)
+        /// How long a request's body may pause: one that stops mid-way (shorter than its
+        /// `Content-Length`, a chunked body without its last chunk) is closed after it.
+        public var bodyTimeout: TimeAmount = .seconds(60)
+        /// Open connections at most; past it the longest idle one is closed for a new one (or, with
+        /// none idle, the new one). Nil: as many as the descriptor limit allows, less a reserve.
+        public var maximumConnections: Int?
 
         public init(databases: [String: String], directory: String? = nil) {
             self.databases = databases
@@ -90,14 +100,18 @@ public final class CouchServer: @unchecked Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelOption(.maxMessagesPerRead, value: 4)
-            .bind(host: configuration.host, port: configuration.port) { channel in
+            // A client that sends its request and then closes its side still gets the answer.
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
+            .bind(host: configuration.host, port: configuration.port) { [configuration] channel in
                 channel.eventLoop.makeCompletedFuture {
                     let closer = LingeringClose()
                     try channel.pipeline.syncOperations.addHandler(closer)
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                     // Before NIO's error handler (which answers 400), after the decoder.
-                    try channel.pipeline.syncOperations.addHandler(ParseErrorWatcher(closer), position: .after(
-                        try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)))
+                    let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
+                    try channel.pipeline.syncOperations.addHandler(ParseErrorWatcher(closer), position: .after(decoder))
+                    try channel.pipeline.syncOperations.addHandler(
+                        RequestDeadlines(header: configuration.headerTimeout, body: configuration.bodyTimeout), position: .after(decoder))
                     return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel)
                 }
             }
@@ -145,6 +159,7 @@ public final class CouchServer: @unchecked Sendable {
     private func setBusy(_ channel: Channel, _ busy: Bool) -> Bool {
         stopLock.withLock {
             connections[ObjectIdentifier(channel)] = (channel, busy)
+            if !busy { idleSince[ObjectIdentifier(channel)] = .now() }
             return !stopped
         }
     }
@@ -161,16 +176,59 @@ public final class CouchServer: @unchecked Sendable {
 
     // MARK: - Connections
 
+    /// Connections at most (`Configuration.maximumConnections`, else the descriptor limit less a
+    /// reserve for database files, blobs and the listening socket).
+    private lazy var connectionLimit: Int = {
+        if let maximum = configuration.maximumConnections { return maximum }
+        var files = rlimit()
+        getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &files)
+        return max(16, Int(min(files.rlim_cur, 1 << 20)) - 128)
+    }()
+    /// When each connection last finished a request (or began). Guarded by `stopLock`.
+    private var idleSince: [ObjectIdentifier: DispatchTime] = [:]
+
+    /// Makes room for a new connection: false when it must be refused (every other one is busy).
+    private func admit(_ channel: Channel) -> Bool {
+        let shed = stopLock.withLock { () -> Channel?? in
+            guard connections.count >= connectionLimit else { return .some(nil) }
+            let idle = connections.filter { !$0.value.busy }
+            guard let oldest = idle.min(by: { (idleSince[$0.key] ?? .now()) < (idleSince[$1.key] ?? .now()) }) else { return nil }
+            return .some(oldest.value.channel)
+        }
+        guard let shed else {
+            log.notice("refused a connection: \(connectionLimit) are open and busy")
+            return false
+        }
+        if let shed {
+            log.info("closed an idle connection to make room: \(connectionLimit) are open")
+            shed.close(promise: nil)
+        }
+        return true
+    }
+
     private func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
         do {
             let channel = connection.channel
-            defer { stopLock.withLock { _ = connections.removeValue(forKey: ObjectIdentifier(channel)) } }
+            defer {
+                stopLock.withLock {
+                    _ = connections.removeValue(forKey: ObjectIdentifier(channel))
+                    idleSince[ObjectIdentifier(channel)] = nil
+                }
+            }
+            guard admit(channel) else {
+                try? await channel.close()
+                return
+            }
             guard setBusy(channel, false) else { return }
+            let closer = try await channel.pipeline.handler(type: LingeringClose.self).get()
             try await connection.executeThenClose { inbound, outbound in
                 let parts = InboundParts(inbound)
                 while let head = try await parts.nextHead() {
                     _ = setBusy(channel, true)
-                    let keepAlive = try await handle(head, parts: parts, outbound: outbound)
+                    let keepAlive = try await handle(head, parts: parts, outbound: outbound) {
+                        // The connection ends with the body unread: drop what still comes for a while.
+                        channel.eventLoop.execute { closer.lingerOnClose = true }
+                    }
                     guard setBusy(channel, false), keepAlive else { break }
                 }
             }
@@ -181,11 +239,13 @@ public final class CouchServer: @unchecked Sendable {
 
     /// Handles one request; returns whether the connection can carry another.
     private func handle(_ head: HTTPRequestHead, parts: InboundParts,
-                        outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>) async throws -> Bool {
+                        outbound: NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>,
+                        lingerOnClose: () -> Void) async throws -> Bool {
         let started = DispatchTime.now()
         let range = head.headers["Range"].first.map { " (\($0))" } ?? ""
-        let body = RequestBody(parts)
-        let response = ResponseWriter(outbound: outbound, isHead: head.method == .HEAD, keepAlive: head.isKeepAlive)
+        let body = RequestBody(parts, declaredLength: head.headers["Content-Length"].first.flatMap(Int.init))
+        let response = ResponseWriter(outbound: outbound, isHead: head.method == .HEAD, keepAlive: head.isKeepAlive,
+                                      announceKeepAlive: head.version == .http1_0)
         var cut = ""
         // Every request is logged at debug level, one cut short too (a client that went away).
         defer {
@@ -199,6 +259,10 @@ public final class CouchServer: @unchecked Sendable {
         do {
             let request = try Request(head: head, body: body, response: response)
             try await route(request)
+        } catch where CouchServer.clientWentAway(error) {
+            // Not a server error: nobody is left to answer (or NIO answered a malformed body with 400).
+            cut = " (the client went away or sent a malformed body: \(error))"
+            return false
         } catch {
             let failure = HTTPError.from(error)
             if failure.status.code >= 500 { log.error("\(head.method) \(head.uri): \(failure)") }
@@ -220,6 +284,7 @@ public final class CouchServer: @unchecked Sendable {
                 if hasBody && !body.finished, let length = head.headers["Content-Length"].first.flatMap(Int.init), length <= 64 * 1024 {
                     try? await body.drain()
                 }
+                if hasBody && !body.finished { lingerOnClose() }
             }
             try await response.sendError(failure)
         }
@@ -227,6 +292,20 @@ public final class CouchServer: @unchecked Sendable {
         // Whatever the handler left unread is skipped so the next request starts cleanly.
         try await body.drain()
         return true
+    }
+
+    /// Whether `error` means the connection cannot carry an answer: the client closed it or reset
+    /// it, a deadline closed it, or the body could not be parsed (NIO has answered 400 already).
+    static func clientWentAway(_ error: any Error) -> Bool {
+        if error is HTTPParserError { return true }
+        if let error = error as? ChannelError {
+            switch error {
+            case .ioOnClosedChannel, .alreadyClosed, .eof, .outputClosed: return true
+            default: return false
+            }
+        }
+        if let error = error as? IOError { return [EPIPE, ECONNRESET, ETIMEDOUT].contains(error.errnoCode) }
+        return false
     }
 
     /// Runs blocking storage work off the event loops.

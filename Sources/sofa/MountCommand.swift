@@ -74,13 +74,7 @@ struct Mount: SofaCommand {
         try refuseNonEmpty()
         if !foreground { return try daemonize(mountPoint) }
         let signals = SignalWatcher([SIGINT, SIGTERM, SIGHUP])  // before any thread starts
-        // Every open file of the mount holds a descriptor here: as many as the system allows.
-        var files = rlimit()
-        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
-        if getrlimit(resource, &files) == 0, files.rlim_cur < files.rlim_max {
-            files.rlim_cur = files.rlim_max
-            setrlimit(resource, &files)
-        }
+        raiseDescriptorLimit()  // every open file of the mount holds a descriptor here
 
         let database = try db.open()
         var downloader: RemoteBodies?

@@ -3,6 +3,7 @@ import CouchServer
 import DocumentModel
 import DocumentStore
 import Foundation
+import NIOCore
 import Logging
 import Replicator
 
@@ -48,6 +49,15 @@ struct Serve: SofaCommand {
     @Option(help: "CA certificates (PEM) to verify those remotes with, instead of the system's.")
     var remoteCacert: String?
 
+    @Option(help: "Seconds a connection may take to send a request's headers (counted from the previous answer); an idle connection closes after it.")
+    var headerTimeout = 60.0
+
+    @Option(help: "Seconds a request's body may pause before the connection closes.")
+    var bodyTimeout = 60.0
+
+    @Option(help: "Open connections at most; past it the longest idle one closes to make room (default: the descriptor limit, less a reserve).")
+    var maxConnections: Int?
+
     func validate() throws {
         if (user == nil) != (passwordFile == nil) {
             throw ValidationError("--user and --password-file go together")
@@ -75,6 +85,10 @@ struct Serve: SofaCommand {
         configuration.host = host
         configuration.port = port
         configuration.readOnly = readOnly
+        configuration.headerTimeout = .nanoseconds(Int64(headerTimeout * 1e9))
+        configuration.bodyTimeout = .nanoseconds(Int64(bodyTimeout * 1e9))
+        configuration.maximumConnections = maxConnections
+        raiseDescriptorLimit()
         // Bodies a database defers are fetched from where it last pulled, when a client asks.
         let remotePassword = try remotePasswordFile.map { try readPassword($0) }
         configuration.bodySource = { [remoteUser, remoteCacert] database in

@@ -286,3 +286,14 @@ func formatBytes(_ bytes: Int64) -> String {
     }
     return unit == 0 ? "\(bytes) B" : String(format: "%.1f", value) + " " + units[unit]
 }
+
+/// Lets this process open as many files as the system allows it (the soft limit raised to the
+/// hard one): a mount holds a descriptor per open file, a server one per connection.
+func raiseDescriptorLimit() {
+    var files = rlimit()
+    let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+    if getrlimit(resource, &files) == 0, files.rlim_cur < files.rlim_max {
+        files.rlim_cur = files.rlim_max
+        setrlimit(resource, &files)
+    }
+}

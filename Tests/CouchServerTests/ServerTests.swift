@@ -529,13 +529,12 @@ import TestSupport
         try step("sending oversized headers") { try oversized.send("GET /db HTTP/1.1\r\nHost: x\r\nX-Big: \(huge)\r\n\r\n") }
         #expect(try step("oversized headers") { try oversized.readResponse().status } == 400)
         oversized.close()
-        // An oversized JSON body (one byte over 64 MiB) is refused with 413. (Exactly that much is
-        // sent: a server that closes with unread bytes resets the connection, losing its answer.)
+        // An oversized JSON body (one byte over 64 MiB) is refused with 413 as soon as its
+        // Content-Length says so; what the client still sends is read and dropped for a while, so
+        // that closing does not reset the connection and lose the answer.
         let flood = try server.connect()
         try flood.send("POST /db/_bulk_docs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \((64 << 20) + 1)\r\n\r\n")
-        let spaces = [UInt8](repeating: 0x20, count: 1 << 20)
-        for _ in 0..<64 { try flood.send(spaces) }
-        try flood.send([0x20])
+        try flood.send([UInt8](repeating: 0x20, count: 1 << 20))
         let tooLarge = try step("oversized body") { try flood.readResponse() }
         #expect(tooLarge.status == 413)
         #expect(tooLarge.header("Connection") == "close")
@@ -650,5 +649,88 @@ extension ServerTests {
         let current = try #require(updated["_rev"]?.stringValue)
         #expect(try http.request("DELETE", "/db/profile/blob_/avatar?rev=\(current)").status == 200)
         #expect(try http.json("GET", "/db/profile").json?["avatar"] == nil)
+    }
+}
+
+/// Slow, idle, half-closed, malformed and vanishing clients, and too many of them.
+extension ServerTests {
+    /// What the server sends until it closes the connection (nil if it is still open after `seconds`).
+    func untilClosed(_ connection: HTTPConnection, within seconds: Double) -> [UInt8]? {
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            var poller = pollfd(fd: connection.fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&poller, 1, 100) > 0 else { continue }
+            let count = recv(connection.fd, &buffer, buffer.count, 0)
+            if count <= 0 { return received }
+            received += buffer[0..<count]
+        }
+        return nil
+    }
+
+    @Test func slowIdleHalfClosedAndMalformedClientsGetClearEndings() throws {
+        let (server, http) = try serve(extra: ["--header-timeout", "1", "--body-timeout", "1", "--max-connections", "12"], logLevel: "debug")
+        #expect(try http.request("GET", "/db").status == 200)
+        // An idle keep-alive connection closes once the header timeout passes.
+        #expect(untilClosed(http, within: 4) == [], "an idle connection was kept")
+        // Headers a byte at a time (slowloris) do not keep a connection forever.
+        let slow = try server.connect()
+        try slow.send("GET /db HTTP/1.1\r\n")
+        var closedWhileSending = false
+        for byte in "X-Slow: 1234567890\r\n".utf8 {
+            usleep(200_000)
+            if (try? slow.send([byte])) == nil { closedWhileSending = true; break }
+        }
+        #expect(closedWhileSending || untilClosed(slow, within: 2) != nil, "a slowloris connection stayed open")
+        // A body shorter than its Content-Length, and a chunked body without its last chunk.
+        let short = try server.connect()
+        try short.send("PUT /db/short HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\":")
+        #expect(untilClosed(short, within: 4) != nil, "a stalled body kept its connection")
+        let unfinished = try server.connect()
+        try unfinished.send("PUT /db/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
+        #expect(untilClosed(unfinished, within: 4) != nil, "a chunked body without its end kept its connection")
+        // A request followed by a half-close gets its answer.
+        let halfClosed = try server.connect()
+        try halfClosed.send("GET /db/seed HTTP/1.1\r\nHost: x\r\n\r\n")
+        shutdown(halfClosed.fd, Int32(SHUT_WR))
+        let answer = String(decoding: untilClosed(halfClosed, within: 4) ?? [], as: UTF8.self)
+        #expect(answer.hasPrefix("HTTP/1.1 200"), "\(answer)")
+        // HTTP/1.0 with keep-alive is told so, and the connection carries a second request.
+        let old = try server.connect()
+        try old.send("GET /db HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        let first = try old.readResponse()
+        #expect(first.status == 200 && first.header("Connection")?.lowercased() == "keep-alive")
+        try old.send("GET /db/seed HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        #expect(try old.readResponse().status == 200)
+        // A bad chunk size gets one answer, 400, and the connection ends.
+        let badChunk = try server.connect()
+        try badChunk.send("PUT /db/bad HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+        let answers = String(decoding: untilClosed(badChunk, within: 4) ?? [], as: UTF8.self)
+        #expect(answers.components(separatedBy: "HTTP/1.1 ").count == 2 && answers.hasPrefix("HTTP/1.1 400"), "\(answers)")
+        // A declared length over the limit is refused before the body is sent.
+        let huge = try server.connect()
+        try huge.send("POST /db/_bulk_docs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
+        #expect(try huge.readResponse().status == 413)
+        // JSON nested too deep is named as such.
+        let deep = String(repeating: "[", count: 300) + String(repeating: "]", count: 300)
+        let nested = try server.connect().request("PUT", "/db/deep", headers: [("Content-Type", "application/json")],
+                                                   body: Array("{\"a\":\(deep)}".utf8))
+        #expect(nested.status == 400 && nested.json?["reason"] == "JSON nested deeper than 256 levels", "\(nested.text)")
+
+        // More connections than allowed: idle ones make room, and requests keep being answered.
+        let idle = try (0..<15).map { _ in try server.connect() }
+        for connection in idle { try connection.send("GET /db HTTP/1.1\r\nHost: x\r\n\r\n"); _ = try connection.readResponse() }
+        #expect(try server.connect().request("GET", "/db/seed").status == 200)
+        // A client that goes away is no server error.
+        let quitter = try server.connect()
+        try quitter.send("GET /db/_changes?feed=continuous&heartbeat=100 HTTP/1.1\r\nHost: x\r\n\r\n")
+        usleep(300_000)
+        quitter.close()
+        usleep(500_000)
+        withExtendedLifetime(idle) {}
+        let log = server.stop().stderr
+        #expect(!log.contains(" 500 ") && !log.contains("error"), "\(log.suffix(2000))")
+        #expect(log.contains("closed an idle connection to make room"), "\(log.suffix(2000))")
     }
 }
