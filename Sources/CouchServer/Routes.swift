@@ -118,6 +118,22 @@ extension CouchServer {
                 throw HTTPError.notImplemented("creating or deleting Mango indexes with _index (queries scan every document)")
             }
             try await request.response.sendJSON(.ok, ["total_rows": 1, "indexes": [CouchServer.allDocsIndex]])
+        case "_purge":
+            guard request.method == .POST else { throw HTTPError.methodNotAllowed }
+            try requireWritable(request)
+            try await purge(request, db)
+        case "_purged_infos_limit":
+            if request.method == .PUT {
+                try requireWritable(request)
+                let body = try await request.body.collect(limit: 4096)
+                guard let limit = (try? JSONParser.parse(body))?.int64Value, limit >= 1, limit <= Int64(Int32.max) else {
+                    throw HTTPError.badRequest("`purged_infos_limit` must be positive integer")
+                }
+                try await blocking { try db.setPurgedInfosLimit(Int(limit)) }
+                try await request.response.sendJSON(.ok, ["ok": true])
+            } else {
+                try await request.response.sendJSON(.ok, .integer(Int64(try await blocking { try db.purgedInfosLimit })))
+            }
         case "_revs_limit":
             // Stored with the database; saves prune history beyond it, as compaction does.
             if request.method == .PUT {
@@ -160,12 +176,36 @@ extension CouchServer {
         "_db_updates", "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
     ]
     static let unimplementedDatabaseEndpoints: Set<String> = [
-        "_purge", "_purged_infos_limit", "_purged_infos", "_design_docs", "_missing_revs",
+        "_purged_infos", "_design_docs", "_missing_revs",
         "_shards", "_sync_shards", "_partition", "_view_cleanup_all",
     ]
 
     static let allDocsIndex: JSONValue = ["ddoc": .null, "name": "_all_docs", "type": "special", "def": ["fields": [["_id": "asc"]]]]
     static let noIndexWarning = "No matching index found, create an index to optimize query time."
+
+    /// `POST /db/_purge`: `{"id": ["rev", …]}` → 201 `{"purge_seq": null, "purged": {"id": [purged revs]}}`,
+    /// as CouchDB 3 answers (at most 100 documents and 1,000 revisions a request, as its defaults).
+    private func purge(_ request: Request, _ db: Database) async throws {
+        guard case .object(let body) = try await request.body.json(limit: 8 << 20) else {
+            throw HTTPError.badRequest("Request body must be a JSON object")
+        }
+        guard body.count <= 100 else { throw HTTPError.badRequest("Exceeded maximum number of documents.") }
+        var requested: [String: [RevisionID]] = [:]
+        var total = 0
+        for (id, value) in body {
+            guard case .array(let revisions) = value else { throw HTTPError.badRequest("Document rev/s must be an array") }
+            requested[id] = try revisions.map { revision in
+                guard let text = revision.stringValue, let parsed = RevisionID(text) else { throw HTTPError.badRequest("Invalid rev format") }
+                return parsed
+            }
+            total += revisions.count
+        }
+        guard total <= 1000 else { throw HTTPError.badRequest("Exceeded maximum number of revisions.") }
+        let purging = requested
+        let purged = try await blocking { try db.purge(purging) }
+        let answer = JSONObject(body.map { id, _ in (id, JSONValue.array((purged[id] ?? []).map { .string($0.description) })) })
+        try await request.response.sendJSON(.created, ["purge_seq": .null, "purged": .object(answer)])
+    }
 
     /// `POST /db/_find`: a Mango query, answered by scanning every document (`Database.find`).
     private func find(_ request: Request, _ db: Database) async throws {
@@ -230,7 +270,7 @@ extension CouchServer {
         try await request.response.sendJSON(.ok, [
             "db_name": .string(name),
             "update_seq": CouchJSON.sequence(counts.lastSequence),
-            "purge_seq": "0",
+            "purge_seq": .string(String(try await blocking { try db.purgeSequence })),
             "doc_count": .integer(Int64(counts.documents)),
             "doc_del_count": .integer(Int64(counts.deleted)),
             "compact_running": false,

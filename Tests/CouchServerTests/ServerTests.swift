@@ -23,7 +23,7 @@ import TestSupport
     @Test func endpointsSofaLacksAreNamedHonestly() throws {
         let (server, http) = try serve()
         defer { withExtendedLifetime(server) {} }
-        for (method, path, named) in [("POST", "/db/_index", "_index"), ("POST", "/db/_purge", "_purge"),
+        for (method, path, named) in [("POST", "/db/_index", "_index"), ("GET", "/db/_purged_infos", "_purged_infos"),
                                       ("GET", "/_stats", "/_stats"), ("POST", "/_replicate", "/_replicate"),
                                       ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_active_tasks", "/_active_tasks"),
                                       ("GET", "/db/_design/d/_view/v", "_view"), ("PUT", "/db/_design/d/_update/f", "_update")] {

@@ -1,0 +1,69 @@
+import DocumentModel
+import Foundation
+
+extension Database {
+    /// CouchDB's default number of purges a database remembers (`_purged_infos_limit`).
+    public static let defaultPurgedInfosLimit = 1000
+
+    /// Purges leaf revisions, as CouchDB's `_purge` does: each leaf named goes, with the
+    /// ancestors no other revision of its document descends from, and a document left with no
+    /// revision goes altogether (nothing of it replicates; it is as if it had never been).
+    /// Revisions that are not leaves, and unknown ones, are left alone. A document whose winner
+    /// changed takes a new sequence. Returns, per document, the revisions purged.
+    @discardableResult
+    public func purge(_ requested: [String: [RevisionID]]) throws -> [String: [RevisionID]] {
+        try write { connection in
+            var purged: [String: [RevisionID]] = [:]
+            for (id, revisions) in requested {
+                purged[id] = []
+                guard let row = try Database.documentRow(id, in: connection) else { continue }
+                var nodes = try Database.loadTree(docKey: row.key, in: connection).nodes
+                var gone: [RevisionID] = []
+                for revision in revisions where nodes[revision]?.isLeaf == true {
+                    purged[id]!.append(revision)
+                    var current: RevisionID? = revision
+                    while let node = current.flatMap({ nodes[$0] }), !nodes.values.contains(where: { $0.parent == node.id }) {
+                        nodes[node.id] = nil
+                        gone.append(node.id)
+                        current = node.parent
+                    }
+                }
+                guard !gone.isEmpty else { continue }
+                for revision in gone { try Database.deleteRevision(docKey: row.key, revID: revision, in: connection) }
+                if let winner = RevisionTree(Array(nodes.values)).winner {
+                    try connection.run("UPDATE docs SET current_rev = ?, deleted = ?, sequence = ? WHERE doc_key = ?",
+                                       .text(winner.id.description), SQLValue(winner.deleted),
+                                       .integer(try Database.nextSequence(in: connection)), .integer(row.key))
+                } else {
+                    try connection.run("DELETE FROM docs WHERE doc_key = ?", .integer(row.key))
+                    if hasBodyCache {  // attachment_times came with it (version 4)
+                        try connection.run("DELETE FROM attachment_times WHERE doc_id = ?", .text(id))
+                    }
+                }
+            }
+            try connection.run("INSERT INTO meta (key, value) VALUES ('purge_seq', 1) ON CONFLICT (key) DO UPDATE SET value = value + 1")
+            return purged
+        }
+    }
+
+    /// How many purges have been made (CouchDB's `purge_seq`).
+    public var purgeSequence: Int64 {
+        get throws { try read { try $0.query("SELECT value FROM meta WHERE key = 'purge_seq'") { $0.int64(0) }.first ?? 0 } }
+    }
+
+    /// `_purged_infos_limit`: stored for clients that set it (Sofa keeps no purge history to trim).
+    public var purgedInfosLimit: Int {
+        get throws {
+            try read { try $0.query("SELECT value FROM meta WHERE key = 'purged_infos_limit'") { $0.int(0) }.first }
+                ?? Database.defaultPurgedInfosLimit
+        }
+    }
+
+    public func setPurgedInfosLimit(_ limit: Int) throws {
+        guard limit >= 1 else { throw SofaError.invalidArgument("the purged infos limit must be at least 1") }
+        try write {
+            try $0.run("INSERT INTO meta (key, value) VALUES ('purged_infos_limit', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       SQLValue(limit))
+        }
+    }
+}

@@ -1,0 +1,53 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// `_purge` and `_purged_infos_limit` of `sofa serve`, side by side with the live CouchDB.
+extension CouchDBInteropTests {
+    /// Runs the same requests against a server and returns what came back: status and body of each.
+    func purgeScenario(_ request: (String, String, JSONValue?) throws -> HTTPResponse, _ db: String) throws -> [String] {
+        var seen: [String] = []
+        func record(_ label: String, _ response: HTTPResponse, keys: [String]? = nil) {
+            var body = response.json ?? .null
+            if let keys, case .object(let object) = body { body = .object(object.filter { keys.contains($0) }) }
+            seen.append("\(label): \(response.status) \(body.jsonString(.canonical))")
+        }
+        record("create", try request("PUT", "/\(db)", nil), keys: ["ok"])
+        record("branches", try request("POST", "/\(db)/_bulk_docs", ["new_edits": false, "docs": [
+            ["_id": "doc", "_rev": "1-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "branch": "a"],
+            ["_id": "doc", "_rev": "1-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "branch": "b"],
+            ["_id": "other", "_rev": "1-cccccccccccccccccccccccccccccccc", "n": 1],
+        ]]))
+        record("before", try request("GET", "/\(db)/doc?conflicts=true", nil))
+        record("purge loser", try request("POST", "/\(db)/_purge", [
+            "doc": ["1-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"], "missing": ["1-dddddddddddddddddddddddddddddddd"],
+        ]))
+        record("after", try request("GET", "/\(db)/doc?conflicts=true", nil))
+        record("purge winner", try request("POST", "/\(db)/_purge", ["doc": ["1-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"]]))
+        record("gone", try request("GET", "/\(db)/doc", nil), keys: ["error"])
+        record("all_docs", try request("GET", "/\(db)/_all_docs", nil), keys: ["total_rows", "rows"])
+        record("info", try request("GET", "/\(db)", nil), keys: ["doc_count", "doc_del_count"])
+        record("limit", try request("GET", "/\(db)/_purged_infos_limit", nil))
+        record("set limit", try request("PUT", "/\(db)/_purged_infos_limit", 2000))
+        record("limit again", try request("GET", "/\(db)/_purged_infos_limit", nil))
+        record("bad body", try request("POST", "/\(db)/_purge", [1]), keys: ["error"])
+        record("bad revs", try request("POST", "/\(db)/_purge", ["other": "1-cccccccccccccccccccccccccccccccc"]), keys: ["error"])
+        return seen
+    }
+
+    @Test func purgeAnswersAsCouchDBDoes() throws {
+        let name = "purge-\(UUID().uuidString.prefix(8).lowercased())"
+        let expected = try purgeScenario({ method, path, body in try couch.request(method, path, body) }, name)
+        let server = try ServedDatabases(["--directory", directory.path])
+        let connection = try server.connect()
+        let actual = try purgeScenario({ method, path, body in try connection.json(method, path, body) }, name)
+        #expect(actual.count == expected.count)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+        // Nothing of the purged document is left to replicate.
+        let db = try Database.open(at: directory.appending("\(name).sofa"))
+        #expect(try db.currentRevision(of: "doc") == nil && db.changes().map(\.docID) == ["other"])
+        #expect(try db.purgeSequence == 2)
+    }
+}
