@@ -39,6 +39,13 @@ extension CouchServer {
             let count = min(try request.intQuery("count") ?? 1, 1000)
             let uuids = (0..<count).map { _ in JSONValue.string(makeBoundary()) }
             try await request.response.sendJSON(.ok, ["uuids": .array(uuids)])
+        case "_replicate":
+            try await replicate(request)
+        case "_active_tasks":
+            try await activeTasks(request)
+        case "_scheduler":
+            guard segments.count == 2, segments[1] == "jobs" else { throw HTTPError.notImplemented("/_scheduler/\(segments.dropFirst().joined(separator: "/")) (only /_scheduler/jobs)") }
+            try await schedulerJobs(request)
         case "_users", "_replicator", "_global_changes":
             // CouchDB's system databases: Sofa has none of them (yet).
             throw HTTPError(.notFound, "not_found", "Database does not exist.")
@@ -172,7 +179,7 @@ extension CouchServer {
     /// CouchDB endpoints Sofa does not implement: answered 501 with their name, not with an
     /// error about database names or document ids that would send a client looking elsewhere.
     static let unimplementedServerEndpoints: Set<String> = [
-        "_replicate", "_active_tasks", "_dbs_info", "_stats", "_node", "_scheduler", "_membership", "_cluster_setup",
+        "_dbs_info", "_stats", "_node", "_membership", "_cluster_setup",
         "_db_updates", "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
     ]
     static let unimplementedDatabaseEndpoints: Set<String> = [

@@ -50,6 +50,8 @@ public final class CouchServer: @unchecked Sendable {
         /// Open connections at most; past it the longest idle one is closed for a new one (or, with
         /// none idle, the new one). Nil: as many as the descriptor limit allows, less a reserve.
         public var maximumConnections: Int?
+        /// Starts the replications clients ask for (`POST /_replicate`); nil answers 501.
+        public var replicator: (@Sendable (ReplicationRequest) throws -> any ReplicationJob)?
 
         public init(databases: [String: String], directory: String? = nil) {
             self.databases = databases
@@ -63,6 +65,10 @@ public final class CouchServer: @unchecked Sendable {
     let sessions: SessionKeys
     let uuid = UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
     let pool: NIOThreadPool
+    /// The continuous replications clients started.
+    let replications = ReplicationJobs()
+    /// The port listened on, once `start()` bound it.
+    private(set) var boundPort: Int?
     private let group: MultiThreadedEventLoopGroup
     private var serverChannel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>?
     /// Closed by `stop()`.
@@ -91,7 +97,8 @@ public final class CouchServer: @unchecked Sendable {
             throw SofaError.invalidArgument("permission denied (ports below 1024 need root): choose another with --port")
         }
         serverChannel = channel
-        return channel.channel.localAddress?.port ?? configuration.port
+        boundPort = channel.channel.localAddress?.port ?? configuration.port
+        return boundPort!
     }
 
     private func bind() async throws -> NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never> {
@@ -127,8 +134,9 @@ public final class CouchServer: @unchecked Sendable {
                 }
             }
         }
-        // Deferred bodies being fetched for clients end before the process does.
+        // Deferred bodies being fetched for clients end before the process does; so do replications.
         registry.shutDownBodySources()
+        for (_, running) in replications.all { running.job.cancel() }
     }
 
     /// Open connections, and whether each is handling a request. Guarded by `stopLock`.

@@ -67,6 +67,8 @@ public final class ReplicationSession: @unchecked Sendable {
     public var configure: (@Sendable (Replicator) -> Void)?
     /// Called after each pass that moved documents.
     public var onResult: (@Sendable (Replicator.Direction, ReplicationResult) -> Void)?
+    /// Called after every pass.
+    public var onPass: (@Sendable (Replicator.Direction, ReplicationResult) -> Void)?
     private let condition = NSCondition()
     private var stopped = false
     private let group = DispatchGroup()
@@ -121,6 +123,7 @@ public final class ReplicationSession: @unchecked Sendable {
                 let before = try database.lastSequence
                 let result = try replicator.run()
                 status.add(result, direction)
+                onPass?(direction, result)
                 if result.docsWritten > 0 || result.docWriteFailures > 0 { onResult?(direction, result) }
                 status.set("idle")
                 backoff = retry.initialDelay

@@ -88,6 +88,7 @@ struct Serve: SofaCommand {
         configuration.headerTimeout = .nanoseconds(Int64(headerTimeout * 1e9))
         configuration.bodyTimeout = .nanoseconds(Int64(bodyTimeout * 1e9))
         configuration.maximumConnections = maxConnections
+        configuration.replicator = { [remoteCacert] request in try ServedReplication(request, caFile: remoteCacert) }
         raiseDescriptorLimit()
         // Bodies a database defers are fetched from where it last pulled, when a client asks.
         let remotePassword = try remotePasswordFile.map { try readPassword($0) }
@@ -135,4 +136,57 @@ struct Serve: SofaCommand {
 /// What the server task ended with, read after it signalled.
 private final class ServeOutcome: @unchecked Sendable {
     var error: (any Error)?
+}
+
+/// A replication `sofa serve` runs for a client (`POST /_replicate`), with Sofa's replicator.
+final class ServedReplication: ReplicationJob, @unchecked Sendable {
+    // Sendable invariant: `totals` is guarded by its lock; the session is thread-safe.
+    private let session: ReplicationSession
+    private let totals = Locked((read: 0, written: 0, failures: 0, lastSeq: JSONValue.integer(0)))
+
+    init(_ request: ReplicationRequest, caFile: String?) throws {
+        let remote = try RemoteDatabase(request.remote)
+        session = ReplicationSession(database: request.database, remote: remote,
+                                     directions: [request.direction == .pull ? .pull : .push], continuous: request.continuous)
+        session.caFile = caFile
+        let selector = try request.selector.map { try Selector($0) }
+        session.configure = { [request] replicator in
+            replicator.docIDs = request.docIDs
+            replicator.selector = selector
+            replicator.createTarget = request.createTarget
+        }
+        session.onPass = { [totals] _, result in
+            totals.withLock { totals in
+                totals.read += result.docsRead
+                totals.written += result.docsWritten
+                totals.failures += result.docWriteFailures
+                totals.lastSeq = result.lastSeq
+            }
+        }
+        session.start()
+    }
+
+    private var counts: JSONObject {
+        totals.withLock { totals in
+            ["docs_read": .integer(Int64(totals.read)), "docs_written": .integer(Int64(totals.written)),
+             "doc_write_failures": .integer(Int64(totals.failures)), "end_last_seq": totals.lastSeq]
+        }
+    }
+
+    func wait() throws -> JSONObject {
+        session.wait()
+        let status = session.status.json
+        if session.status.currentState == "error", let reason = status["last_error"]?.stringValue {
+            throw SofaError.invalidArgument("the replication failed: \(reason)")
+        }
+        return counts
+    }
+
+    func cancel() { session.stop() }
+
+    var progress: JSONObject {
+        var progress = counts
+        progress["state"] = .string(session.status.currentState)
+        return progress
+    }
 }

@@ -24,8 +24,8 @@ import TestSupport
         let (server, http) = try serve()
         defer { withExtendedLifetime(server) {} }
         for (method, path, named) in [("POST", "/db/_index", "_index"), ("GET", "/db/_purged_infos", "_purged_infos"),
-                                      ("GET", "/_stats", "/_stats"), ("POST", "/_replicate", "/_replicate"),
-                                      ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_active_tasks", "/_active_tasks"),
+                                      ("GET", "/_stats", "/_stats"), ("POST", "/_dbs_info", "/_dbs_info"),
+                                      ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_scheduler/docs", "/_scheduler/docs"),
                                       ("GET", "/db/_design/d/_view/v", "_view"), ("PUT", "/db/_design/d/_update/f", "_update")] {
             let answer = try http.request(method, path)
             #expect(answer.status == 501 && answer.json?["error"] == "not_implemented", "\(method) \(path): \(answer.status)")
