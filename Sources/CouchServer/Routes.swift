@@ -41,6 +41,8 @@ extension CouchServer {
             try await request.response.sendJSON(.ok, ["uuids": .array(uuids)])
         case "_replicate":
             try await replicate(request)
+        case "_dbs_info":
+            try await databasesInformation(request)
         case "_active_tasks":
             try await activeTasks(request)
         case "_scheduler":
@@ -179,7 +181,7 @@ extension CouchServer {
     /// CouchDB endpoints Sofa does not implement: answered 501 with their name, not with an
     /// error about database names or document ids that would send a client looking elsewhere.
     static let unimplementedServerEndpoints: Set<String> = [
-        "_dbs_info", "_stats", "_node", "_membership", "_cluster_setup",
+        "_stats", "_node", "_membership", "_cluster_setup",
         "_db_updates", "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
     ]
     static let unimplementedDatabaseEndpoints: Set<String> = [
@@ -269,12 +271,43 @@ extension CouchServer {
     }
 
     private func databaseInfo(_ request: Request, name: String) async throws {
+        try await request.response.sendJSON(.ok, .object(try await information(name)))
+    }
+
+    /// `GET /_dbs_info` (every database, `limit` and `skip`) and `POST /_dbs_info` with `keys`:
+    /// each database's information, or `not_found`.
+    func databasesInformation(_ request: Request) async throws {
+        let names: [String]
+        switch request.method {
+        case .POST:
+            guard let keys = try await request.body.json(limit: Limits.jsonBody)["keys"]?.arrayValue else {
+                throw HTTPError.badRequest("`keys` member must exist.")
+            }
+            names = keys.compactMap(\.stringValue)
+        case .GET, .HEAD:
+            let skip = Int(request.query("skip") ?? "") ?? 0, limit = Int(request.query("limit") ?? "") ?? Int.max
+            names = Array(registry.names.dropFirst(skip).prefix(limit))
+        default: throw HTTPError.methodNotAllowed
+        }
+        var rows: [JSONValue] = []
+        for name in names {
+            if let info = try? await information(name) {
+                rows.append(["key": .string(name), "info": .object(info)])
+            } else {
+                rows.append(["key": .string(name), "error": "not_found"])
+            }
+        }
+        try await request.response.sendJSON(.ok, .array(rows))
+    }
+
+    /// What `GET /{db}` answers.
+    private func information(_ name: String) async throws -> JSONObject {
         let db = try await database(name)
         let counts = try await blocking { try db.counts() }
         var file = stat()
         let fileSize = stat(db.databaseFilePath, &file) == 0 ? Int64(file.st_size) : 0
         let start = instanceStartTime(db)
-        try await request.response.sendJSON(.ok, [
+        return [
             "db_name": .string(name),
             "update_seq": CouchJSON.sequence(counts.lastSequence),
             "purge_seq": .string(String(try await blocking { try db.purgeSequence })),
@@ -287,7 +320,7 @@ extension CouchServer {
             "instance_start_time": .string(start),
             "cluster": ["q": 1, "n": 1, "w": 1, "r": 1],
             "sofa": ["public_uuid": .string(db.publicUUID), "read_only": .bool(db.isReadOnly || configuration.readOnly)],
-        ])
+        ]
     }
 
     /// An absolute URL for `Location`, from the request's Host header, every segment percent-encoded.

@@ -24,7 +24,7 @@ import TestSupport
         let (server, http) = try serve()
         defer { withExtendedLifetime(server) {} }
         for (method, path, named) in [("POST", "/db/_index", "_index"), ("GET", "/db/_purged_infos", "_purged_infos"),
-                                      ("GET", "/_stats", "/_stats"), ("POST", "/_dbs_info", "/_dbs_info"),
+                                      ("GET", "/_stats", "/_stats"), ("GET", "/_membership", "/_membership"),
                                       ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_scheduler/docs", "/_scheduler/docs"),
                                       ("GET", "/db/_design/d/_view/v", "_view"), ("PUT", "/db/_design/d/_update/f", "_update")] {
             let answer = try http.request(method, path)

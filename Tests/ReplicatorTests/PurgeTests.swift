@@ -51,3 +51,27 @@ extension CouchDBInteropTests {
         #expect(try db.purgeSequence == 2)
     }
 }
+
+extension CouchDBInteropTests {
+    @Test func dbsInfoAnswersAsCouchDBDoes() throws {
+        let name = "infos-\(UUID().uuidString.prefix(8).lowercased())"
+        func scenario(_ request: (String, String, JSONValue?) throws -> HTTPResponse) throws -> String {
+            _ = try request("PUT", "/\(name)", nil)
+            _ = try request("PUT", "/\(name)/one", ["n": 1])
+            let answer = try request("POST", "/_dbs_info", ["keys": [.string(name), "no-such-db"]])
+            let rows = (answer.json?.arrayValue ?? []).map { row -> JSONValue in
+                var kept: JSONObject = ["key": row["key"] ?? .null]
+                if let error = row["error"] { kept["error"] = error }
+                if let info = row["info"] { kept["info"] = ["db_name": info["db_name"] ?? .null, "doc_count": info["doc_count"] ?? .null] }
+                return .object(kept)
+            }
+            let missingKeys = try request("POST", "/_dbs_info", ["nokeys": true]).status
+            return "\(answer.status) \(JSONValue.array(rows).jsonString(.canonical)) \(missingKeys)"
+        }
+        let expected = try scenario { method, path, body in try couch.request(method, path, body) }
+        let server = try ServedDatabases(["--directory", directory.path])
+        let connection = try server.connect()
+        #expect(try scenario { method, path, body in try connection.json(method, path, body) } == expected)
+        #expect(expected.hasPrefix("200 [{\"info\":{\"db_name\":\"\(name)\",\"doc_count\":1}"), "\(expected)")
+    }
+}
