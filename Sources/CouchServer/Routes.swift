@@ -157,13 +157,17 @@ extension CouchServer {
                 try await request.response.sendJSON(.ok, .integer(Int64(try await blocking { try db.revsLimit })))
             }
         case "_security":
-            // Accepted for tools that set it, not stored or enforced yet: every database is
-            // open to whoever passes the server's own authentication.
+            // Stored and shown as CouchDB does, not enforced yet: there are no users but the
+            // server's own (--user), who is an admin of every database.
             if request.method == .PUT {
-                _ = try await request.body.collect(limit: 64 * 1024)
+                try requireWritable(request)
+                guard case .object(let object) = try await request.body.json(limit: 64 * 1024) else {
+                    throw HTTPError.badRequest("the security object must be a JSON object")
+                }
+                try await blocking { try db.setSecurityObject(object) }
                 try await request.response.sendJSON(.ok, ["ok": true])
             } else {
-                try await request.response.sendJSON(.ok, [:])
+                try await request.response.sendJSON(.ok, .object(try await blocking { try db.securityObject }))
             }
         default:
             let id = rest[0]

@@ -75,3 +75,33 @@ extension CouchDBInteropTests {
         #expect(expected.hasPrefix("200 [{\"info\":{\"db_name\":\"\(name)\",\"doc_count\":1}"), "\(expected)")
     }
 }
+
+extension CouchDBInteropTests {
+    /// `_security` is stored and shown as CouchDB does. A malformed one is refused with 400 and
+    /// a reason, where CouchDB 3.4 answers 500 `no_majority`.
+    @Test func securityObjectsAreStoredAsCouchDBStoresThem() throws {
+        let name = "security-\(UUID().uuidString.prefix(8).lowercased())"
+        let objects: [JSONValue] = [["admins": ["names": ["ada"], "roles": []], "members": ["names": [], "roles": ["readers"]]],
+                                    ["other": 1], [:]]
+        func scenario(_ request: (String, String, JSONValue?) throws -> HTTPResponse) throws -> [String] {
+            _ = try request("PUT", "/\(name)", nil)
+            var seen = ["fresh \(try request("GET", "/\(name)/_security", nil).json?.jsonString(.canonical) ?? "-")"]
+            for object in objects {
+                let put = try request("PUT", "/\(name)/_security", object)
+                let shown = try request("GET", "/\(name)/_security", nil)
+                seen.append("\(put.status) \(put.text.trimmingCharacters(in: .whitespacesAndNewlines)) \(shown.json?.jsonString(.canonical) ?? "-")")
+            }
+            return seen
+        }
+        let expected = try scenario { method, path, body in try couch.request(method, path, body) }
+        let server = try ServedDatabases(["--directory", directory.path])
+        let connection = try server.connect()
+        let actual = try scenario { method, path, body in try connection.json(method, path, body) }
+        #expect(actual == expected)
+        for bad: JSONValue in [["admins": "x"], ["members": ["names": "bob"]], ["members": ["names": [1]]], [1]] {
+            let refused = try connection.json("PUT", "/\(name)/_security", bad)
+            #expect(refused.status == 400 && refused.json?["reason"]?.stringValue?.contains("must be") == true, "\(bad): \(refused.text)")
+        }
+        #expect(try connection.json("GET", "/\(name)/_security").json == [:], "a refused object changes nothing (the last one stored was {})")
+    }
+}

@@ -67,3 +67,40 @@ extension Database {
         }
     }
 }
+
+extension Database {
+    /// What a database's security object is until one is stored: CouchDB 3's default, admins only
+    /// (what `sofa serve --user` gives: its one user is the server's admin).
+    public static let defaultSecurityObject: JSONObject = ["admins": ["roles": ["_admin"]], "members": ["roles": ["_admin"]]]
+
+    /// The database's security object (CouchDB's `_security`: `admins` and `members`, each with
+    /// `names` and `roles`), as last stored.
+    public var securityObject: JSONObject {
+        get throws {
+            let text = try read { try $0.query("SELECT value FROM meta WHERE key = 'security'") { $0.text(0) }.first }
+            guard let text, case .object(let object) = try JSONParser.parse(Array(text.utf8)) else { return Database.defaultSecurityObject }
+            return object
+        }
+    }
+
+    /// Stores a security object; `admins` and `members`, when present, must be objects whose
+    /// `names` and `roles`, when present, are arrays of strings.
+    public func setSecurityObject(_ object: JSONObject) throws {
+        for section in ["admins", "members"] {
+            guard let value = object[section] else { continue }
+            guard case .object(let members) = value else {
+                throw SofaError.invalidArgument("`\(section)` must be an object with `names` and `roles`")
+            }
+            for list in ["names", "roles"] {
+                guard let entries = members[list] else { continue }
+                guard case .array(let items) = entries, items.allSatisfy({ $0.stringValue != nil }) else {
+                    throw SofaError.invalidArgument("`\(section).\(list)` must be an array of strings")
+                }
+            }
+        }
+        let text = JSONValue.object(object).jsonString()
+        try write {
+            try $0.run("INSERT INTO meta (key, value) VALUES ('security', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", .text(text))
+        }
+    }
+}
