@@ -132,30 +132,12 @@ extension CouchServer {
             try requireWritable(request)
             try await purge(request, db)
         case "_purged_infos_limit":
-            if request.method == .PUT {
-                try requireWritable(request)
-                let body = try await request.body.collect(limit: 4096)
-                guard let limit = (try? JSONParser.parse(body))?.int64Value, limit >= 1, limit <= Int64(Int32.max) else {
-                    throw HTTPError.badRequest("`purged_infos_limit` must be positive integer")
-                }
-                try await blocking { try db.setPurgedInfosLimit(Int(limit)) }
-                try await request.response.sendJSON(.ok, ["ok": true])
-            } else {
-                try await request.response.sendJSON(.ok, .integer(Int64(try await blocking { try db.purgedInfosLimit })))
-            }
+            try await limitSetting(request, reason: "`purged_infos_limit` must be positive integer",
+                                   get: { try db.purgedInfosLimit }, set: { try db.setPurgedInfosLimit($0) })
         case "_revs_limit":
             // Stored with the database; saves prune history beyond it, as compaction does.
-            if request.method == .PUT {
-                try requireWritable(request)
-                let body = try await request.body.collect(limit: 4096)
-                guard let limit = (try? JSONParser.parse(body))?.int64Value, limit >= 1, limit <= Int64(Int32.max) else {
-                    throw HTTPError.badRequest("_revs_limit must be a positive integer")
-                }
-                try await blocking { try db.setRevsLimit(Int(limit)) }
-                try await request.response.sendJSON(.ok, ["ok": true])
-            } else {
-                try await request.response.sendJSON(.ok, .integer(Int64(try await blocking { try db.revsLimit })))
-            }
+            try await limitSetting(request, reason: "_revs_limit must be a positive integer",
+                                   get: { try db.revsLimit }, set: { try db.setRevsLimit($0) })
         case "_security":
             // Stored and shown as CouchDB does, not enforced yet: there are no users but the
             // server's own (--user), who is an admin of every database.
@@ -195,6 +177,22 @@ extension CouchServer {
 
     static let allDocsIndex: JSONValue = ["ddoc": .null, "name": "_all_docs", "type": "special", "def": ["fields": [["_id": "asc"]]]]
     static let noIndexWarning = "No matching index found, create an index to optimize query time."
+
+    /// A database's positive integer setting (`_revs_limit`, `_purged_infos_limit`): GET shows it,
+    /// PUT of a bare number sets it.
+    private func limitSetting(_ request: Request, reason: String, get: @escaping @Sendable () throws -> Int,
+                              set: @escaping @Sendable (Int) throws -> Void) async throws {
+        guard request.method == .PUT else {
+            return try await request.response.sendJSON(.ok, .integer(Int64(try await blocking(get))))
+        }
+        try requireWritable(request)
+        let body = try await request.body.collect(limit: 4096)
+        guard let limit = (try? JSONParser.parse(body))?.int64Value, limit >= 1, limit <= Int64(Int32.max) else {
+            throw HTTPError.badRequest(reason)
+        }
+        try await blocking { try set(Int(limit)) }
+        try await request.response.sendJSON(.ok, ["ok": true])
+    }
 
     /// `POST /db/_purge`: `{"id": ["rev", …]}` → 201 `{"purge_seq": null, "purged": {"id": [purged revs]}}`,
     /// as CouchDB 3 answers (at most 100 documents and 1,000 revisions a request, as its defaults).

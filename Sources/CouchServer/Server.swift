@@ -139,8 +139,9 @@ public final class CouchServer: @unchecked Sendable {
         for (_, running) in replications.all { running.job.cancel() }
     }
 
-    /// Open connections, and whether each is handling a request. Guarded by `stopLock`.
-    private var connections: [ObjectIdentifier: (channel: Channel, busy: Bool)] = [:]
+    /// Open connections, whether each is handling a request, and since when it is idle (the
+    /// longest idle goes first when the connections run out). Guarded by `stopLock`.
+    private var connections: [ObjectIdentifier: (channel: Channel, busy: Bool, since: DispatchTime)] = [:]
     /// How long requests in progress (a continuous feed, a big upload) may run on after `stop()`.
     static let stopGracePeriod: TimeAmount = .seconds(5)
 
@@ -166,8 +167,7 @@ public final class CouchServer: @unchecked Sendable {
     /// Marks a connection busy or idle; false when the server is stopping and the connection should end.
     private func setBusy(_ channel: Channel, _ busy: Bool) -> Bool {
         stopLock.withLock {
-            connections[ObjectIdentifier(channel)] = (channel, busy)
-            if !busy { idleSince[ObjectIdentifier(channel)] = .now() }
+            connections[ObjectIdentifier(channel)] = (channel, busy, .now())
             return !stopped
         }
     }
@@ -192,15 +192,13 @@ public final class CouchServer: @unchecked Sendable {
         getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &files)
         return max(16, Int(min(files.rlim_cur, 1 << 20)) - 128)
     }()
-    /// When each connection last finished a request (or began). Guarded by `stopLock`.
-    private var idleSince: [ObjectIdentifier: DispatchTime] = [:]
 
     /// Makes room for a new connection: false when it must be refused (every other one is busy).
     private func admit(_ channel: Channel) -> Bool {
         let shed = stopLock.withLock { () -> Channel?? in
             guard connections.count >= connectionLimit else { return .some(nil) }
             let idle = connections.filter { !$0.value.busy }
-            guard let oldest = idle.min(by: { (idleSince[$0.key] ?? .now()) < (idleSince[$1.key] ?? .now()) }) else { return nil }
+            guard let oldest = idle.min(by: { $0.value.since < $1.value.since }) else { return nil }
             return .some(oldest.value.channel)
         }
         guard let shed else {
@@ -217,12 +215,7 @@ public final class CouchServer: @unchecked Sendable {
     private func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
         do {
             let channel = connection.channel
-            defer {
-                stopLock.withLock {
-                    _ = connections.removeValue(forKey: ObjectIdentifier(channel))
-                    idleSince[ObjectIdentifier(channel)] = nil
-                }
-            }
+            defer { stopLock.withLock { _ = connections.removeValue(forKey: ObjectIdentifier(channel)) } }
             guard admit(channel) else {
                 try? await channel.close()
                 return

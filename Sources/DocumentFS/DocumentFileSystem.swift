@@ -173,13 +173,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     /// Whether a document folder lists `blobs/`: when the document has blob properties, or
-    /// something is being made there. (It can be entered, and written into, in any document.)
+    /// something is being made there (scratch files of `blobs/` are the caller's to see, in the
+    /// scratch listing it reads anyway). It can be entered, and written into, in any document.
     func hasBlobsFolder(_ revision: Revision) -> Bool {
         let id = revision.docID
         return revision.attachments.contains { Blobs.isStandInName($0.name) }
             || pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { Blobs.isStandInName($0.name) } == true }
             || withState { keptFolders.contains { $0.docID == id && Blobs.isStandInName($0.folder) } }
-            || isDirectory(scratchPath(id, Node.blobsDirectoryName))
     }
 
     func conflictRevision(_ id: String, _ rev: String) throws -> Revision? {
@@ -313,6 +313,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .document(let id):
             var entries: [DirectoryEntry] = []
             let entry = try cached(id)
+            let scratch = scratchEntries(scratchDirectory(id))
             if let revision = entry.revision {
                 let modified = revision.savedAt.timeIntervalSince1970
                 // properties.json first, so that `rm -r` starts the removal before it empties attachments/.
@@ -321,7 +322,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                                                   position: ListingPosition.first))
                 }
                 entries.append(named(Node.attachmentsDirectoryName, attributes: directory(modified)))
-                if hasBlobsFolder(revision) {
+                if hasBlobsFolder(revision) || scratch.contains(where: { $0.name == Node.blobsDirectoryName }) {
                     entries.append(named(Node.blobsDirectoryName, attributes: directory(modified)))
                 }
                 if entry.hasConflicts {
@@ -330,7 +331,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             } else {
                 entries.append(named(Node.attachmentsDirectoryName, attributes: directory(mountTime)))
             }
-            entries += scratchEntries(scratchDirectory(id)).filter { ![Node.attachmentsDirectoryName, Node.blobsDirectoryName].contains($0.name) }
+            entries += scratch.filter { ![Node.attachmentsDirectoryName, Node.blobsDirectoryName].contains($0.name) }
             return entries
         case .attachment(let id, let folder):
             var entries: [DirectoryEntry] = []
@@ -343,9 +344,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             names += withState { keptFolders.filter { $0.docID == id }.map { ($0.folder, nil, true) } }
             let prefix = folder.isEmpty ? "" : folder + "/"
             let modified = revision?.savedAt.timeIntervalSince1970 ?? mountTime
-            for (name, attachment, isFolder) in names where name.hasPrefix(prefix) && name.count > prefix.count {
-                // attachments/ does not show blobs/.
-                if folder.isEmpty && (name == Node.blobsFolder || Blobs.isStandInName(name)) { continue }
+            for (name, attachment, isFolder) in names where Node.lies(name, below: folder) {
                 let components = FileNames.attachmentComponents(String(name.dropFirst(prefix.count)))
                     .filter { !$0.isEmpty }
                 guard let first = components.first, seen.insert(first).inserted else { continue }
@@ -378,7 +377,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
             let prefix = folder.isEmpty ? "" : folder + "/"
             var seen = Set<String>()
-            return conflict.attachments.filter { $0.name.hasPrefix(prefix) && !(folder.isEmpty && Blobs.isStandInName($0.name)) }
+            return conflict.attachments.filter { Node.lies($0.name, below: folder) }
                 .compactMap { attachment in
                 let components = FileNames.attachmentComponents(String(attachment.name.dropFirst(prefix.count)))
                 guard let first = components.first, seen.insert(first).inserted else { return nil }

@@ -51,6 +51,15 @@ enum Node: Equatable {
     static let blobsDirectoryName = "blobs"
     /// The attachment-name form of `blobs/` itself: stand-in names are this, `/` and a pointer.
     static let blobsFolder = "blob_"
+
+    /// Whether the attachment-name form `name` is in `blobs/` (the folder itself or below it),
+    /// which `attachments/` never shows.
+    static func isInBlobs(_ name: String) -> Bool { name == blobsFolder || Blobs.isStandInName(name) }
+
+    /// Whether `name` lies below `folder` ("" is `attachments/`, `blobsFolder` is `blobs/`).
+    static func lies(_ name: String, below folder: String) -> Bool {
+        folder.isEmpty ? !isInBlobs(name) : name.hasPrefix(folder + "/")
+    }
     static let statusDirectoryName = ".sofa"
 
     /// The scratch space of the mount's root, as the scratch folder of a document id no
@@ -93,7 +102,7 @@ enum Node: Equatable {
             } else {
                 let name = FileNames.attachmentName(rest)
                 // The stand-ins of blob properties are shown in blobs/, never here.
-                guard name != Node.blobsFolder, !Blobs.isStandInName(name) else { return nil }
+                guard !Node.isInBlobs(name) else { return nil }
                 self = .attachment(id, name: name)
             }
         case Node.blobsDirectoryName:
@@ -111,7 +120,7 @@ enum Node: Equatable {
                     self = .conflictProperties(id, rev: rest[0])
                 } else if rest[1] == Node.attachmentsDirectoryName {
                     let name = FileNames.attachmentName(Array(rest[2...]))
-                    guard name != Node.blobsFolder, !Blobs.isStandInName(name) else { return nil }
+                    guard !Node.isInBlobs(name) else { return nil }
                     self = .conflictAttachment(id, rev: rest[0], name: name)
                 } else if rest[1] == Node.blobsDirectoryName {
                     let pointer = rest.count > 2 ? "/" + FileNames.attachmentName(Array(rest[2...])) : ""

@@ -610,10 +610,8 @@ extension DocumentFileSystem {
                 return
             }
             let attachments = visibleAttachments(revision)
-            let prefix = folder.isEmpty ? "" : folder + "/"
             guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
-            // attachments/ holds what is not in blobs/.
-            func within(_ name: String) -> Bool { name.hasPrefix(prefix) && !(folder.isEmpty && Blobs.isStandInName(name)) }
+            func within(_ name: String) -> Bool { Node.lies(name, below: folder) }
             let holdsFolders = withState { keptFolders.contains { $0.docID == id && within($0.folder) && $0.folder != folder } }
             let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { within($0.name) } == true }
             let scratch = folder.isEmpty ? Node.attachmentsDirectoryName : folder == Node.blobsFolder ? Node.blobsDirectoryName : nil

@@ -48,23 +48,26 @@ extension Database {
 
     /// How many purges have been made (CouchDB's `purge_seq`).
     public var purgeSequence: Int64 {
-        get throws { try read { try $0.query("SELECT value FROM meta WHERE key = 'purge_seq'") { $0.int64(0) }.first ?? 0 } }
+        get throws { try metaValue("purge_seq") { $0.int64(0) } ?? 0 }
     }
 
     /// `_purged_infos_limit`: stored for clients that set it (Sofa keeps no purge history to trim).
     public var purgedInfosLimit: Int {
-        get throws {
-            try read { try $0.query("SELECT value FROM meta WHERE key = 'purged_infos_limit'") { $0.int(0) }.first }
-                ?? Database.defaultPurgedInfosLimit
-        }
+        get throws { try metaValue("purged_infos_limit") { $0.int(0) } ?? Database.defaultPurgedInfosLimit }
     }
 
     public func setPurgedInfosLimit(_ limit: Int) throws {
         guard limit >= 1 else { throw SofaError.invalidArgument("the purged infos limit must be at least 1") }
-        try write {
-            try $0.run("INSERT INTO meta (key, value) VALUES ('purged_infos_limit', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                       SQLValue(limit))
-        }
+        try setMetaValue("purged_infos_limit", SQLValue(limit))
+    }
+
+    /// The `meta` row `key`, read by `column`; nil when there is none.
+    func metaValue<T>(_ key: String, _ column: (SQLiteRow) throws -> T) throws -> T? {
+        try read { try $0.query("SELECT value FROM meta WHERE key = ?", .text(key), row: column).first }
+    }
+
+    func setMetaValue(_ key: String, _ value: SQLValue) throws {
+        try write { try $0.run("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", .text(key), value) }
     }
 }
 
@@ -77,7 +80,7 @@ extension Database {
     /// `names` and `roles`), as last stored.
     public var securityObject: JSONObject {
         get throws {
-            let text = try read { try $0.query("SELECT value FROM meta WHERE key = 'security'") { $0.text(0) }.first }
+            let text = try metaValue("security") { $0.text(0) }
             guard let text, case .object(let object) = try JSONParser.parse(Array(text.utf8)) else { return Database.defaultSecurityObject }
             return object
         }
@@ -98,9 +101,6 @@ extension Database {
                 }
             }
         }
-        let text = JSONValue.object(object).jsonString()
-        try write {
-            try $0.run("INSERT INTO meta (key, value) VALUES ('security', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", .text(text))
-        }
+        try setMetaValue("security", .text(JSONValue.object(object).jsonString()))
     }
 }
