@@ -28,7 +28,10 @@ let package = Package(
         .systemLibrary(name: "CFuse3", path: "Sources/CFuse3", pkgConfig: "fuse3",
                        providers: [.apt(["libfuse3-dev"])]),
 
-        .target(name: "DocumentModel", dependencies: ["CCrypto"]),
+        // ICU (libicu-dev) behind plain C functions: Foundation's own ICU headers clash with it.
+        .target(name: "CUnicode", linkerSettings: [.linkedLibrary("icui18n"), .linkedLibrary("icuuc")]),
+
+        .target(name: "DocumentModel", dependencies: ["CCrypto", "CUnicode"]),
         .target(name: "DocumentStore", dependencies: [
             "DocumentModel", "CSQLite3", "CGzip", "CLinux",
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),

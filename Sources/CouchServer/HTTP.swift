@@ -54,6 +54,7 @@ struct HTTPError: Error, CustomStringConvertible {
         case .bodyNotAvailable(let id, let name):
             self.init(.notFound, "not_found", "the body of attachment \(name) of \(id) was not downloaded to this server")
         case .invalidArgument(let message): self.init(.badRequest, "bad_request", message)
+        case .invalidQuery(let error, let reason): self.init(.badRequest, error, reason)
         case .blobCorrupted, .sqlite, .io: self.init(.internalServerError, "internal_server_error", "\(error)")
         }
     }

@@ -121,12 +121,7 @@ extension CouchServer {
             try await request.response.sendJSON(.accepted, ["ok": true])
         case "_find": try await find(request, db)
         case "_explain": try await explain(request, db, name: name)
-        case "_index":
-            // Only the special _all_docs index exists: queries scan every document.
-            guard request.method == .GET || request.method == .HEAD else {
-                throw HTTPError.notImplemented("creating or deleting Mango indexes with _index (queries scan every document)")
-            }
-            try await request.response.sendJSON(.ok, ["total_rows": 1, "indexes": [CouchServer.allDocsIndex]])
+        case "_index": try await index(request, db, path: Array(rest.dropFirst()))
         case "_purge":
             guard request.method == .POST else { throw HTTPError.methodNotAllowed }
             try requireWritable(request)
@@ -175,8 +170,6 @@ extension CouchServer {
         "_shards", "_sync_shards", "_partition", "_view_cleanup_all",
     ]
 
-    static let allDocsIndex: JSONValue = ["ddoc": .null, "name": "_all_docs", "type": "special", "def": ["fields": [["_id": "asc"]]]]
-    static let noIndexWarning = "No matching index found, create an index to optimize query time."
 
     /// A database's positive integer setting (`_revs_limit`, `_purged_infos_limit`): GET shows it,
     /// PUT of a bare number sets it.
@@ -218,18 +211,18 @@ extension CouchServer {
         try await request.response.sendJSON(.created, ["purge_seq": .null, "purged": .object(answer)])
     }
 
-    /// `POST /db/_find`: a Mango query, answered by scanning every document (`Database.find`).
+    /// `POST /db/_find`: a Mango query, through the index that fits it (`Database.find`).
     private func find(_ request: Request, _ db: Database) async throws {
         guard request.method == .POST else { throw HTTPError.methodNotAllowed }
         let query = try await mangoQuery(request)
         let started = DispatchTime.now()
         let result = try await blocking { try db.find(query) }
         var answer: JSONObject = ["docs": .array(result.documents.map { .object($0) }),
-                                  "bookmark": .string(result.bookmark?.token ?? "nil"),
-                                  "warning": .string(CouchServer.noIndexWarning)]
+                                  "bookmark": .string(result.bookmark?.token ?? "nil")]
+        if !result.warnings.isEmpty { answer["warning"] = .string(result.warnings.joined(separator: "\n")) }
         if query.executionStats {
             let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
-            answer["execution_stats"] = ["total_keys_examined": .integer(Int64(result.documentsExamined)),
+            answer["execution_stats"] = ["total_keys_examined": .integer(Int64(result.keysExamined)),
                                          "total_docs_examined": .integer(Int64(result.documentsExamined)),
                                          "total_quorum_docs_examined": 0, "results_returned": .integer(Int64(result.documents.count)),
                                          "execution_time_ms": .double(elapsed)]
@@ -237,28 +230,69 @@ extension CouchServer {
         try await request.response.sendJSON(.ok, .object(answer))
     }
 
-    /// `POST /db/_explain`: which index a query would use (always `_all_docs`, for now).
+    /// `POST /db/_explain`: the index a query would use, the range it would read, and why
+    /// each other index was or was not chosen.
     private func explain(_ request: Request, _ db: Database, name: String) async throws {
         guard request.method == .POST else { throw HTTPError.methodNotAllowed }
         let query = try await mangoQuery(request)
+        let plan = try await blocking { try query.plan(indexes: db.mangoIndexes()) }
+        let fields: JSONValue = query.fields.map { .array($0.map { .string($0) }) } ?? []
+        let sort = JSONObject(query.sort.map { ($0, .string(query.descending ? "desc" : "asc")) })
+        var useIndex: [JSONValue] = []
+        if let (ddoc, indexName) = query.useIndex { useIndex = [.string(ddoc)] + (indexName.map { [.string($0)] } ?? []) }
+        let candidates: [JSONValue] = plan.candidates.filter { $0.index != plan.index }.map { candidate in
+            ["index": .object(candidate.index?.listing ?? MangoIndex.allDocsListing),
+             "analysis": ["usable": .bool(candidate.usable), "reasons": [["name": .string(candidate.reason)]], "covering": false]]
+        }
         try await request.response.sendJSON(.ok, [
-            "dbname": .string(name), "index": CouchServer.allDocsIndex, "partitioned": false,
+            "dbname": .string(name), "index": .object(plan.index?.listing ?? MangoIndex.allDocsListing), "partitioned": false,
             "selector": .object(query.selector.json),
-            "opts": ["use_index": query.useIndex ?? [], "bookmark": .string(query.bookmark?.token ?? "nil"),
-                     "limit": .integer(Int64(query.limit)), "skip": .integer(Int64(query.skip)),
-                     "sort": .object(JSONObject(query.sort.map { ($0.field, .string($0.descending ? "desc" : "asc")) })),
-                     "fields": query.fields.map { .array($0.map { .string($0) }) } ?? "all_fields",
-                     "r": 1, "conflicts": false],
-            "limit": .integer(Int64(query.limit)), "skip": .integer(Int64(query.skip)),
-            "fields": query.fields.map { .array($0.map { .string($0) }) } ?? "all_fields",
-            "range": ["start_key": .null, "end_key": "<MAX>"],
+            "opts": ["use_index": .array(useIndex), "bookmark": .string(query.bookmark?.token ?? "nil"),
+                     "limit": .integer(Int64(query.limit)), "skip": .integer(Int64(query.skip)), "sort": .object(sort),
+                     "fields": fields, "partition": "", "r": 1, "conflicts": false, "stale": false, "update": true,
+                     "stable": false, "execution_stats": .bool(query.executionStats), "allow_fallback": .bool(query.allowFallback)],
+            "limit": .integer(Int64(query.limit)), "skip": .integer(Int64(query.skip)), "fields": fields,
+            "index_candidates": .array(candidates),
+            "mrargs": ["include_docs": true, "view_type": "map", "reduce": false, "start_key": .array(plan.startKey),
+                       "end_key": .array(plan.endKey), "direction": .string(plan.descending ? "rev" : "fwd"),
+                       "stable": false, "update": true, "conflicts": "undefined"],
+            "covering": false,
         ])
+    }
+
+    /// `GET /db/_index` lists the indexes, `POST` defines one (in a design document, as
+    /// CouchDB), `DELETE /db/_index/DDOC/json/NAME` removes one.
+    private func index(_ request: Request, _ db: Database, path: [String]) async throws {
+        switch (request.method, path.count) {
+        case (.GET, 0), (.HEAD, 0):
+            let indexes = try await blocking { try db.mangoIndexes() }
+            let listed: [JSONValue] = [.object(MangoIndex.allDocsListing)] + indexes.map { .object($0.listing) }
+            try await request.response.sendJSON(.ok, ["total_rows": .integer(Int64(listed.count)), "indexes": .array(listed)])
+        case (.POST, 0):
+            try requireWritable(request)
+            let body = try await request.body.json(limit: Limits.jsonBody)
+            guard case .object(let object) = body else { throw HTTPError.badRequest("the index must be a JSON object") }
+            let index = try MangoIndex(request: object)
+            let created = try await blocking { try db.createIndex(index) }
+            try await request.response.sendJSON(.ok, ["result": created ? "created" : "exists", "id": .string(index.designDocument),
+                                                      "name": .string(index.name)])
+        case (.DELETE, 3), (.DELETE, 4):
+            // DDOC/json/NAME, the design document with or without its _design/ prefix.
+            try requireWritable(request)
+            let parts = path.count == 4 && path[0] == "_design" ? Array(path.dropFirst()) : path
+            guard parts.count == 3, parts[1] == "json" else { throw HTTPError.notFound }
+            let ddoc = parts[0].hasPrefix("_design/") ? parts[0] : "_design/" + parts[0]
+            guard try await blocking({ try db.deleteIndex(designDocument: ddoc, name: parts[2]) }) else { throw HTTPError.notFound }
+            try await request.response.sendJSON(.ok, ["ok": true])
+        case (.GET, _), (.HEAD, _), (.POST, _), (.DELETE, _): throw HTTPError.notFound
+        default: throw HTTPError.methodNotAllowed
+        }
     }
 
     private func mangoQuery(_ request: Request) async throws -> MangoQuery {
         let body = try await request.body.json(limit: Limits.jsonBody)
         guard case .object(let object) = body else { throw HTTPError.badRequest("the query must be a JSON object") }
-        do { return try MangoQuery(object) } catch { throw HTTPError.badRequest("\(error)") }
+        return try MangoQuery(object)
     }
 
     func database(_ name: String) async throws -> Database {

@@ -6,7 +6,7 @@ import Foundation
 extension SofaError: ErrnoConvertible {
     public var errno: Int32 {
         switch self {
-        case .invalidJSON, .invalidDocument, .invalidRevisionID, .invalidArgument: EINVAL
+        case .invalidJSON, .invalidDocument, .invalidRevisionID, .invalidArgument, .invalidQuery: EINVAL
         case .invalidDocumentID, .invalidAttachmentName, .invalidBlob: EINVAL
         case .documentNotFound, .revisionNotFound, .attachmentNotFound: ENOENT
         case .conflict: EBUSY

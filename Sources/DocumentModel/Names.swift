@@ -19,6 +19,10 @@ public enum DocumentID {
 
     /// Whether `id` names a `_local` document, which has no revision tree and never replicates.
     public static func isLocal(_ id: String) -> Bool { id.hasPrefix(localPrefix) }
+
+    /// Whether `id` names a design document (stored and replicated; Mango indexes and
+    /// queries leave them out).
+    public static func isDesign(_ id: String) -> Bool { id.hasPrefix(designPrefix) }
 }
 
 public enum AttachmentName {

@@ -1,107 +1,318 @@
+import CUnicode
 import Foundation
 
-/// A CouchDB Mango selector (`{"type":"note","n":{"$gt":3}}`), as replication filters
-/// use it: implicit equality and `$and`, `$or`, `$nor`, `$not`, `$eq`, `$ne`, `$gt`,
-/// `$gte`, `$lt`, `$lte`, `$in`, `$nin`, `$exists`, `$type`, `$size`, `$all`,
-/// `$elemMatch`, `$allMatch`, `$regex`, `$mod`. Field names are dotted paths.
+/// A CouchDB Mango selector (`{"type":"note","n":{"$gt":3}}`), as `_find`, replication
+/// filters and `_changes?filter=_selector` use it: implicit equality and `$and`, `$or`,
+/// `$nor`, `$not`, `$eq`, `$ne`, `$gt`, `$gte`, `$lt`, `$lte`, `$in`, `$nin`, `$exists`,
+/// `$type`, `$size`, `$all`, `$elemMatch`, `$allMatch`, `$keyMapMatch`, `$regex`,
+/// `$beginsWith`, `$mod`. Field names are dotted paths (`address.city`, `a\.b` for a
+/// key holding a dot).
+///
+/// It matches as CouchDB 3.4 does, not as MongoDB: a condition on a field the document
+/// lacks is false, whatever it is (`{"n": {"$ne": 1}}` does not match a document with no
+/// `n`), except `$exists: false`; negations (`$not`, `$nor`) are pushed down to the fields
+/// they name, so they are false for a missing field too. Strings compare by `Collation`.
+/// Invalid selectors are refused with CouchDB's error names and reasons.
 public struct Selector: Sendable {
     public let json: JSONObject
+    let root: Node
 
-    /// Throws for operators Sofa does not know, so a filter never silently matches everything.
     public init(_ value: JSONValue) throws(SofaError) {
-        guard case .object(let object) = value else { throw .invalidArgument("a selector must be a JSON object") }
-        try Selector.validate(object)
-        json = object
-    }
-
-    private static let known: Set<String> = ["$and", "$or", "$nor", "$not", "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in",
-                                             "$nin", "$exists", "$type", "$size", "$all", "$elemMatch", "$allMatch", "$regex", "$mod"]
-
-    private static func validate(_ object: JSONObject) throws(SofaError) {
-        for (key, value) in object {
-            if key.hasPrefix("$") && !known.contains(key) { throw .invalidArgument("unknown selector operator \(key)") }
-            if case .object(let nested) = value { try validate(nested) }
-            if case .array(let items) = value {
-                for case .object(let nested) in items { try validate(nested) }
-            }
+        guard case .object(let object) = value else {
+            throw .invalidQuery(error: "invalid_selector_json", reason: "Selector must be a JSON object, not: \(value.jsonString())")
         }
+        json = object
+        root = try Node.parse(object)
     }
 
     /// Whether `document` (properties with `_id`, `_rev`, `_deleted` as wanted) matches.
     public func matches(_ document: JSONObject) -> Bool {
-        Selector.match(.object(document), condition: json)
+        root.matches(.object(document))
     }
 
-    /// `value` against a condition object, field by field.
-    private static func match(_ value: JSONValue, condition: JSONObject) -> Bool {
-        condition.allSatisfy { key, argument in
-            switch key {
-            case "$and": return argument.arrayValue?.allSatisfy { item in item.objectValue.map { match(value, condition: $0) } ?? false } ?? false
-            case "$or": return argument.arrayValue?.contains { item in item.objectValue.map { match(value, condition: $0) } ?? false } ?? false
-            case "$nor": return !(argument.arrayValue?.contains { item in item.objectValue.map { match(value, condition: $0) } ?? false } ?? true)
-            case "$not": return !(argument.objectValue.map { match(value, condition: $0) } ?? true)
-            default:
-                if key.hasPrefix("$") { return test(value, op: key, argument) }
-                let field = lookUp(value, path: key)
-                if case .object(let nested) = argument, nested.keys.contains(where: { $0.hasPrefix("$") }) {
-                    return nested.allSatisfy { op, operand in
-                        switch op {
-                        case "$and", "$or", "$nor", "$not": match(field ?? .null, condition: [op: operand]) && (field != nil || op == "$not")
-                        default: test(field, op: op, operand)
-                        }
-                    }
-                }
-                return field.map { equal($0, argument) } ?? false
+    /// The conditions every match must meet, by top-level field (`$and` flattened): what an
+    /// index can narrow a query by. A field is listed when the selector requires it to exist.
+    public var requiredFields: [String: [Operator]] {
+        var fields: [String: [Operator]] = [:]
+        func collect(_ node: Node, below prefix: [String]) {
+            switch node {
+            case .all(let children): children.forEach { collect($0, below: prefix) }
+            case .field(let path, let condition):
+                if let ops = condition.requiredOperators { fields[Selector.pathName(prefix + path), default: []] += ops }
+                collect(condition, below: prefix + path)
+            default: break
             }
         }
+        collect(root, below: [])
+        return fields
     }
 
     /// The value at a dotted path (`address.city`), if there is one.
     public static func lookUp(_ value: JSONValue, path: String) -> JSONValue? {
+        lookUp(value, path: splitPath(path))
+    }
+
+    static func lookUp(_ value: JSONValue, path: [String]) -> JSONValue? {
         var current: JSONValue? = value
-        for part in path.split(separator: ".", omittingEmptySubsequences: false) {
-            current = current?[String(part)]
-        }
+        for part in path { current = current?[part] }
         return current
     }
 
-    /// One operator applied to a field (nil when the field is absent).
-    private static func test(_ field: JSONValue?, op: String, _ operand: JSONValue) -> Bool {
-        if op == "$exists" { return (field != nil) == (operand.boolValue ?? true) }
-        guard let field else { return op == "$ne" || op == "$nin" }
-        switch op {
-        case "$eq": return equal(field, operand)
-        case "$ne": return !equal(field, operand)
-        case "$gt": return compare(field, operand) > 0
-        case "$gte": return compare(field, operand) >= 0
-        case "$lt": return compare(field, operand) < 0
-        case "$lte": return compare(field, operand) <= 0
-        case "$in": return operand.arrayValue?.contains { equal(field, $0) } ?? false
-        case "$nin": return !(operand.arrayValue?.contains { equal(field, $0) } ?? false)
-        case "$type": return operand.stringValue == typeName(field)
-        case "$size": return field.arrayValue.map { Int64($0.count) == operand.int64Value } ?? false
-        case "$all":
-            guard let items = field.arrayValue, let wanted = operand.arrayValue else { return false }
-            return wanted.allSatisfy { want in items.contains { equal($0, want) } }
-        case "$elemMatch":
-            guard let items = field.arrayValue, let condition = operand.objectValue else { return false }
-            return items.contains { match($0, condition: condition) }
-        case "$allMatch":
-            guard let items = field.arrayValue, let condition = operand.objectValue else { return false }
-            return items.allSatisfy { match($0, condition: condition) }
-        case "$regex":
-            guard let text = field.stringValue, let pattern = operand.stringValue,
-                  let expression = try? NSRegularExpression(pattern: pattern) else { return false }
-            return expression.firstMatch(in: text, range: NSRange(text.startIndex..., in: text)) != nil
-        case "$mod":
-            guard let number = field.int64Value, let pair = operand.arrayValue, pair.count == 2,
-                  let divisor = pair[0].int64Value, let remainder = pair[1].int64Value, divisor != 0 else { return false }
-            return number % divisor == remainder
-        default: return false
+    /// A dotted field name as its keys; `\.` is a dot inside a key.
+    public static func splitPath(_ field: String) -> [String] {
+        var parts: [String] = []
+        var current = ""
+        var escaped = false
+        for character in field {
+            if escaped {
+                current.append(character)
+                escaped = false
+            } else if character == "\\" {
+                escaped = true
+            } else if character == "." {
+                parts.append(current)
+                current = ""
+            } else {
+                current.append(character)
+            }
+        }
+        parts.append(current)
+        return parts
+    }
+
+    static func pathName(_ path: [String]) -> String {
+        path.map { $0.replacingOccurrences(of: ".", with: "\\.") }.joined(separator: ".")
+    }
+
+    /// CouchDB's collation of JSON values (see `Collation`).
+    public static func compare(_ a: JSONValue, _ b: JSONValue) -> Int { Collation.compare(a, b) }
+
+    // MARK: - The compiled selector
+
+    /// One operator on the value at hand.
+    public enum Operator: Sendable {
+        case eq(JSONValue), ne(JSONValue), gt(JSONValue), gte(JSONValue), lt(JSONValue), lte(JSONValue)
+        case `in`([JSONValue]), nin([JSONValue]), all([JSONValue])
+        case exists(Bool), type(String), size(Int64), mod(Int64, Int64)
+        case regex(Regex), beginsWith(String)
+        case elemMatch(Node), allMatch(Node), keyMapMatch(Node)
+    }
+
+    /// A condition on a value: logic over conditions, a field of the value, or an operator.
+    public indirect enum Node: Sendable {
+        case all([Node]), any([Node]), not(Node)
+        case field([String], Node)
+        case test(Operator)
+
+        static func parse(_ object: JSONObject) throws(SofaError) -> Node {
+            var children: [Node] = []
+            for (key, argument) in object {
+                children.append(try parse(key, argument))
+            }
+            return children.count == 1 ? children[0] : .all(children)
+        }
+
+        private static func parse(_ key: String, _ argument: JSONValue) throws(SofaError) -> Node {
+            func badArgument() -> SofaError {
+                .invalidQuery(error: "bad_arg", reason: "Bad argument for operator \(key): \(argument.jsonString())")
+            }
+            func selectors() throws(SofaError) -> [Node] {
+                guard let items = argument.arrayValue else { throw badArgument() }
+                var nodes: [Node] = []
+                for item in items {
+                    guard let object = item.objectValue else { throw badArgument() }
+                    nodes.append(try parse(object))
+                }
+                return nodes
+            }
+            func values() throws(SofaError) -> [JSONValue] {
+                guard let items = argument.arrayValue else { throw badArgument() }
+                return items
+            }
+            func condition() throws(SofaError) -> Node {
+                guard let object = argument.objectValue else { throw badArgument() }
+                return try parse(object)
+            }
+            guard key.hasPrefix("$") else {
+                // A field: an object holds its operators or subfields (`{"a": {"b": 1}}` is
+                // `{"a.b": 1}`), anything else is compared for equality.
+                let path = Selector.splitPath(key)
+                if case .object(let object) = argument, !object.isEmpty {
+                    return .field(path, try parse(object))
+                }
+                return .field(path, .test(.eq(argument)))
+            }
+            switch key {
+            case "$and": return .all(try selectors())
+            case "$or": return .any(try selectors())
+            case "$nor": return Node.any(try selectors()).negated
+            case "$not": return try condition().negated
+            case "$eq": return .test(.eq(argument))
+            case "$ne": return .test(.ne(argument))
+            case "$gt": return .test(.gt(argument))
+            case "$gte": return .test(.gte(argument))
+            case "$lt": return .test(.lt(argument))
+            case "$lte": return .test(.lte(argument))
+            case "$in": return .test(.in(try values()))
+            case "$nin": return .test(.nin(try values()))
+            case "$all": return .test(.all(try values()))
+            case "$exists":
+                guard case .bool(let flag) = argument else { throw badArgument() }
+                return .test(.exists(flag))
+            case "$type":
+                guard let name = argument.stringValue else { throw badArgument() }
+                return .test(.type(name))
+            case "$size":
+                guard let n = argument.int64Value else { throw badArgument() }
+                return .test(.size(n))
+            case "$mod":
+                guard let pair = argument.arrayValue, pair.count == 2, let divisor = pair[0].int64Value,
+                      let remainder = pair[1].int64Value, divisor != 0 else { throw badArgument() }
+                return .test(.mod(divisor, remainder))
+            case "$regex":
+                guard let pattern = argument.stringValue, let regex = Regex(pattern) else { throw badArgument() }
+                return .test(.regex(regex))
+            case "$beginsWith":
+                guard let prefix = argument.stringValue else { throw badArgument() }
+                return .test(.beginsWith(prefix))
+            case "$elemMatch": return .test(.elemMatch(try condition()))
+            case "$allMatch": return .test(.allMatch(try condition()))
+            case "$keyMapMatch": return .test(.keyMapMatch(try condition()))
+            default: throw .invalidQuery(error: "invalid_operator", reason: "Invalid operator: \(key)")
+            }
+        }
+
+        /// The negation, pushed down to fields (De Morgan), as CouchDB normalizes it.
+        var negated: Node {
+            switch self {
+            case .all(let children): .any(children.map(\.negated))
+            case .any(let children): .all(children.map(\.negated))
+            case .not(let inner): inner
+            case .field(let path, let condition): .field(path, condition.negated)
+            case .test(.exists(let flag)): .test(.exists(!flag))
+            case .test: .not(self)
+            }
+        }
+
+        func matches(_ value: JSONValue?) -> Bool {
+            guard let value else { return matchesMissing }
+            switch self {
+            case .all(let children): return children.allSatisfy { $0.matches(value) }
+            case .any(let children): return children.contains { $0.matches(value) }
+            case .not(let inner): return !inner.matches(value)
+            case .field(let path, let condition): return condition.matches(Selector.lookUp(value, path: path))
+            case .test(let op): return op.matches(value)
+            }
+        }
+
+        /// A missing field meets only `$exists: false` (and conjunctions or choices of it).
+        private var matchesMissing: Bool {
+            switch self {
+            case .test(.exists(let flag)): !flag
+            case .all(let children): children.allSatisfy(\.matchesMissing)
+            case .any(let children): children.contains { $0.matchesMissing }
+            default: false
+            }
+        }
+
+        /// The operators of a condition that requires its field to exist (nil when the field
+        /// may be absent); a conjunction gives all its parts.
+        var requiredOperators: [Operator]? {
+            if matchesMissing { return nil }
+            switch self {
+            case .test(let op): return [op]
+            case .all(let children): return children.flatMap { $0.requiredOperators ?? [] }
+            default: return []
+            }
         }
     }
 
-    private static func typeName(_ value: JSONValue) -> String {
+    /// A `$regex`, compiled once, run by ICU with a time limit so that a pattern that
+    /// backtracks without end cannot hold a query (or a replication) for ever: a match that
+    /// runs out of time counts as no match, and is counted in `timeouts`.
+    public final class Regex: @unchecked Sendable {
+        public let pattern: String
+        private let expression: UnsafeMutableRawPointer
+        private let lock = NSLock()
+        private var timedOut = 0
+
+        /// ICU's time limit is in steps of its matching engine, each a few milliseconds' work.
+        static let timeLimit: Int32 = 100
+
+        init?(_ pattern: String) {
+            self.pattern = pattern
+            var text = pattern
+            guard let expression = text.withUTF8({ cunicode_regex_open($0.baseAddress, Int32($0.count), Regex.timeLimit) }) else {
+                return nil
+            }
+            self.expression = expression
+        }
+
+        deinit { cunicode_regex_close(expression) }
+
+        /// How many matches ran out of time.
+        public var timeouts: Int { lock.withLock { timedOut } }
+
+        func matches(_ text: String) -> Bool {
+            var text = text
+            return text.withUTF8 { utf8 in
+                lock.withLock {
+                    let found = cunicode_regex_find(expression, utf8.baseAddress, Int32(utf8.count))
+                    if found == -1 { timedOut += 1 }
+                    return found == 1
+                }
+            }
+        }
+    }
+
+    /// How many `$regex` matches of this selector ran out of time so far.
+    public var regexTimeouts: Int {
+        func count(_ node: Node) -> Int {
+            switch node {
+            case .all(let children), .any(let children): children.map(count).reduce(0, +)
+            case .not(let inner), .field(_, let inner): count(inner)
+            case .test(.regex(let regex)): regex.timeouts
+            case .test(.elemMatch(let inner)), .test(.allMatch(let inner)), .test(.keyMapMatch(let inner)): count(inner)
+            case .test: 0
+            }
+        }
+        return count(root)
+    }
+}
+
+extension Selector.Operator {
+    func matches(_ value: JSONValue) -> Bool {
+        switch self {
+        case .eq(let operand): return Selector.equal(value, operand)
+        case .ne(let operand): return !Selector.equal(value, operand)
+        case .gt(let operand): return Collation.compare(value, operand) > 0
+        case .gte(let operand): return Collation.compare(value, operand) >= 0
+        case .lt(let operand): return Collation.compare(value, operand) < 0
+        case .lte(let operand): return Collation.compare(value, operand) <= 0
+        case .in(let operands): return operands.contains { Selector.equal(value, $0) }
+        case .nin(let operands): return !operands.contains { Selector.equal(value, $0) }
+        case .all(let wanted):
+            guard let items = value.arrayValue else { return false }
+            return wanted.allSatisfy { want in items.contains { Selector.equal($0, want) } }
+        case .exists(let flag): return flag
+        case .type(let name): return name == Selector.typeName(value)
+        case .size(let n): return value.arrayValue.map { Int64($0.count) == n } ?? false
+        case .mod(let divisor, let remainder):
+            guard case .integer(let number) = value else { return false }
+            return number % divisor == remainder
+        case .regex(let regex): return value.stringValue.map(regex.matches) ?? false
+        case .beginsWith(let prefix): return value.stringValue?.hasPrefix(prefix) ?? false
+        case .elemMatch(let condition): return value.arrayValue?.contains { condition.matches($0) } ?? false
+        case .allMatch(let condition):
+            guard let items = value.arrayValue, !items.isEmpty else { return false }
+            return items.allSatisfy { condition.matches($0) }
+        case .keyMapMatch(let condition): return value.objectValue?.keys.contains { condition.matches(.string($0)) } ?? false
+        }
+    }
+}
+
+extension Selector {
+    static func typeName(_ value: JSONValue) -> String {
         switch value {
         case .null: "null"
         case .bool: "boolean"
@@ -112,48 +323,8 @@ public struct Selector: Sendable {
         }
     }
 
-    private static func number(_ value: JSONValue) -> Double? {
-        switch value {
-        case .integer(let n): Double(n)
-        case .bigInteger(let digits): Double(digits)
-        case .double(let d): d
-        default: nil
-        }
-    }
-
-    private static func equal(_ a: JSONValue, _ b: JSONValue) -> Bool {
-        if let x = number(a), let y = number(b) { return x == y }
+    static func equal(_ a: JSONValue, _ b: JSONValue) -> Bool {
+        if let x = Collation.number(a), let y = Collation.number(b) { return x == y }
         return a == b
-    }
-
-    /// CouchDB's collation of JSON types: null < false < true < numbers < strings < arrays < objects.
-    public static func compare(_ a: JSONValue, _ b: JSONValue) -> Int {
-        func rank(_ value: JSONValue) -> Int {
-            switch value {
-            case .null: 0
-            case .bool(let flag): flag ? 2 : 1
-            case .integer, .bigInteger, .double: 3
-            case .string: 4
-            case .array: 5
-            case .object: 6
-            }
-        }
-        let (ra, rb) = (rank(a), rank(b))
-        if ra != rb { return ra < rb ? -1 : 1 }
-        switch (a, b) {
-        case _ where number(a) != nil:
-            let (x, y) = (number(a)!, number(b)!)
-            return x == y ? 0 : (x < y ? -1 : 1)
-        case (.string(let x), .string(let y)):
-            return x == y ? 0 : (x.unicodeScalars.lexicographicallyPrecedes(y.unicodeScalars) ? -1 : 1)
-        case (.array(let x), .array(let y)):
-            for (p, q) in zip(x, y) {
-                let order = compare(p, q)
-                if order != 0 { return order }
-            }
-            return x.count == y.count ? 0 : (x.count < y.count ? -1 : 1)
-        default:
-            return 0
-        }
     }
 }

@@ -31,6 +31,8 @@ public enum SofaError: Error, Hashable, Sendable {
     /// The attachment's body is not on this machine (`contentAvailable == false`).
     case bodyNotAvailable(docID: String, name: String)
     case invalidArgument(String)
+    /// A Mango query or index CouchDB would refuse: its error name and reason.
+    case invalidQuery(error: String, reason: String)
 
     /// The error for a failed system call on `path`, naming the common cases.
     public static func system(_ operation: String, path: String, errno code: Int32) -> SofaError {
@@ -67,6 +69,7 @@ extension SofaError: CustomStringConvertible, LocalizedError {
         case .bodyNotAvailable(let id, let name):
             "the body of attachment \(quoted(name)) of document \(quoted(id)) is not on this machine (not downloaded)"
         case .invalidArgument(let message): message
+        case .invalidQuery(_, let reason): reason
         }
     }
 

@@ -35,6 +35,8 @@ public final class Database: @unchecked Sendable {
     let hasBodyEvents: Bool
     /// Whether the file has `body_cache` (version 4).
     let hasBodyCache: Bool
+    /// Whether the file has `mango_indexes` and `mango_keys` (version 5).
+    let hasMangoIndexes: Bool
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
     var readNotes = ReadNotes()
     let readNotesLock = Lock()
@@ -66,6 +68,7 @@ public final class Database: @unchecked Sendable {
         self.hasBodyDigests = schemaVersion >= 2
         self.hasBodyEvents = schemaVersion >= 3
         self.hasBodyCache = schemaVersion >= 4
+        self.hasMangoIndexes = schemaVersion >= 5
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
@@ -139,6 +142,7 @@ public final class Database: @unchecked Sendable {
             _ = database.blobs.removeAbandonedTemporaryFiles()
         }
         if !readOnly && found == 1 { try database.upgradeDigestsFromVersion1() }
+        if !readOnly && found < 5 { try database.buildMangoIndexesFromDesignDocuments() }
         return database
     }
 
@@ -597,7 +601,7 @@ public final class Database: @unchecked Sendable {
                            properties: properties, attachments: attachments, savedAt: savedAt, in: connection)
         try noteSavedHere(attachments.filter { $0.revpos == generation && $0.blobKey != nil }.map(\.digest), in: connection)
         let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
-        let sequence = try finishChange(docKey: docKey, tree: tree, added: [newNode], in: connection)
+        let sequence = try finishChange(docKey: docKey, docID: draft.docID, tree: tree, added: [newNode], in: connection)
         return Revision(docID: draft.docID, revID: revID, parentRevID: parent, deleted: draft.deleted, properties: properties,
                         attachments: attachments.map { $0.with(contentAvailable: $0.blobKey.map(blobs.contains) ?? false) },
                         sequence: sequence, savedAt: savedAt)
@@ -640,7 +644,7 @@ public final class Database: @unchecked Sendable {
                            properties: revision.deleted ? JSONObject() : revision.properties,
                            attachments: revision.attachments, in: connection)
         added.append(RevisionNode(id: revision.revID, parent: parent, deleted: revision.deleted, isLeaf: true))
-        try finishChange(docKey: docKey, tree: tree, added: added, in: connection)
+        try finishChange(docKey: docKey, docID: revision.docID, tree: tree, added: added, in: connection)
         return true
     }
 
@@ -665,7 +669,7 @@ public final class Database: @unchecked Sendable {
 
     /// After revisions were added: pick the winner, take a new sequence, prune old history.
     @discardableResult
-    private func finishChange(docKey: Int64, tree: RevisionTree, added: [RevisionNode], in connection: SQLiteConnection) throws -> Int64 {
+    private func finishChange(docKey: Int64, docID: String, tree: RevisionTree, added: [RevisionNode], in connection: SQLiteConnection) throws -> Int64 {
         var nodes = tree.nodes
         for node in added {
             nodes[node.id] = node
@@ -680,6 +684,7 @@ public final class Database: @unchecked Sendable {
         let sequence = try Database.nextSequence(in: connection)
         try connection.run("UPDATE docs SET current_rev = ?, deleted = ?, sequence = ? WHERE doc_key = ?",
                            .text(winner.id.description), SQLValue(winner.deleted), .integer(sequence), .integer(docKey))
+        try documentChanged(docKey: docKey, docID: docID, winner: (winner.id, winner.deleted), in: connection)
         for node in added {
             try connection.run("UPDATE revs SET sequence = ? WHERE doc_key = ? AND rev_id = ?",
                                .integer(sequence), .integer(docKey), .text(node.id.description))

@@ -34,7 +34,9 @@ extension Database {
                     try connection.run("UPDATE docs SET current_rev = ?, deleted = ?, sequence = ? WHERE doc_key = ?",
                                        .text(winner.id.description), SQLValue(winner.deleted),
                                        .integer(try Database.nextSequence(in: connection)), .integer(row.key))
+                    try documentChanged(docKey: row.key, docID: id, winner: (winner.id, winner.deleted), in: connection)
                 } else {
+                    try documentChanged(docKey: nil, docID: id, winner: nil, in: connection)
                     try connection.run("DELETE FROM docs WHERE doc_key = ?", .integer(row.key))
                     if hasBodyCache {  // attachment_times came with it (version 4)
                         try connection.run("DELETE FROM attachment_times WHERE doc_id = ?", .text(id))

@@ -7,60 +7,117 @@ public struct FindResult: Sendable {
     public var documents: [JSONObject] = []
     /// Where the next page starts; nil when this one reached the end.
     public var bookmark: MangoQuery.Bookmark?
-    /// Documents read to answer (every live one: there are no indexes yet).
+    public var plan: QueryPlan
+    /// Index entries read, and documents read to answer.
+    public var keysExamined = 0
     public var documentsExamined = 0
+    /// CouchDB's warnings (no index fit, `use_index` not used) and Sofa's (a `$regex` ran out of time).
+    public var warnings: [String] { plan.warnings + (regexTimeouts > 0 ? ["$regex ran out of time on \(regexTimeouts) documents, which did not match."] : []) }
+    var regexTimeouts = 0
 }
 
 extension Database {
-    /// Answers a Mango query by reading every live document's current revision in id order
-    /// (CouchDB's `_all_docs` index). Without `sort` it stops as soon as the page is full and
-    /// holds one page in memory; with `sort` it keeps every match to order them.
+    /// Answers a Mango query: through the index `MangoQuery.plan` chooses, reading only its
+    /// range of keys in its order, or through every document in id order. Either way each
+    /// candidate is matched against the whole selector and the page stops as soon as it is
+    /// full, so one page of documents is held in memory. Design documents never match.
     public func find(_ query: MangoQuery) throws -> FindResult {
-        var result = FindResult()
-        var matches: [JSONObject] = []
-        var cursor: String?
+        let plan = try query.plan(indexes: mangoIndexes())
+        var result = FindResult(plan: plan)
         var toSkip = query.skip
-        if query.sort.isEmpty, let bookmark = query.bookmark {
-            guard case .after(let id) = bookmark else { throw SofaError.invalidArgument("invalid bookmark for this query") }
-            cursor = id
-            toSkip = 0
+        switch (query.bookmark, plan.index) {
+        case (.after, .some), (.afterKey, nil):
+            throw SofaError.invalidQuery(error: "invalid_bookmark", reason: "Invalid bookmark value: this bookmark is for another query")
+        default: break
         }
-        scan: while true {
-            let page = try documents(after: cursor, limit: 500)
-            guard let last = page.last else { break }
-            cursor = last.docID
-            for summary in page {
-                guard let revision = try document(withID: summary.docID) else { continue }
-                result.documentsExamined += 1
-                let rendered = try CouchFormat.render(revision, history: [revision.revID], options: CouchFormat.Options(),
-                                                      readBody: { _ in [] }).json
-                guard query.selector.matches(rendered) else { continue }
-                if !query.sort.isEmpty {
-                    matches.append(rendered)
-                } else if toSkip > 0 {
-                    toSkip -= 1
-                } else if matches.count < query.limit {
-                    matches.append(rendered)
-                } else {
-                    // One more match than the page holds: there is a next page.
-                    result.bookmark = matches.last?["_id"]?.stringValue.map(MangoQuery.Bookmark.after)
-                    break scan
+        // CouchDB gives the position of the last document returned, also on the last page:
+        // a page shorter than the limit is the last. With none returned, the one given.
+        result.bookmark = query.bookmark
+        try read { connection in
+            let indexID = try plan.index.map { index in
+                try connection.query("SELECT index_id FROM mango_indexes WHERE ddoc = ? AND name = ?",
+                                     .text(index.designDocument), .text(index.name)) { $0.int64(0) }.first
+            }
+            var cursor = query.bookmark
+            scan: while true {
+                let page = try candidates(plan, indexID: indexID ?? nil, after: cursor, limit: 200, in: connection)
+                guard let last = page.last else { break }
+                cursor = last.key.map { .afterKey($0, last.docID) } ?? .after(last.docID)
+                for candidate in page {
+                    result.keysExamined += 1
+                    guard let revision = try loadRevision(docKey: candidate.docKey, docID: candidate.docID, revID: candidate.revID,
+                                                          in: connection) else { continue }
+                    result.documentsExamined += 1
+                    let rendered = try CouchFormat.render(revision, history: [revision.revID], options: CouchFormat.Options(),
+                                                          readBody: { _ in [] }).json
+                    guard query.selector.matches(rendered) else { continue }
+                    if toSkip > 0 {
+                        toSkip -= 1
+                    } else if result.documents.count < query.limit {
+                        result.documents.append(query.project(rendered))
+                        result.bookmark = candidate.key.map { .afterKey($0, candidate.docID) } ?? .after(candidate.docID)
+                    } else {
+                        break scan
+                    }
                 }
+                if plan.onlyID != nil { break }
             }
         }
-        if query.sort.isEmpty {
-            result.documents = matches.map(query.project)
-            return result
-        }
-        matches.sort(by: query.precedes)
-        var start = query.skip
-        if let bookmark = query.bookmark {
-            guard case .offset(let offset) = bookmark else { throw SofaError.invalidArgument("invalid bookmark for this query") }
-            start = offset
-        }
-        let page = matches.dropFirst(start).prefix(query.limit)
-        result.documents = page.map(query.project)
-        if start + page.count < matches.count { result.bookmark = .offset(start + page.count) }
+        result.regexTimeouts = query.selector.regexTimeouts
         return result
+    }
+
+    private struct Candidate {
+        let docKey: Int64
+        let docID: String
+        let revID: RevisionID
+        /// The index key (nil under `_all_docs`).
+        let key: [UInt8]?
+    }
+
+    /// The next documents the plan reads after `cursor`, in its order.
+    private func candidates(_ plan: QueryPlan, indexID: Int64?, after cursor: MangoQuery.Bookmark?, limit: Int,
+                            in connection: SQLiteConnection) throws -> [Candidate] {
+        let order = plan.descending ? "DESC" : "ASC"
+        let beyond = plan.descending ? "<" : ">"
+        guard let indexID else {
+            // _all_docs: live documents by id, design documents aside.
+            var conditions = ["d.deleted = 0", "substr(d.doc_id, 1, 8) <> '_design/'"]
+            var arguments: [SQLValue] = []
+            if let id = plan.onlyID {
+                conditions.append("d.doc_id = ?")
+                arguments.append(.text(id))
+            }
+            if case .after(let id) = cursor {
+                conditions.append("d.doc_id \(beyond) ?")
+                arguments.append(.text(id))
+            }
+            return try connection.query("""
+                SELECT d.doc_key, d.doc_id, d.current_rev, NULL FROM docs d WHERE \(conditions.joined(separator: " AND "))
+                ORDER BY d.doc_id \(order) LIMIT \(limit)
+                """, arguments, row: Database.candidate)
+        }
+        var conditions = ["m.index_id = ?", "d.deleted = 0"]
+        var arguments: [SQLValue] = [.integer(indexID)]
+        if let lower = plan.lower {
+            conditions.append("m.key >= ?")
+            arguments.append(.blob(lower))
+        }
+        if let upper = plan.upper {
+            conditions.append("m.key < ?")
+            arguments.append(.blob(upper))
+        }
+        if case .afterKey(let key, let id) = cursor {
+            conditions.append("(m.key, m.doc_id) \(beyond) (?, ?)")
+            arguments += [.blob(key), .text(id)]
+        }
+        return try connection.query("""
+            SELECT d.doc_key, d.doc_id, d.current_rev, m.key FROM mango_keys m JOIN docs d ON d.doc_id = m.doc_id
+            WHERE \(conditions.joined(separator: " AND ")) ORDER BY m.key \(order), m.doc_id \(order) LIMIT \(limit)
+            """, arguments, row: Database.candidate)
+    }
+
+    private static func candidate(_ row: SQLiteRow) throws -> Candidate {
+        Candidate(docKey: row.int64(0), docID: row.text(1), revID: try revisionID(row.text(2)), key: row.isNull(3) ? nil : row.blob(3))
     }
 }

@@ -8,6 +8,7 @@ enum SQLValue {
     case integer(Int64)
     case real(Double)
     case text(String)
+    case blob([UInt8])
 }
 
 extension SQLValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByNilLiteral {
@@ -86,6 +87,10 @@ final class SQLiteConnection: @unchecked Sendable {
 
     /// Runs a query and maps each row.
     func query<T>(_ sql: String, _ arguments: SQLValue..., row transform: (SQLiteRow) throws -> T) throws -> [T] {
+        try query(sql, arguments, row: transform)
+    }
+
+    func query<T>(_ sql: String, _ arguments: [SQLValue], row transform: (SQLiteRow) throws -> T) throws -> [T] {
         let statement = try prepare(sql, arguments)
         defer { sqlite3_reset(statement) }
         var results: [T] = []
@@ -134,6 +139,8 @@ final class SQLiteConnection: @unchecked Sendable {
                 code = value.utf8CString.withUnsafeBufferPointer {
                     csqlite3_bind_text_transient(statement, index, $0.baseAddress, Int32($0.count - 1))
                 }
+            case .blob(let value):
+                code = value.withUnsafeBytes { csqlite3_bind_blob_transient(statement, index, $0.baseAddress, Int32($0.count)) }
             }
             guard code == SQLITE_OK else { throw error(code, sql: sql) }
         }
@@ -157,6 +164,11 @@ struct SQLiteRow {
         guard let pointer = sqlite3_column_text(statement, column) else { return nil }
         let count = Int(sqlite3_column_bytes(statement, column))
         return String(decoding: UnsafeRawBufferPointer(start: pointer, count: count), as: UTF8.self)
+    }
+
+    func blob(_ column: Int32) -> [UInt8] {
+        guard let pointer = sqlite3_column_blob(statement, column) else { return [] }
+        return Array(UnsafeRawBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(statement, column))))
     }
 
     /// The raw UTF-8 bytes of a text column, without making a String.

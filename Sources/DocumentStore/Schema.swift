@@ -32,9 +32,12 @@ import Foundation
 ///   again, so it may be evicted) and whether it is pinned (kept here). The limit is the
 ///   `cache_limit` row of `meta` (no row: no limit).
 ///
+/// - `mango_indexes`, `mango_keys` (version 5): Mango JSON indexes, as their query design
+///   documents define them, and their entries (see `MangoIndexes.swift`).
+///
 /// Older databases are upgraded when opened for writing (new tables and an index).
 enum Schema {
-    static let version = 4
+    static let version = 5
 
     static let bodyDigestsTable = """
         CREATE TABLE IF NOT EXISTS body_digests (digest TEXT PRIMARY KEY, blob_key TEXT NOT NULL) WITHOUT ROWID;
@@ -69,6 +72,23 @@ enum Schema {
             fetched INTEGER NOT NULL DEFAULT 0,
             pinned INTEGER NOT NULL DEFAULT 0
         ) WITHOUT ROWID;
+        """
+
+    static let version5Tables = """
+        CREATE TABLE IF NOT EXISTS mango_indexes (
+            index_id INTEGER PRIMARY KEY,
+            ddoc TEXT NOT NULL,
+            name TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            UNIQUE (ddoc, name)
+        );
+        CREATE TABLE IF NOT EXISTS mango_keys (
+            index_id INTEGER NOT NULL,
+            key BLOB NOT NULL,
+            doc_id TEXT NOT NULL,
+            PRIMARY KEY (index_id, key, doc_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS mango_keys_by_doc ON mango_keys (doc_id);
         """
 
     static func create(_ connection: SQLiteConnection, revsLimit: Int) throws {
@@ -109,7 +129,7 @@ enum Schema {
                 ) WITHOUT ROWID;
                 CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
                 CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
-                """ + bodyDigestsTable + version3Tables + version4Tables)
+                """ + bodyDigestsTable + version3Tables + version4Tables + version5Tables)
             try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
                                "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
                                .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
@@ -136,12 +156,13 @@ enum Schema {
         try configure(connection)
         if userVersion == version {
             // Tables added to this version after it was first made.
-            try connection.execute(version4Tables)
+            try connection.execute(version4Tables + version5Tables)
         }
         if userVersion < version {
             try connection.execute("BEGIN IMMEDIATE")
             do {
-                try connection.execute(bodyDigestsTable + version3Tables + version4Tables + "PRAGMA user_version = \(version);")
+                try connection.execute(bodyDigestsTable + version3Tables + version4Tables + version5Tables +
+                                       "PRAGMA user_version = \(version);")
                 try connection.execute("COMMIT")
             } catch {
                 try? connection.execute("ROLLBACK")

@@ -211,9 +211,18 @@ import TestSupport
         let db = try Database.open(at: path)
         for (id, n) in [("x", 1), ("y", 5), ("z", 3)] { try db.put(id, ["n": .integer(Int64(n))]) }
         _ = try db.deleteDocument("x")
+        let unsorted = try sofa("find", path, #"{"n": {"$gte": 1}}"#, "--fields", "_id,n")
+        #expect(unsorted.stdout == "{\"_id\":\"y\",\"n\":5}\n{\"_id\":\"z\",\"n\":3}\n", "\(unsorted.stdout)\(unsorted.stderr)")
+        #expect(unsorted.stderr.contains("warning: No matching index found"), "\(unsorted.stderr)")
+        let noIndex = try sofa("find", path, #"{"n": {"$gte": 1}}"#, "--sort", "n:desc")
+        #expect(noIndex.status == 1 && noIndex.stderr.contains("No index exists for this sort"), "\(noIndex.stderr)")
+        let created = try sofa("index", path, "--create", "n", "--ddoc", "by-n", "--name", "n")
+        #expect(created.succeeded && created.stdout == "created: _design/by-n n\n", "\(created.stdout)\(created.stderr)")
+        #expect(try sofa("index", path).stdout == "by-n/n  n\n")
         let found = try sofa("find", path, #"{"n": {"$gte": 1}}"#, "--sort", "n:desc", "--fields", "_id,n")
-        #expect(found.stdout == "{\"_id\":\"y\",\"n\":5}\n{\"_id\":\"z\",\"n\":3}\n", "\(found.stdout)\(found.stderr)")
+        #expect(found.stdout == "{\"_id\":\"y\",\"n\":5}\n{\"_id\":\"z\",\"n\":3}\n" && found.stderr.isEmpty, "\(found.stdout)\(found.stderr)")
         let bad = try sofa("find", path, #"{"n": {"$near": 1}}"#)
-        #expect(bad.status == 1 && bad.stderr.contains("unknown selector operator $near"), "\(bad.stderr)")
+        #expect(bad.status == 1 && bad.stderr.contains("Invalid operator: $near"), "\(bad.stderr)")
+        #expect(try sofa("index", path, "--delete", "by-n/n").succeeded && sofa("index", path).stdout.isEmpty)
     }
 }
