@@ -107,7 +107,7 @@ public struct MangoIndex: Sendable, Equatable {
         var def: JSONObject = ["fields": .array(zip(fields, definedFields).map { field, defined in
             .object([field: defined.objectValue?.entries.first?.value ?? "asc"])
         })]
-        if let partialFilter { def["partial_filter_selector"] = .object(partialFilter) }
+        if let partialFilter { def["partial_filter_selector"] = .object(Selector.normalized(partialFilter)) }
         return ["ddoc": .string(designDocument), "name": .string(name), "type": "json", "partitioned": false, "def": .object(def)]
     }
 
@@ -117,13 +117,18 @@ public struct MangoIndex: Sendable, Equatable {
 
     /// The key of `document` (properties with `_id` and `_rev`) in this index; nil when the
     /// document is not in it.
-    public func key(of document: JSONObject) -> [UInt8]? {
+    public func key(of document: JSONObject) -> [UInt8]? { entry(of: document)?.key }
+
+    /// The key of `document` and the values it was made of, one per field.
+    public func entry(of document: JSONObject) -> (key: [UInt8], values: [JSONValue])? {
         if let filter, !filter.matches(document) { return nil }
         var key: [UInt8] = []
+        var values: [JSONValue] = []
         for field in fields {
             guard let value = Selector.lookUp(.object(document), path: field) else { return nil }
             Collation.appendKey(value, to: &key)
+            values.append(value)
         }
-        return key
+        return (key, values)
     }
 }

@@ -25,6 +25,22 @@ public struct Selector: Sendable {
         root = try Node.parse(object)
     }
 
+    /// The selector as CouchDB shows it back: implicit equality made `$eq`.
+    public static func normalized(_ object: JSONObject) -> JSONObject {
+        JSONObject(object.map { key, value -> (String, JSONValue) in
+            switch (key, value) {
+            case ("$and", .array(let items)), ("$or", .array(let items)), ("$nor", .array(let items)):
+                return (key, .array(items.map { $0.objectValue.map { .object(normalized($0)) } ?? $0 }))
+            case (_, .object(let nested)) where !nested.isEmpty:
+                return (key, .object(normalized(nested)))
+            case (_, _) where key.hasPrefix("$"):
+                return (key, value)
+            default:
+                return (key, ["$eq": value])
+            }
+        })
+    }
+
     /// Whether `document` (properties with `_id`, `_rev`, `_deleted` as wanted) matches.
     public func matches(_ document: JSONObject) -> Bool {
         root.matches(.object(document))
@@ -45,6 +61,22 @@ public struct Selector: Sendable {
         }
         collect(root, below: [])
         return fields
+    }
+
+    /// Whether a document whose fields `known` have the values in `partial` may match: the
+    /// conditions on those fields are tested, every other one is taken to hold. An index
+    /// holding those values lets a query skip documents without reading them.
+    public func mayMatch(_ partial: JSONObject, known: Set<String>) -> Bool {
+        func test(_ node: Node) -> Bool {
+            switch node {
+            case .all(let children): children.allSatisfy(test)
+            case .any(let children): children.contains(where: test)
+            case .field(let path, let condition):
+                known.contains(Selector.pathName(path)) ? condition.matches(partial[Selector.pathName(path)]) : true
+            case .not, .test: true
+            }
+        }
+        return test(root)
     }
 
     /// The value at a dotted path (`address.city`), if there is one.
@@ -178,6 +210,8 @@ public struct Selector: Sendable {
             case "$elemMatch": return .test(.elemMatch(try condition()))
             case "$allMatch": return .test(.allMatch(try condition()))
             case "$keyMapMatch": return .test(.keyMapMatch(try condition()))
+            case "$near", "$nearSphere", "$geoWithin", "$where":
+                throw .invalidQuery(error: "not_supported", reason: "Unsupported operator: \(key)")
             default: throw .invalidQuery(error: "invalid_operator", reason: "Invalid operator: \(key)")
             }
         }

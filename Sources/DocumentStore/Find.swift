@@ -12,7 +12,16 @@ public struct FindResult: Sendable {
     public var keysExamined = 0
     public var documentsExamined = 0
     /// CouchDB's warnings (no index fit, `use_index` not used) and Sofa's (a `$regex` ran out of time).
-    public var warnings: [String] { plan.warnings + (regexTimeouts > 0 ? ["$regex ran out of time on \(regexTimeouts) documents, which did not match."] : []) }
+    public var warnings: [String] {
+        var warnings = plan.warnings
+        // CouchDB's index_scan_warning_threshold (10).
+        if !documents.isEmpty && documentsExamined > 10 * documents.count {
+            warnings.append("The number of documents examined is high in proportion to the number of results returned. "
+                            + "Consider adding a more specific index to improve this.")
+        }
+        if regexTimeouts > 0 { warnings.append("$regex ran out of time on \(regexTimeouts) documents, which did not match.") }
+        return warnings
+    }
     var regexTimeouts = 0
 }
 
@@ -45,6 +54,11 @@ extension Database {
                 cursor = last.key.map { .afterKey($0, last.docID) } ?? .after(last.docID)
                 for candidate in page {
                     result.keysExamined += 1
+                    // The indexed values settle the conditions on the indexed fields without reading the document.
+                    if let index = plan.index, let values = candidate.values {
+                        let partial = JSONObject(Array(zip(index.fields, values)))
+                        guard query.selector.mayMatch(partial, known: Set(index.fields)) else { continue }
+                    }
                     guard let revision = try loadRevision(docKey: candidate.docKey, docID: candidate.docID, revID: candidate.revID,
                                                           in: connection) else { continue }
                     result.documentsExamined += 1
@@ -71,8 +85,9 @@ extension Database {
         let docKey: Int64
         let docID: String
         let revID: RevisionID
-        /// The index key (nil under `_all_docs`).
+        /// The index key and the values it was made of (nil under `_all_docs`).
         let key: [UInt8]?
+        let values: [JSONValue]?
     }
 
     /// The next documents the plan reads after `cursor`, in its order.
@@ -93,7 +108,7 @@ extension Database {
                 arguments.append(.text(id))
             }
             return try connection.query("""
-                SELECT d.doc_key, d.doc_id, d.current_rev, NULL FROM docs d WHERE \(conditions.joined(separator: " AND "))
+                SELECT d.doc_key, d.doc_id, d.current_rev, NULL, NULL FROM docs d WHERE \(conditions.joined(separator: " AND "))
                 ORDER BY d.doc_id \(order) LIMIT \(limit)
                 """, arguments, row: Database.candidate)
         }
@@ -112,12 +127,13 @@ extension Database {
             arguments += [.blob(key), .text(id)]
         }
         return try connection.query("""
-            SELECT d.doc_key, d.doc_id, d.current_rev, m.key FROM mango_keys m JOIN docs d ON d.doc_id = m.doc_id
+            SELECT d.doc_key, d.doc_id, d.current_rev, m.key, m.field_values FROM mango_keys m JOIN docs d ON d.doc_id = m.doc_id
             WHERE \(conditions.joined(separator: " AND ")) ORDER BY m.key \(order), m.doc_id \(order) LIMIT \(limit)
             """, arguments, row: Database.candidate)
     }
 
     private static func candidate(_ row: SQLiteRow) throws -> Candidate {
-        Candidate(docKey: row.int64(0), docID: row.text(1), revID: try revisionID(row.text(2)), key: row.isNull(3) ? nil : row.blob(3))
+        Candidate(docKey: row.int64(0), docID: row.text(1), revID: try revisionID(row.text(2)), key: row.isNull(3) ? nil : row.blob(3),
+                  values: row.isNull(4) ? nil : try JSONParser.parse(row.bytes(4)).arrayValue)
     }
 }

@@ -43,7 +43,7 @@ extension Database {
         else { return }
         let document = try Database.indexedDocument(docID, revID: winner.revID.description, body: body)
         for (id, index) in indexes {
-            if let key = index.key(of: document) { try Database.insertKey(key, docID: docID, index: id, in: connection) }
+            if let entry = index.entry(of: document) { try Database.insert(entry, docID: docID, index: id, in: connection) }
         }
     }
 
@@ -74,7 +74,7 @@ extension Database {
             WHERE d.deleted = 0 AND r.body IS NOT NULL AND substr(d.doc_id, 1, 8) <> '_design/'
             """) { row in
             let document = try indexedDocument(row.text(0), revID: row.text(1), body: row.bytes(2))
-            if let key = index.key(of: document) { try insertKey(key, docID: row.text(0), index: id, in: connection) }
+            if let entry = index.entry(of: document) { try insert(entry, docID: row.text(0), index: id, in: connection) }
         }
     }
 
@@ -98,8 +98,10 @@ extension Database {
         return document
     }
 
-    private static func insertKey(_ key: [UInt8], docID: String, index: Int64, in connection: SQLiteConnection) throws {
-        try connection.run("INSERT INTO mango_keys (index_id, key, doc_id) VALUES (?, ?, ?)", .integer(index), .blob(key), .text(docID))
+    private static func insert(_ entry: (key: [UInt8], values: [JSONValue]), docID: String, index: Int64,
+                               in connection: SQLiteConnection) throws {
+        try connection.run("INSERT INTO mango_keys (index_id, key, doc_id, field_values) VALUES (?, ?, ?, ?)",
+                           .integer(index), .blob(entry.key), .text(docID), .text(JSONValue.array(entry.values).jsonString()))
     }
 }
 

@@ -33,7 +33,8 @@ import Foundation
 ///   `cache_limit` row of `meta` (no row: no limit).
 ///
 /// - `mango_indexes`, `mango_keys` (version 5): Mango JSON indexes, as their query design
-///   documents define them, and their entries (see `MangoIndexes.swift`).
+///   documents define them, and their entries: key, document id and the indexed values (a JSON
+///   array), which let a query skip documents without reading them (see `MangoIndexes.swift`).
 ///
 /// Older databases are upgraded when opened for writing (new tables and an index).
 enum Schema {
@@ -86,6 +87,7 @@ enum Schema {
             index_id INTEGER NOT NULL,
             key BLOB NOT NULL,
             doc_id TEXT NOT NULL,
+            field_values TEXT NOT NULL,
             PRIMARY KEY (index_id, key, doc_id)
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS mango_keys_by_doc ON mango_keys (doc_id);

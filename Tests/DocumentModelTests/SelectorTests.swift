@@ -74,7 +74,8 @@ import Testing
             do { _ = try Selector(JSONParser.parse(Array(text.utf8))) } catch let error as SofaError { return error } catch {}
             return nil
         }
-        #expect(error(#"{"n":{"$near":1}}"#) == .invalidQuery(error: "invalid_operator", reason: "Invalid operator: $near"))
+        #expect(error(#"{"n":{"$foo":1}}"#) == .invalidQuery(error: "invalid_operator", reason: "Invalid operator: $foo"))
+        #expect(error(#"{"n":{"$near":1}}"#) == .invalidQuery(error: "not_supported", reason: "Unsupported operator: $near"))
         #expect(error("[1]") == .invalidQuery(error: "invalid_selector_json", reason: "Selector must be a JSON object, not: [1]"))
         #expect(error(#"{"n":{"$in":2}}"#) == .invalidQuery(error: "bad_arg", reason: "Bad argument for operator $in: 2"))
         #expect(error(#"{"n":{"$exists":1}}"#) == .invalidQuery(error: "bad_arg", reason: "Bad argument for operator $exists: 1"))
