@@ -23,9 +23,9 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred": suite = argument
+            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -247,6 +247,7 @@ do {
     case "copy": try copyBenchmark(options)
     case "couchdb": try couchDBBenchmark(options)
     case "deferred": try deferredBenchmark(options)
+    case "find": try findBenchmark(options)
     default: try storage(options)
     }
 } catch {
