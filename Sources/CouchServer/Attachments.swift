@@ -94,6 +94,7 @@ extension CouchServer {
     /// `PUT /db/doc/att?rev=`: the body streams into the blob store, then one revision.
     private func putAttachment(_ request: Request, _ db: Database, id: String, name: String) async throws {
         try requireWritable(request)
+        try requireAdmin(ifDesign: id, db)
         try AttachmentName.validate(name)
         let rev = try requestedRev(request)
         let contentType = request.headers["Content-Type"].first ?? MIMEType.forFileName(name)
@@ -138,6 +139,7 @@ extension CouchServer {
 
     private func deleteAttachment(_ request: Request, _ db: Database, id: String, name: String) async throws {
         try requireWritable(request)
+        try requireAdmin(ifDesign: id, db)
         guard let rev = try requestedRev(request) else { throw HTTPError.conflict }
         let saved = try await blocking { () -> Revision in
             do {

@@ -60,36 +60,6 @@ func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
 extension CouchServer {
     var requiresAuthentication: Bool { configuration.user != nil }
 
-    func checkPassword(user: String, password: String) -> Bool {
-        guard let expectedUser = configuration.user, let expected = configuration.password else { return false }
-        // Evaluate both so a wrong user name costs as much as a wrong password.
-        let userMatches = constantTimeEqual(Array(user.utf8), Array(expectedUser.utf8))
-        let passwordMatches = constantTimeEqual(Array(password.utf8), Array(expected.utf8))
-        return userMatches && passwordMatches
-    }
-
-    /// The authenticated user of a request (nil when none is configured or none was given).
-    /// Throws 401 for wrong credentials.
-    func authenticatedUser(_ request: Request) throws -> String? {
-        guard requiresAuthentication else { return nil }
-        if let authorization = request.headers["Authorization"].first {
-            let parts = authorization.split(separator: " ", maxSplits: 1)
-            guard parts.count == 2, parts[0].lowercased() == "basic", let data = Data(base64Encoded: String(parts[1])),
-                  let text = String(data: data, encoding: .utf8), let colon = text.firstIndex(of: ":") else {
-                throw HTTPError(.unauthorized, "unauthorized", "Name or password is incorrect.")
-            }
-            let user = String(text[..<colon])
-            guard checkPassword(user: user, password: String(text[text.index(after: colon)...])) else {
-                throw HTTPError(.unauthorized, "unauthorized", "Name or password is incorrect.")
-            }
-            return user
-        }
-        if let value = sessionCookie(request) {
-            return sessions.user(fromCookie: value)
-        }
-        return nil
-    }
-
     func sessionCookie(_ request: Request) -> String? {
         for header in request.headers["Cookie"] {
             for pair in header.split(separator: ";") {
@@ -100,12 +70,6 @@ extension CouchServer {
             }
         }
         return nil
-    }
-
-    /// Throws 401 unless the request may proceed.
-    func requireUser(_ request: Request) throws {
-        guard requiresAuthentication else { return }
-        guard try authenticatedUser(request) != nil else { throw HTTPError.unauthorized }
     }
 
     /// `POST|GET|DELETE /_session`.
@@ -126,20 +90,20 @@ extension CouchServer {
                     if kv[0] == "password" { password = value }
                 }
             }
-            guard requiresAuthentication, checkPassword(user: name, password: password) else {
+            guard requiresAuthentication, let user = try await authenticate(name: name, password: password) else {
                 throw HTTPError(.unauthorized, "unauthorized", "Name or password is incorrect.")
             }
             let cookie = "AuthSession=\(sessions.cookie(for: name)); Version=1; Path=/; HttpOnly"
-            try await request.response.sendJSON(.ok, ["ok": true, "name": .string(name), "roles": ["_admin"]],
+            try await request.response.sendJSON(.ok, ["ok": true, "name": .string(name), "roles": user.json["roles"] ?? []],
                                                  headers: ["Set-Cookie": cookie])
         case .GET, .HEAD:
-            let user = try authenticatedUser(request)  // wrong credentials: 401, not an anonymous 200
-            let name: JSONValue = user.map { .string($0) } ?? .null
-            let roles: JSONValue = user == nil ? [] : ["_admin"]
+            // Wrong credentials were answered 401 before: a client can tell its login failed.
+            let user = CouchServer.user
+            let how: JSONValue = request.headers["Authorization"].isEmpty ? (user.name == nil ? .null : "cookie") : "default"
             try await request.response.sendJSON(.ok, [
                 "ok": true,
-                "userCtx": ["name": name, "roles": roles],
-                "info": ["authentication_handlers": ["cookie", "default"], "authenticated": user == nil ? nil : "cookie"],
+                "userCtx": user.json,
+                "info": ["authentication_handlers": ["cookie", "default"], "authenticated": how],
             ])
         case .DELETE:
             try await request.response.sendJSON(.ok, ["ok": true],

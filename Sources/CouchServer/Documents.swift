@@ -35,6 +35,8 @@ extension CouchServer {
         }
         let parts = destination.split(separator: "?", maxSplits: 1).map(String.init)
         guard let target = parts[0].removingPercentEncoding, !target.isEmpty else { throw HTTPError.badRequest("Invalid Destination header") }
+        try requireAdmin(ifDesign: target, db)
+        if isUsersDatabase(db) { throw HTTPError(.forbidden, "forbidden", "COPY is not allowed in the users database") }
         var targetRev: RevisionID?
         if parts.count == 2 {
             for pair in parts[1].split(separator: "&") where pair.hasPrefix("rev=") {
@@ -326,6 +328,27 @@ extension CouchServer {
     /// fails the whole request, as in CouchDB).
     func storeDocuments(_ documents: [(id: String, document: IncomingDocument)], received: [String: [String: ReceivedBody]],
                         db: Database, newEdits: Bool) async throws -> [Result<RevisionID, HTTPError>] {
+        // Design documents are the database admins'; `_users` documents are checked and their passwords hashed.
+        var documents = documents
+        var refused: [String: HTTPError] = [:]
+        let user = CouchServer.user
+        let isAdmin = try user.isServerAdmin || SecurityObject(db.securityObject).isAdmin(user)
+        let users = isUsersDatabase(db)
+        for index in documents.indices {
+            let (id, document) = documents[index]
+            if DocumentID.isDesign(id) && !isAdmin {
+                refused[id] = HTTPError(user.name == nil ? .unauthorized : .forbidden, user.name == nil ? "unauthorized" : "forbidden",
+                                        "You are not a db or server admin.")
+            } else if users {
+                do {
+                    documents[index].document.properties = try checkedUserDocument(document.properties, id: id, deleted: document.deleted)
+                } catch {
+                    refused[id] = HTTPError.from(error)
+                }
+            }
+        }
+        if !newEdits || documents.count == 1, let error = documents.lazy.compactMap({ refused[$0.id] }).first { throw error }
+        let accepted = documents
         // Inline bodies go to the blob store first, outside the write transaction.
         var received = received
         for (id, document) in documents {
@@ -344,11 +367,12 @@ extension CouchServer {
             }
         }
         let bodies = received
-        return try await blocking {
+        return try await blocking { [refused] in
             if newEdits {
                 return try db.inBatch { batch in
-                    documents.map { id, document in
+                    accepted.map { id, document in
                         Result {
+                            if let error = refused[id] { throw error }
                             do {
                                 let draft = try self.draft(for: document, id: id, db: db, received: bodies[id] ?? [:])
                                 return try batch.save(draft).revID
@@ -365,7 +389,7 @@ extension CouchServer {
                 }
             }
             // Replicated revisions: resolve everything first, then insert in one transaction.
-            let revisions = try documents.map { id, document in
+            let revisions = try accepted.map { id, document in
                 try self.replicatedRevision(document, id: id, db: db, received: bodies[id] ?? [:])
             }
             return try db.inBatch { batch in
@@ -433,6 +457,9 @@ extension CouchServer {
     private func deleteDocument(_ request: Request, _ db: Database, id: String) async throws {
         try requireWritable(request)
         guard let rev = try requestedRev(request) else { throw HTTPError.conflict }
+        // As CouchDB: a stale revision is a conflict before it is a question of rights.
+        if DocumentID.isDesign(id), try await blocking({ try db.currentRevision(of: id)?.revID }) != rev { throw HTTPError.conflict }
+        try requireAdmin(ifDesign: id, db)
         let deleted = try await blocking { () -> Revision in
             do { return try db.deleteDocument(id, revID: rev) } catch SofaError.conflict { throw HTTPError.conflict }
         }

@@ -16,10 +16,14 @@ enum Limits {
 extension CouchServer {
     /// Dispatches a request by its path, the way CouchDB lays out its API.
     func route(_ request: Request) async throws {
-        let segments = request.segments
         // Credentials that are given must be right, wherever they are sent (CouchDB answers
         // 401 even on `/`): a client must be able to tell that its login failed.
-        if requiresAuthentication, request.headers["Authorization"].first != nil { _ = try authenticatedUser(request) }
+        let user = try await userContext(request)
+        try await CouchServer.$user.withValue(user) { try await routeAs(request) }
+    }
+
+    private func routeAs(_ request: Request) async throws {
+        let segments = request.segments
         guard let first = segments.first else {
             return try await root(request)
         }
@@ -31,7 +35,12 @@ extension CouchServer {
         default:
             break
         }
-        try requireUser(request)
+        switch first {
+        case "_all_dbs", "_dbs_info", "_active_tasks", "_scheduler", "_replicate":
+            try requireServerAdmin()
+        default:
+            break
+        }
         switch first {
         case "_all_dbs":
             try await request.response.sendJSON(.ok, .array(registry.names.map { .string($0) }))
@@ -48,9 +57,11 @@ extension CouchServer {
         case "_scheduler":
             guard segments.count == 2, segments[1] == "jobs" else { throw HTTPError.notImplemented("/_scheduler/\(segments.dropFirst().joined(separator: "/")) (only /_scheduler/jobs)") }
             try await schedulerJobs(request)
-        case "_users", "_replicator", "_global_changes":
-            // CouchDB's system databases: Sofa has none of them (yet).
+        case "_replicator", "_global_changes":
+            // CouchDB's system databases Sofa does not have.
             throw HTTPError(.notFound, "not_found", "Database does not exist.")
+        case CouchServer.usersDatabase:
+            try await routeDatabase(request, name: first, rest: Array(segments.dropFirst()))
         case _ where CouchServer.unimplementedServerEndpoints.contains(first):
             throw HTTPError.notImplemented("/\(first)")
         default:
@@ -78,22 +89,39 @@ extension CouchServer {
     private func routeDatabase(_ request: Request, name: String, rest: [String]) async throws {
         if rest.isEmpty {
             switch request.method {
-            case .GET, .HEAD: return try await databaseInfo(request, name: name)
+            case .GET, .HEAD:
+                try requireMember(try await database(name))
+                return try await databaseInfo(request, name: name)
             case .PUT:
+                try requireServerAdmin()
                 try requireWritable(request)
                 _ = try await blocking { try self.registry.create(name) }
                 return try await request.response.sendJSON(.created, ["ok": true],
                                                            headers: ["Location": location(request, [name])])
             case .DELETE:
+                try requireServerAdmin()
                 try requireWritable(request)
                 try await blocking { try self.registry.delete(name) }
                 return try await request.response.sendJSON(.ok, ["ok": true])
             case .POST:
-                return try await postDocument(request, database: database(name))
+                let db = try await database(name)
+                try requireMember(db)
+                return try await postDocument(request, database: db)
             default: throw HTTPError.methodNotAllowed
             }
         }
         let db = try await database(name)
+        // Listing users is the server admin's, whatever `_users`' members are (CouchDB).
+        if name == CouchServer.usersDatabase, ["_all_docs", "_changes"].contains(rest[0]) { try requireServerAdmin() }
+        try requireMember(db)
+        // What changes the database rather than its documents is its admins'.
+        switch (rest[0], request.method) {
+        case ("_compact", _), ("_view_cleanup", _), ("_purge", _), ("_index", .POST), ("_index", .DELETE),
+             ("_security", .PUT), ("_revs_limit", .PUT), ("_purged_infos_limit", .PUT):
+            try requireDatabaseAdmin(db)
+        default:
+            break
+        }
         switch rest[0] {
         case "_all_docs": try await allDocs(request, db)
         case "_changes": try await changes(request, db)
@@ -134,8 +162,7 @@ extension CouchServer {
             try await limitSetting(request, reason: "_revs_limit must be a positive integer",
                                    get: { try db.revsLimit }, set: { try db.setRevsLimit($0) })
         case "_security":
-            // Stored and shown as CouchDB does, not enforced yet: there are no users but the
-            // server's own (--user), who is an admin of every database.
+            // Who may read and write the database (members) and change it (admins); see Security.swift.
             if request.method == .PUT {
                 try requireWritable(request)
                 guard case .object(let object) = try await request.body.json(limit: 64 * 1024) else {

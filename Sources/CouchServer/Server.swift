@@ -63,6 +63,7 @@ public final class CouchServer: @unchecked Sendable {
     let log: Logger
     let registry: DatabaseRegistry
     let sessions: SessionKeys
+    let passwords = Passwords()
     let uuid = UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
     let pool: NIOThreadPool
     /// The continuous replications clients started.
@@ -79,6 +80,11 @@ public final class CouchServer: @unchecked Sendable {
         self.configuration = configuration
         self.log = logger
         self.registry = try DatabaseRegistry(databases: configuration.databases, directory: configuration.directory)
+        // With users to check, the directory gets its `_users` database (admins only, as CouchDB 3 makes it).
+        if configuration.user != nil, configuration.directory != nil, !configuration.readOnly,
+           registry.path(of: CouchServer.usersDatabase) == nil {
+            _ = try registry.create(CouchServer.usersDatabase)
+        }
         self.sessions = SessionKeys()
         self.pool = NIOThreadPool(numberOfThreads: max(4, System.coreCount * 2))
         self.group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, System.coreCount))
@@ -401,8 +407,10 @@ final class DatabaseRegistry: @unchecked Sendable {
         }
     }
 
-    /// CouchDB's rule for database names (at most 238 characters, as CouchDB's).
+    /// CouchDB's rule for database names (at most 238 characters, as CouchDB's); `_users` is
+    /// the one system database Sofa has.
     static func validate(_ name: String) throws {
+        if name == CouchServer.usersDatabase { return }
         let allowed = Set("abcdefghijklmnopqrstuvwxyz0123456789_$()+-/")
         guard let first = name.first, first.isLetter, first.isLowercase, first.isASCII, name.allSatisfy(allowed.contains),
               name.utf8.count <= 238 else {
@@ -417,6 +425,8 @@ final class DatabaseRegistry: @unchecked Sendable {
     static func name(ofFolder folder: String) -> String { folder.replacingOccurrences(of: "%2F", with: "/") }
 
     var names: [String] { lock.withLock { paths.keys.sorted() } }
+
+    func path(of name: String) -> String? { lock.withLock { paths[name] } }
 
     func database(_ name: String) throws -> Database {
         try lock.withLock {

@@ -48,10 +48,11 @@ func findBenchmark(_ options: Options) throws {
     func queries(_ field: String) throws -> String {
         let path = "\(work)/\(field).curl"
         let lines = (0..<50).map { q -> String in
-            let body = #"{"selector":{"\#(field)":\#((q * 37) % groups)},"limit":100}"#
-            return "url = \"URL\"\nrequest = POST\nheader = \"Content-Type: application/json\"\ndata = '\(body)'\noutput = /dev/null\nnext"
+            // curl's config syntax: a double-quoted string with \" inside.
+            let body = #"{\"selector\":{\"\#(field)\":\#((q * 37) % groups)},\"limit\":100}"#
+            return "url = \"URL\"\nrequest = POST\nheader = \"Content-Type: application/json\"\ndata = \"\(body)\"\noutput = /dev/null"
         }
-        try lines.joined(separator: "\n").write(toFile: path, atomically: true, encoding: .utf8)
+        try lines.joined(separator: "\nnext\n").write(toFile: path, atomically: true, encoding: .utf8)
         return path
     }
     func run(_ url: String, _ config: String) throws -> Double {
@@ -61,6 +62,19 @@ func findBenchmark(_ options: Options) throws {
         return try timeShell("curl -sf --config \(filled)")
     }
     let (byIndex, byScan) = (try queries("group"), try queries("tag"))
+    // Both answer the same 100 documents to the same query, or the timings mean nothing.
+    for field in ["group", "tag"] {
+        var answers: [[String]] = []
+        for url in [sofaURL, couchURL] {
+            let output = "\(work)/answer.json"
+            _ = try timeShell("curl -sf -X POST '\(url)/_find' -H 'Content-Type: application/json' -d '{\"selector\":{\"\(field)\":7},\"limit\":100,\"fields\":[\"_id\"]}' -o \(output)")
+            let answer = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: output))))
+            answers.append((answer["docs"]?.arrayValue ?? []).compactMap { $0["_id"]?.stringValue })
+        }
+        guard answers[0].count == 100, answers[0] == answers[1] else {
+            throw SofaError.invalidArgument("sofa serve and CouchDB answer differently on \(field): \(answers[0].count) and \(answers[1].count) documents")
+        }
+    }
     // Warm both (CouchDB builds its index on the first query).
     let couchBuild = try run(couchURL, byIndex)
     _ = try run(sofaURL, byIndex)

@@ -630,9 +630,9 @@ import TestSupport
         #expect(try source.document(withID: "doc-04")?.properties["flag"] == true)
         #expect(try source.document(withID: "doc-06")?.properties["flag"] == nil)
 
-        let bad = try sofa("pull", target, url, "--selector", #"{"n":{"$near":1}}"#)
+        let bad = try sofa("pull", target, url, "--selector", #"{"n":{"$foo":1}}"#)
         #expect(bad.status == 1)
-        #expect(bad.stderr.contains("unknown selector operator $near"))
+        #expect(bad.stderr.contains("Invalid operator: $foo"), "\(bad.stderr)")
     }
 
     @Test func channelsAskSyncGatewaysFilter() throws {
