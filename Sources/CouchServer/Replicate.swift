@@ -37,6 +37,9 @@ final class ReplicationJobs: @unchecked Sendable {
         let source: String
         let target: String
         let started: Date
+        /// A replication a `_replicator` document describes: which one, at which revision.
+        var docID: String? = nil
+        var rev: RevisionID? = nil
     }
     // Sendable invariant: `entries` is guarded by `lock`.
     private let lock = NSLock()
@@ -51,6 +54,7 @@ final class ReplicationJobs: @unchecked Sendable {
     }
 
     func remove(_ id: String) -> Entry? { lock.withLock { entries.removeValue(forKey: id) } }
+    func entry(_ id: String) -> Entry? { lock.withLock { entries[id] } }
     var all: [(id: String, entry: Entry)] { lock.withLock { entries.map { ($0.key, $0.value) }.sorted { $0.id < $1.id } } }
 }
 
@@ -66,15 +70,7 @@ extension CouchServer {
         guard case .object(let body) = try await request.body.json(limit: 1 << 20) else {
             throw HTTPError.badRequest("Request body must be a JSON object")
         }
-        func endpoint(_ key: String) throws -> String {
-            switch body[key] {
-            case .string(let text)?: return text
-            case .object(let object)?: if let url = object["url"]?.stringValue { return url }
-            default: break
-            }
-            throw HTTPError.badRequest("`\(key)` must be a database name, a URL or an object with a `url`")
-        }
-        let source = try endpoint("source"), target = try endpoint("target")
+        let source = try CouchServer.endpoint("source", body), target = try CouchServer.endpoint("target", body)
         let continuous = body["continuous"]?.boolValue ?? false
         let id = replicationID(source: source, target: target, continuous: continuous, body: body)
         if body["cancel"]?.boolValue == true {
@@ -84,30 +80,7 @@ extension CouchServer {
             running.job.cancel()
             return try await request.response.sendJSON(.ok, ["ok": true, "_local_id": .string(id)])
         }
-        let direction: ReplicationRequest.Direction
-        let localName: String, remote: String
-        if let name = localDatabaseName(source) {
-            direction = .push
-            localName = name
-            remote = localDatabaseName(target).map { selfURL($0) } ?? target
-        } else if let name = localDatabaseName(target) {
-            direction = .pull
-            localName = name
-            remote = source
-        } else {
-            throw HTTPError.badRequest("Sofa replicates between one of the databases it serves and a URL; neither \(source) nor \(target) is served here")
-        }
-        let createTarget = body["create_target"]?.boolValue ?? false
-        if direction == .pull, createTarget, !registry.names.contains(localName) {
-            try requireWritable(request)
-            _ = try await blocking { try self.registry.create(localName) }
-        }
-        if direction == .pull { try requireWritable(request) }
-        let database = try await self.database(localName)
-        let docIDs = body["doc_ids"]?.arrayValue?.compactMap(\.stringValue)
-        let job = try replicator(ReplicationRequest(database: database, databaseName: localName, remote: remote, direction: direction,
-                                                    continuous: continuous, createTarget: createTarget, docIDs: docIDs,
-                                                    selector: body["selector"]))
+        let job = try await startReplication(body, using: replicator)
         if continuous {
             if !replications.add(id, .init(job: job, source: redacted(source), target: redacted(target), started: Date())) {
                 job.cancel()  // the same replication runs already: one is enough, as in CouchDB
@@ -125,12 +98,52 @@ extension CouchServer {
                                                   "replication_id_version": 4, "history": [.object(entry)]])
     }
 
+    /// `source` or `target` of a replication: a database name, a URL, or `{"url": …}`.
+    static func endpoint(_ key: String, _ body: JSONObject) throws -> String {
+        switch body[key] {
+        case .string(let text)?: return text
+        case .object(let object)?: if let url = object["url"]?.stringValue { return url }
+        default: break
+        }
+        throw HTTPError.badRequest("`\(key)` must be a database name, a URL or an object with a `url`")
+    }
+
+    /// Starts the replication a `_replicate` body or a `_replicator` document describes: one
+    /// side must be a database of this server.
+    func startReplication(_ body: JSONObject, using replicator: @Sendable (ReplicationRequest) throws -> any ReplicationJob) async throws
+        -> any ReplicationJob {
+        let source = try CouchServer.endpoint("source", body), target = try CouchServer.endpoint("target", body)
+        let direction: ReplicationRequest.Direction
+        let localName: String, remote: String
+        if let name = localDatabaseName(source) {
+            direction = .push
+            localName = name
+            remote = localDatabaseName(target).map { selfURL($0) } ?? target
+        } else if let name = localDatabaseName(target) {
+            direction = .pull
+            localName = name
+            remote = source
+        } else {
+            throw HTTPError.badRequest("Sofa replicates between one of the databases it serves and a URL; neither \(source) nor \(target) is served here")
+        }
+        let createTarget = body["create_target"]?.boolValue ?? false
+        if direction == .pull, configuration.readOnly { throw HTTPError.readOnly }
+        if direction == .pull, createTarget, !registry.names.contains(localName) {
+            _ = try await blocking { try self.registry.create(localName) }
+        }
+        let database = try await self.database(localName)
+        let docIDs = body["doc_ids"]?.arrayValue?.compactMap(\.stringValue)
+        return try replicator(ReplicationRequest(database: database, databaseName: localName, remote: remote, direction: direction,
+                                                 continuous: body["continuous"]?.boolValue ?? false, createTarget: createTarget,
+                                                 docIDs: docIDs, selector: body["selector"]))
+    }
+
     /// `GET /_active_tasks`: the continuous replications running, as CouchDB lists them.
     func activeTasks(_ request: Request) async throws {
         guard request.method == .GET || request.method == .HEAD else { throw HTTPError.methodNotAllowed }
         let tasks: [JSONValue] = replications.all.map { id, entry in
             var task: JSONObject = ["type": "replication", "replication_id": .string(id), "source": .string(entry.source),
-                                    "target": .string(entry.target), "continuous": true,
+                                    "target": .string(entry.target), "continuous": .bool(entry.docID == nil || entry.job.progress["state"] != "completed"),
                                     "started_on": .integer(Int64(entry.started.timeIntervalSince1970)),
                                     "updated_on": .integer(Int64(Date().timeIntervalSince1970)), "pid": .string("<sofa>")]
             for (key, value) in entry.job.progress { task[key] = value }
@@ -143,7 +156,8 @@ extension CouchServer {
     func schedulerJobs(_ request: Request) async throws {
         guard request.method == .GET || request.method == .HEAD else { throw HTTPError.methodNotAllowed }
         let jobs: [JSONValue] = replications.all.map { id, entry in
-            .object(["id": .string(id), "database": .null, "doc_id": .null, "source": .string(entry.source),
+            .object(["id": .string(id), "database": entry.docID == nil ? .null : .string(CouchServer.replicatorDatabase),
+                     "doc_id": entry.docID.map(JSONValue.string) ?? .null, "source": .string(entry.source),
                      "target": .string(entry.target), "start_time": .string(iso8601(entry.started)),
                      "info": .object(entry.job.progress), "history": []])
         }
@@ -151,7 +165,7 @@ extension CouchServer {
     }
 
     /// The served database an endpoint names: a bare name, or a URL of this server.
-    private func localDatabaseName(_ endpoint: String) -> String? {
+    func localDatabaseName(_ endpoint: String) -> String? {
         guard endpoint.contains("://") else { return endpoint.removingPercentEncoding ?? endpoint }
         guard let url = URLComponents(string: endpoint), let host = url.host, ["127.0.0.1", "localhost", configuration.host].contains(host),
               url.port == boundPort else { return nil }
@@ -170,14 +184,14 @@ extension CouchServer {
     }
 
     /// A URL without its password, for listings.
-    private func redacted(_ endpoint: String) -> String {
+    func redacted(_ endpoint: String) -> String {
         guard var url = URLComponents(string: endpoint), url.password != nil else { return endpoint }
         url.password = "*****"
         return url.string ?? endpoint
     }
 
     /// Names a replication as CouchDB's `_local_id` does: a hash of what defines it.
-    private func replicationID(source: String, target: String, continuous: Bool, body: JSONObject) -> String {
+    func replicationID(source: String, target: String, continuous: Bool, body: JSONObject) -> String {
         let definition: JSONValue = ["source": .string(source), "target": .string(target), "doc_ids": body["doc_ids"] ?? .null,
                                      "selector": body["selector"] ?? .null, "create_target": body["create_target"] ?? false]
         let hash = BlobKey.hexString(MessageDigest.hash(.md5, Array(definition.jsonString(.canonical).utf8)))

@@ -55,12 +55,15 @@ extension CouchServer {
         case "_active_tasks":
             try await activeTasks(request)
         case "_scheduler":
-            guard segments.count == 2, segments[1] == "jobs" else { throw HTTPError.notImplemented("/_scheduler/\(segments.dropFirst().joined(separator: "/")) (only /_scheduler/jobs)") }
-            try await schedulerJobs(request)
-        case "_replicator", "_global_changes":
-            // CouchDB's system databases Sofa does not have.
+            switch segments.dropFirst().first {
+            case "jobs" where segments.count == 2: try await schedulerJobs(request)
+            case "docs" where segments.count == 2: try await schedulerDocs(request)
+            default: throw HTTPError.notImplemented("/_scheduler/\(segments.dropFirst().joined(separator: "/")) (only jobs and docs)")
+            }
+        case "_global_changes":
+            // CouchDB's system database Sofa does not have.
             throw HTTPError(.notFound, "not_found", "Database does not exist.")
-        case CouchServer.usersDatabase:
+        case CouchServer.usersDatabase, CouchServer.replicatorDatabase:
             try await routeDatabase(request, name: first, rest: Array(segments.dropFirst()))
         case _ where CouchServer.unimplementedServerEndpoints.contains(first):
             throw HTTPError.notImplemented("/\(first)")

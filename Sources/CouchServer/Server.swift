@@ -80,10 +80,12 @@ public final class CouchServer: @unchecked Sendable {
         self.configuration = configuration
         self.log = logger
         self.registry = try DatabaseRegistry(databases: configuration.databases, directory: configuration.directory)
-        // With users to check, the directory gets its `_users` database (admins only, as CouchDB 3 makes it).
-        if configuration.user != nil, configuration.directory != nil, !configuration.readOnly,
-           registry.path(of: CouchServer.usersDatabase) == nil {
-            _ = try registry.create(CouchServer.usersDatabase)
+        // With users to check, the directory gets CouchDB's system databases (admins only, as CouchDB 3
+        // makes them); without, `PUT /_replicator` makes that one.
+        if configuration.user != nil, configuration.directory != nil, !configuration.readOnly {
+            for name in [CouchServer.usersDatabase, CouchServer.replicatorDatabase] where registry.path(of: name) == nil {
+                _ = try registry.create(name)
+            }
         }
         self.sessions = SessionKeys()
         self.pool = NIOThreadPool(numberOfThreads: max(4, System.coreCount * 2))
@@ -133,6 +135,8 @@ public final class CouchServer: @unchecked Sendable {
     /// Serves connections until `stop()`.
     public func run() async throws {
         guard let serverChannel else { preconditionFailure("start() first") }
+        let replicatorDatabase = Task { await self.runReplicatorDatabase() }
+        defer { replicatorDatabase.cancel() }
         try await withThrowingDiscardingTaskGroup { group in
             try await serverChannel.executeThenClose { connections in
                 for try await connection in connections {
@@ -407,10 +411,10 @@ final class DatabaseRegistry: @unchecked Sendable {
         }
     }
 
-    /// CouchDB's rule for database names (at most 238 characters, as CouchDB's); `_users` is
-    /// the one system database Sofa has.
+    /// CouchDB's rule for database names (at most 238 characters, as CouchDB's); `_users` and
+    /// `_replicator` are the system databases Sofa has.
     static func validate(_ name: String) throws {
-        if name == CouchServer.usersDatabase { return }
+        if name == CouchServer.usersDatabase || name == CouchServer.replicatorDatabase { return }
         let allowed = Set("abcdefghijklmnopqrstuvwxyz0123456789_$()+-/")
         guard let first = name.first, first.isLetter, first.isLowercase, first.isASCII, name.allSatisfy(allowed.contains),
               name.utf8.count <= 238 else {

@@ -243,7 +243,7 @@ public struct IncomingDocument: Sendable {
                 }
                 attachments = try entries.map { name, entry in try IncomingDocument.attachment(name, entry) }
             default:
-                if key.hasPrefix("_") {
+                if key.hasPrefix("_") && !key.hasPrefix(Database.replicationFieldPrefix) {
                     if IncomingDocument.ignoredSpecials.contains(key) { continue }
                     throw CouchFormatError("doc_validation", "Bad special document member: \(key)")
                 }

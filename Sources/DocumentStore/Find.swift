@@ -42,6 +42,7 @@ extension Database {
         // CouchDB gives the position of the last document returned, also on the last page:
         // a page shorter than the limit is the last. With none returned, the one given.
         result.bookmark = query.bookmark
+        let looksAtAttachments = JSONValue.object(query.selector.json).jsonString().contains("\"_attachments")
         try read { connection in
             let indexID = try plan.index.map { index in
                 try connection.query("SELECT index_id FROM mango_indexes WHERE ddoc = ? AND name = ?",
@@ -59,12 +60,23 @@ extension Database {
                         let partial = JSONObject(Array(zip(index.fields, values)))
                         guard query.selector.mayMatch(partial, known: Set(index.fields)) else { continue }
                     }
-                    guard let revision = try loadRevision(docKey: candidate.docKey, docID: candidate.docID, revID: candidate.revID,
-                                                          in: connection) else { continue }
                     result.documentsExamined += 1
-                    let rendered = try CouchFormat.render(revision, history: [revision.revID], options: CouchFormat.Options(),
-                                                          readBody: { _ in [] }).json
-                    guard query.selector.matches(rendered) else { continue }
+                    // Matched on its properties with _id and _rev; rendered (attachment stubs) only when it matches,
+                    // or first when the selector looks at _attachments.
+                    func render() throws -> JSONObject? {
+                        try loadRevision(docKey: candidate.docKey, docID: candidate.docID, revID: candidate.revID, in: connection).map {
+                            try CouchFormat.render($0, history: [$0.revID], options: CouchFormat.Options(), readBody: { _ in [] }).json
+                        }
+                    }
+                    var rendered: JSONObject?
+                    if looksAtAttachments {
+                        rendered = try render()
+                        guard let rendered, query.selector.matches(rendered) else { continue }
+                    } else {
+                        guard query.selector.matches(try Database.indexedDocument(candidate.docID, revID: candidate.revID.description,
+                                                                                   body: candidate.body)) else { continue }
+                    }
+                    guard let rendered = try rendered ?? render() else { continue }
                     if toSkip > 0 {
                         toSkip -= 1
                     } else if result.documents.count < query.limit {
@@ -88,6 +100,8 @@ extension Database {
         /// The index key and the values it was made of (nil under `_all_docs`).
         let key: [UInt8]?
         let values: [JSONValue]?
+        /// The current revision's properties (JSON).
+        let body: [UInt8]
     }
 
     /// The next documents the plan reads after `cursor`, in its order.
@@ -108,7 +122,8 @@ extension Database {
                 arguments.append(.text(id))
             }
             return try connection.query("""
-                SELECT d.doc_key, d.doc_id, d.current_rev, NULL, NULL FROM docs d WHERE \(conditions.joined(separator: " AND "))
+                SELECT d.doc_key, d.doc_id, d.current_rev, NULL, NULL, r.body FROM docs d
+                JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev WHERE \(conditions.joined(separator: " AND "))
                 ORDER BY d.doc_id \(order) LIMIT \(limit)
                 """, arguments, row: Database.candidate)
         }
@@ -127,13 +142,13 @@ extension Database {
             arguments += [.blob(key), .text(id)]
         }
         return try connection.query("""
-            SELECT d.doc_key, d.doc_id, d.current_rev, m.key, m.field_values FROM mango_keys m JOIN docs d ON d.doc_id = m.doc_id
-            WHERE \(conditions.joined(separator: " AND ")) ORDER BY m.key \(order), m.doc_id \(order) LIMIT \(limit)
+            SELECT d.doc_key, d.doc_id, d.current_rev, m.key, m.field_values, r.body FROM mango_keys m JOIN docs d ON d.doc_id = m.doc_id
+            JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev WHERE \(conditions.joined(separator: " AND ")) ORDER BY m.key \(order), m.doc_id \(order) LIMIT \(limit)
             """, arguments, row: Database.candidate)
     }
 
     private static func candidate(_ row: SQLiteRow) throws -> Candidate {
         Candidate(docKey: row.int64(0), docID: row.text(1), revID: try revisionID(row.text(2)), key: row.isNull(3) ? nil : row.blob(3),
-                  values: row.isNull(4) ? nil : try JSONParser.parse(row.bytes(4)).arrayValue)
+                  values: row.isNull(4) ? nil : try JSONParser.parse(row.bytes(4)).arrayValue, body: row.bytes(5))
     }
 }

@@ -25,7 +25,7 @@ import TestSupport
         defer { withExtendedLifetime(server) {} }
         for (method, path, named) in [("GET", "/db/_purged_infos", "_purged_infos"),
                                       ("GET", "/_stats", "/_stats"), ("GET", "/_membership", "/_membership"),
-                                      ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_scheduler/docs", "/_scheduler/docs"),
+                                      ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_scheduler/foo", "/_scheduler/foo"),
                                       ("GET", "/db/_design/d/_view/v", "_view"), ("PUT", "/db/_design/d/_update/f", "_update")] {
             let answer = try http.request(method, path)
             #expect(answer.status == 501 && answer.json?["error"] == "not_implemented", "\(method) \(path): \(answer.status)")

@@ -58,3 +58,55 @@ extension CouchDBInteropTests {
         #expect(unreachable.status >= 400 && unreachable.json?["reason"]?.stringValue?.contains("failed") == true, "\(unreachable.text)")
     }
 }
+
+extension CouchDBInteropTests {
+    /// `_replicator` documents start replications, record how one-shot ones ended, and a
+    /// continuous one stops when its document goes.
+    @Test func replicatorDocumentsDriveReplications() throws {
+        let served = directory.appending("served.sofa")
+        #expect(try sofa("create", served).succeeded)
+        let server = try ServedDatabases([served, "--directory", directory.path])
+        let http = try server.connect()
+        #expect(try http.json("PUT", "/_replicator").status == 201)
+        for n in 0..<5 { #expect(try http.json("PUT", "/served/doc-\(n)", ["n": .integer(Int64(n))]).status == 201) }
+
+        // One-shot: done, and the document says so.
+        let copy = "rdoc-\(UUID().uuidString.prefix(8).lowercased())"
+        #expect(try http.json("PUT", "/_replicator/once", ["source": "served", "target": .string(couch.url(copy)), "create_target": true]).status == 201)
+        var once: JSONValue?
+        #expect(try waitUntil(60) {
+            once = try http.json("GET", "/_replicator/once").json
+            return once?["_replication_state"] != nil
+        })
+        #expect(once?["_replication_state"] == "completed" && once?["_replication_stats"]?["docs_written"] == 5, "\(once ?? .null)")
+        #expect(try couch.request("GET", "/\(copy)").json?["doc_count"] == 5)
+
+        // Continuous: running, carries what comes later, stops with its document.
+        let live = "rdoc-live-\(UUID().uuidString.prefix(8).lowercased())"
+        let created = try http.json("PUT", "/_replicator/live", ["source": "served", "target": .string(couch.url(live)), "create_target": true,
+                                                                 "continuous": true])
+        #expect(created.status == 201)
+        #expect(try waitUntil(30) { try http.json("GET", "/_active_tasks").json?.arrayValue?.count == 1 })
+        let docs = try http.json("GET", "/_scheduler/docs").json?["docs"]?.arrayValue ?? []
+        #expect(Set(docs.compactMap { doc in doc["doc_id"]?.stringValue.map { "\($0):\(doc["state"]?.stringValue ?? "")" } })
+                == ["once:completed", "live:running"], "\(docs)")
+        #expect(try http.json("PUT", "/served/later", ["late": true]).status == 201)
+        #expect(try waitUntil(30) { try couch.request("GET", "/\(live)/later").status == 200 })
+        let rev = try #require(created.json?["rev"]?.stringValue)
+        #expect(try http.json("DELETE", "/_replicator/live?rev=\(rev)").status == 200)
+        #expect(try waitUntil(30) { try http.json("GET", "/_active_tasks").json == [] })
+        #expect(try http.json("PUT", "/served/after", ["late": true]).status == 201)
+        Thread.sleep(forTimeInterval: 1)
+        #expect(try couch.request("GET", "/\(live)/after").status == 404, "stopped with its document")
+
+        // One that cannot run fails, with the reason in its document.
+        #expect(try http.json("PUT", "/_replicator/neither", ["source": "http://127.0.0.1:9/a", "target": "http://127.0.0.1:9/b"]).status == 201)
+        var failed: JSONValue?
+        #expect(try waitUntil(30) {
+            failed = try http.json("GET", "/_replicator/neither").json
+            return failed?["_replication_state"] != nil
+        })
+        #expect(failed?["_replication_state"] == "failed" && failed?["_replication_state_reason"]?.stringValue?.contains("neither") == true,
+                "\(failed ?? .null)")
+    }
+}

@@ -137,3 +137,38 @@ extension CouchDBInteropTests {
         #expect(wrong.status == 401)
     }
 }
+
+/// Logins under attack, without CouchDB.
+@Suite struct LoginFloodTests {
+    let directory = TemporaryDirectory()
+
+    /// Many wrong logins at once, for a user that exists and one that does not: each is
+    /// refused, the server's admin is still answered meanwhile (no key to work out), and the
+    /// right password still works after.
+    @Test func aFloodOfWrongLoginsIsRefusedWithoutStarvingOthers() throws {
+        let passwordFile = directory.appending("password")
+        try "secret\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases(["--directory", directory.path, "--user", "admin", "--password-file", passwordFile])
+        @Sendable func basic(_ pair: String) -> [(String, String)] { [("Authorization", "Basic " + Data(pair.utf8).base64EncodedString())] }
+        let admin = try server.connect()
+        #expect(try admin.json("PUT", "/_users/org.couchdb.user:vic", ["name": "vic", "password": "right", "type": "user", "roles": []],
+                               headers: basic("admin:secret")).status == 201)
+        let statuses = Locked<[Int]>([])
+        let flood = Thread {
+            DispatchQueue.concurrentPerform(iterations: 16) { n in
+                guard let connection = try? server.connect(),
+                      let answer = try? connection.json("GET", "/_session", headers: basic(n % 2 == 0 ? "vic:wrong-\(n)" : "nobody-\(n):x"))
+                else { return statuses.withLock { $0.append(0) } }
+                statuses.withLock { $0.append(answer.status) }
+            }
+        }
+        flood.start()
+        // The admin is answered while the keys are worked out.
+        for _ in 0..<5 { #expect(try admin.json("GET", "/_all_dbs", headers: basic("admin:secret")).status == 200) }
+        #expect(waitUntil(120) { statuses.withLock { $0.count } == 16 })
+        #expect(statuses.withLock { $0 } == Array(repeating: 401, count: 16))
+        let right = try admin.json("GET", "/_session", headers: basic("vic:right"))
+        #expect(right.status == 200 && right.json?["userCtx"]?["name"] == "vic", "\(right.text)")
+        #expect(server.stop().status == 0)
+    }
+}
