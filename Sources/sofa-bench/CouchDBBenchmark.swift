@@ -7,14 +7,11 @@ import Foundation
 /// node in the same round. Three interleaved rounds; medians; ratio = CouchDB's time / Sofa's
 /// (the convention of every benchmark: Sofa's throughput as a fraction of the reference's).
 func couchDBBenchmark(_ options: Options) throws {
-    guard let base = ProcessInfo.processInfo.environment["SOFA_COUCHDB_URL"], let port = base.split(separator: ":").last else {
-        throw SofaError.invalidArgument("SOFA_COUCHDB_URL is not set (Scripts/bench couchdb starts a node)")
-    }
+    let (base, admin) = try liveCouchDB(for: "couchdb")
     let work = try makeWorkFolder("couchdb", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
     let sofa = sofaBinary
     let dataset = ReplicationDataset(options)
-    let admin = "http://admin:secret@127.0.0.1:\(port)"
     print("Sofa against CouchDB 3.4.3 at \(base): \(dataset.summary); in \(work)")
     print(String(repeating: "-", count: 100))
 

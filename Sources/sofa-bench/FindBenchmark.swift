@@ -9,13 +9,10 @@ import Foundation
 /// (indexed) or 5 (scanning) queries on one connection;
 /// three interleaved rounds, medians; ratio = CouchDB's time / Sofa's (higher is better).
 func findBenchmark(_ options: Options) throws {
-    guard let base = ProcessInfo.processInfo.environment["SOFA_COUCHDB_URL"], let port = base.split(separator: ":").last else {
-        throw SofaError.invalidArgument("SOFA_COUCHDB_URL is not set (Scripts/bench find starts a node)")
-    }
+    let (base, admin) = try liveCouchDB(for: "find")
     let work = try makeWorkFolder("find", options)
     defer { try? FileManager.default.removeItem(atPath: work) }
     let sofa = sofaBinary
-    let admin = "http://admin:secret@127.0.0.1:\(port)"
     let documents = options.documents
     let groups = max(1, documents / 100)
     print("Mango _find: sofa serve beside CouchDB 3.4.3 at \(base), \(documents) documents, \(groups) groups of 100; in \(work)")

@@ -83,6 +83,15 @@ let rounds = 5
 let sofaBinary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("sofa").path
 
 /// A new work folder for one benchmark under `options.directory`; the caller removes it.
+/// The live CouchDB a benchmark runs beside (`SOFA_COUCHDB_URL`, set by `Scripts/bench`): its
+/// URL, and the same with the admin's credentials.
+func liveCouchDB(for suite: String) throws -> (base: String, admin: String) {
+    guard let base = ProcessInfo.processInfo.environment["SOFA_COUCHDB_URL"], let port = base.split(separator: ":").last else {
+        throw SofaError.invalidArgument("SOFA_COUCHDB_URL is not set (Scripts/bench \(suite) starts a node)")
+    }
+    return (base, "http://admin:secret@127.0.0.1:\(port)")
+}
+
 func makeWorkFolder(_ benchmark: String, _ options: Options) throws -> String {
     let work = "\(options.directory)/sofa-bench-\(benchmark)-\(getpid())"
     try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)

@@ -172,3 +172,27 @@ extension CouchDBInteropTests {
         #expect(server.stop().status == 0)
     }
 }
+
+extension LoginFloodTests {
+    /// An admin of one database is nobody in another: it can neither read nor change its
+    /// `_security` (CouchDB 3.4 answers that PUT with a 500 `no_majority`; Sofa with 403).
+    @Test func oneDatabasesAdminCannotTouchAnothersSecurity() throws {
+        let passwordFile = directory.appending("password")
+        try "secret\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases(["--directory", directory.path, "--user", "admin", "--password-file", passwordFile])
+        func basic(_ pair: String) -> [(String, String)] { [("Authorization", "Basic " + Data(pair.utf8).base64EncodedString())] }
+        let http = try server.connect()
+        let admin = basic("admin:secret"), ann = basic("ann:pw")
+        #expect(try http.json("PUT", "/_users/org.couchdb.user:ann", ["name": "ann", "password": "pw", "type": "user", "roles": []],
+                              headers: admin).status == 201)
+        for db in ["mine", "theirs"] { #expect(try http.json("PUT", "/\(db)", headers: admin).status == 201) }
+        #expect(try http.json("PUT", "/mine/_security", ["admins": ["names": ["ann"]]], headers: admin).status == 200)
+        #expect(try http.json("PUT", "/mine/_security", ["admins": ["names": ["ann"]], "members": ["names": ["ann"]]], headers: ann).status == 200,
+                "ann administers mine")
+        let read = try http.json("GET", "/theirs/_security", headers: ann)
+        #expect(read.status == 403 && read.json?["reason"] == "You are not allowed to access this db.", "\(read.text)")
+        let write = try http.json("PUT", "/theirs/_security", ["admins": ["names": ["ann"]]], headers: ann)
+        #expect(write.status == 403, "\(write.text)")
+        #expect(try http.json("GET", "/theirs/_security", headers: admin).json?["admins"] == ["roles": ["_admin"]], "unchanged")
+    }
+}
