@@ -21,8 +21,9 @@ enum CouchJSON {
 }
 
 extension CouchServer {
-    /// How often an open longpoll or continuous feed looks for new changes. Writes
-    /// by other processes (the CLI, a mount) are found the same way.
+    /// How often an open longpoll or continuous feed looks for new changes when none is
+    /// signalled: this server's own writes wake feeds at once (`Database.commits`), those of
+    /// other processes (the CLI, a mount) are found within this.
     static let feedPollInterval: Duration = .milliseconds(100)
 
     // MARK: - _changes
@@ -152,7 +153,7 @@ extension CouchServer {
                 let (rows, readTo) = try await blocking { try self.collectChanges(db, since: from, limit: 1, query) }
                 if !rows.isEmpty { break }
                 since = readTo
-                try await Task.sleep(for: CouchServer.feedPollInterval)
+                await db.commits.wait(atMost: CouchServer.feedPollInterval)
             }
         }
         let response = request.response
@@ -232,7 +233,7 @@ extension CouchServer {
                 try await response.write("\n")
                 lastHeartbeat = now
             }
-            try await Task.sleep(for: CouchServer.feedPollInterval)
+            await db.commits.wait(atMost: CouchServer.feedPollInterval)
         }
         try await response.write("{\"last_seq\":\"\(since)\",\"pending\":0}\n")
         try await response.finish()

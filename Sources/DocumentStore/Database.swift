@@ -37,6 +37,8 @@ public final class Database: @unchecked Sendable {
     let hasBodyCache: Bool
     /// Whether the file has `mango_indexes` and `mango_keys` (version 5).
     let hasMangoIndexes: Bool
+    /// Signalled after each commit this process makes (see `ChangeSignal`).
+    public let commits = ChangeSignal()
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
     var readNotes = ReadNotes()
     let readNotesLock = Lock()
@@ -164,7 +166,8 @@ public final class Database: @unchecked Sendable {
         return try body(connection)
     }
 
-    /// Runs `body` in an IMMEDIATE write transaction; rolls back if it throws.
+    /// Runs `body` in an IMMEDIATE write transaction; rolls back if it throws. Each commit
+    /// is signalled on `commits`.
     func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         guard !isReadOnly else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
         return try writeLock.withLock {
@@ -172,6 +175,7 @@ public final class Database: @unchecked Sendable {
             do {
                 let result = try body(writer)
                 try writer.execute("COMMIT")
+                commits.signal()
                 return result
             } catch {
                 try? writer.execute("ROLLBACK")
