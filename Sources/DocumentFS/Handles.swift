@@ -338,9 +338,11 @@ final class ScratchHandle: Handle, @unchecked Sendable {
     }
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
-        let count = pwrite(fd, bytes.baseAddress, bytes.count, off_t(offset))
+        // In pieces of Tuning.largestWrite, as the blob store writes.
+        let count = pwrite(fd, bytes.baseAddress, min(bytes.count, Tuning.largestWrite), off_t(offset))
         guard count >= 0 else { throw FileSystemError(errno) }
-        return count
+        guard count == min(bytes.count, Tuning.largestWrite), count < bytes.count else { return count }
+        return try count + write(UnsafeRawBufferPointer(rebasing: bytes[count...]), at: offset + Int64(count))
     }
 
     override func truncate(to size: Int64) throws {

@@ -490,15 +490,7 @@ public final class TemporaryBlobFile {
     deinit { discard() }
 
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
-        var written = 0
-        while written < bytes.count {
-            let count = pwrite(fd, bytes.baseAddress! + written, bytes.count - written, off_t(offset) + written)
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw SofaError.system("write", path: path, errno: errno)
-            }
-            written += count
-        }
+        try writeFully(fd, bytes, at: offset, path: path)
         if let digest, offset == hashedLength {
             let copy = [UInt8](bytes)
             let box = HashingDigest(digest)

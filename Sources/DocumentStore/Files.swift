@@ -1,17 +1,31 @@
 import DocumentModel
 import Foundation
 
-/// Writes all of `bytes` to `fd`, through short writes and EINTR. `path` names the file in
-/// the error (a full disk, a closed pipe).
+/// Writes all of `bytes` to `fd`, through short writes and EINTR, at most
+/// `Tuning.largestWrite` per call. `path` names the file in the error (a full disk, a closed pipe).
 public func writeFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, path: String) throws {
-    var offset = 0
-    while offset < bytes.count {
-        let count = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+    try writeInPieces(bytes, path: path) { Glibc.write(fd, $0, $1) }
+}
+
+/// Writes all of `bytes` to `fd` at `offset`, as `writeFully` does.
+public func writeFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64, path: String) throws {
+    var position = offset
+    try writeInPieces(bytes, path: path) { pointer, count in
+        let written = pwrite(fd, pointer, count, off_t(position))
+        if written > 0 { position += Int64(written) }
+        return written
+    }
+}
+
+private func writeInPieces(_ bytes: UnsafeRawBufferPointer, path: String, _ write: (UnsafeRawPointer, Int) -> Int) throws {
+    var done = 0
+    while done < bytes.count {
+        let count = write(bytes.baseAddress! + done, min(bytes.count - done, Tuning.largestWrite))
         if count < 0 {
             if errno == EINTR { continue }
             throw SofaError.system("write", path: path, errno: errno)
         }
-        offset += count
+        done += count
     }
 }
 

@@ -277,15 +277,7 @@ public final class PartialBody: @unchecked Sendable {
 
     /// Writes bytes at `offset` (which the caller then marks present by whole chunks).
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
-        var done = 0
-        while done < bytes.count {
-            let count = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw SofaError.system("write", path: path, errno: errno)
-            }
-            done += count
-        }
+        try writeFully(fd, bytes, at: offset, path: path)
     }
 
     /// Reads bytes at `offset`; the caller checked that their chunks are here.

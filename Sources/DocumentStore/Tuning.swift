@@ -33,4 +33,11 @@ public enum Tuning {
     /// when it is in use); smaller ones through the mount, where an open costs less than
     /// registering a backing file and the kernel keeps what was read in its page cache.
     public static let passthroughMinimumSize: Int64 = 256 << 10
+
+    /// The most one `write`/`pwrite` call hands the kernel. Measured on this project's
+    /// machines (ext4 on virtio, Linux 6.18): 1 GiB written in 1 MiB calls took 2.1–4.8 s,
+    /// in 256 KiB calls 0.32 s, and a 1 MiB buffer written as four 256 KiB calls 0.60 s.
+    /// FUSE hands the mount writes of up to 1 MiB (fewer round trips); they reach the disk in
+    /// these pieces.
+    public static let largestWrite = 256 << 10
 }
