@@ -206,7 +206,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .statusDirectory: return directory(mountTime, writable: false)
         case .statusFile(let name):
             guard let bytes = try statusFile(name) else { throw FileSystemError(ENOENT) }
-            return file(Int64(bytes.count), Date().timeIntervalSince1970, writable: false)
+            var attributes = file(Int64(bytes.count), Date().timeIntervalSince1970, writable: false)
+            attributes.volatile = true
+            return attributes
         case .document(let id):
             if let revision = try liveRevision(id) { return directory(revision.savedAt.timeIntervalSince1970) }
             guard isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
@@ -251,7 +253,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     public func attributes(ofHandle number: UInt64) throws -> FileAttributes {
         let handle = try handles.get(number)
         let size = handle.guardLock.withLock { handle.size }
-        return file(size, Date().timeIntervalSince1970, writable: handle is WriterDescriptor || handle is ScratchHandle)
+        var attributes = file(size, Date().timeIntervalSince1970, writable: handle is WriterDescriptor || handle is ScratchHandle)
+        if handle is BytesHandle, case .statusFile = Node(path: handle.path) { attributes.volatile = true }
+        return attributes
     }
 
     func scratchAttributes(_ path: String) throws -> FileAttributes {

@@ -34,6 +34,10 @@ public struct FileAttributes: Sendable, Equatable {
     public var permissions: UInt32
     public var modified: Double
     public var linkCount: UInt32
+    /// Content that changes from one open to the next (a status file): the kernel keeps no
+    /// attributes of it, so `fstat` of an open file asks, and gets the size of what that
+    /// open reads (`attributes(ofHandle:)`), not a size cached from an earlier version.
+    public var volatile = false
 
     public init(kind: Kind, size: Int64 = 0, permissions: UInt32? = nil, modified: Double = 0, linkCount: UInt32? = nil) {
         self.kind = kind

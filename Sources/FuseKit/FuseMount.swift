@@ -214,7 +214,7 @@ final class Box: @unchecked Sendable {
         var entry = fuse_entry_param()
         entry.ino = table.remember(parent, name)
         fill(&entry.attr, attributes, ino: entry.ino)
-        entry.attr_timeout = configuration.attributeTimeout
+        entry.attr_timeout = attributes.volatile ? 0 : configuration.attributeTimeout
         entry.entry_timeout = configuration.entryTimeout
         return entry
     }
@@ -278,7 +278,7 @@ private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttrib
 private func replyAttributes(_ request: fuse_req_t?, _ box: Box, _ attributes: FileAttributes, ino: fuse_ino_t) {
     var result = stat()
     fill(&result, attributes, ino: ino)
-    fuse_reply_attr(request, &result, box.configuration.attributeTimeout)
+    fuse_reply_attr(request, &result, attributes.volatile ? 0 : box.configuration.attributeTimeout)
 }
 
 /// Replies an xattr value or name list: its size when `size` is 0, else the bytes.

@@ -37,6 +37,24 @@ import TestSupport
         return (third - second) - (second - first)
     }
 
+    /// status.json changes from one open to the next (its open counts among others): a
+    /// program that sizes its read by `fstat`, as Foundation's `Data(contentsOf:)` does, must
+    /// get all of what its open reads, not a size the kernel kept from an earlier version.
+    @Test func theStatusFileSizeIsThatOfWhatEachOpenReads() throws {
+        let mount = try MountedDatabase(db.path)
+        defer { _ = mount.unmount() }
+        let path = mount.path(".sofa/status.json")
+        var sizes: Set<Int> = []
+        for _ in 0..<150 {
+            let data = try Data(contentsOf: URL(fileURLWithPath: path))
+            sizes.insert(data.count)
+            _ = try JSONParser.parse([UInt8](data))  // throws on a cut-off read
+            #expect(FileManager.default.fileExists(atPath: mount.path("docs/doc/attachments/small.txt")))
+            _ = try Data(contentsOf: URL(fileURLWithPath: mount.path("docs/doc/attachments/small.txt")))
+        }
+        #expect(sizes.count > 1, "the status changed while it was read")
+    }
+
     @Test func largeBodiesAreReadByTheKernelAndSmallOnesByTheMount() throws {
         let mount = try MountedDatabase(db.path)
         #expect(try fuseStatus(mount)["passthrough"] == "in use", "\(mount.log)")
