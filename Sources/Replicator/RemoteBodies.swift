@@ -530,16 +530,20 @@ final class DeferredBody: @unchecked Sendable {
         }
         // Saved before the fetch counts as ended: a waiter may exit the process right after.
         try? condition.withLock { partial }.save(atMostEvery: 1)
-        condition.withLock {
+        // The install is claimed as the fetch ends, in one step: a reader closing in between
+        // would otherwise release the body (closing its partial file) before it is installed.
+        let claim = condition.withLock { () -> (PartialBody, Bool)? in
             fetches.removeAll { $0 === fetch }
             // A fetch stopped because nobody reads any more is no failure; any other end without the bytes is.
             if let failure, !fetch.unread {
                 failures += 1
                 lastFailure = failure
+                return nil
             }
+            return claimFinish()
         }
         condition.broadcast()
-        if failure == nil || fetch.unread { finishIfComplete() }
+        if let (source, verified) = claim { install(source, verified: verified) }
         closeIfIdle()
     }
 
@@ -639,7 +643,7 @@ final class DeferredBody: @unchecked Sendable {
 
     /// Whether the body is ready to install, and if so, the claim to do it. Under `condition`.
     private func claimFinish() -> (PartialBody, Bool)? {
-        guard blob == nil, !finishing, fetches.isEmpty, partial.isComplete else { return nil }
+        guard blob == nil, !finishing, !released, fetches.isEmpty, partial.isComplete else { return nil }
         finishing = true
         return (partial, verifiedWhole)
     }
