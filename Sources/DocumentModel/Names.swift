@@ -96,7 +96,7 @@ public enum FileNames {
     }
 
     public static func unescape(_ component: String) -> String {
-        guard component.contains("%") else { return component }
+        guard component.utf8.contains(UInt8(ascii: "%")) else { return component }
         if component == "%2E%2E%2E" { return "" }
         var bytes: [UInt8] = []
         var utf8 = Array(component.utf8)[...]
