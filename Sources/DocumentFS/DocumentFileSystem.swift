@@ -43,6 +43,11 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var keptFolders: Set<FolderKey> = []
     /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
     var openedDigests: [String: String] = [:]
+    /// Each status file open now: the bytes of its latest open, and how many opens there are.
+    /// Its size is theirs while open: `fstat` of an open file asks by path (the kernel sends
+    /// no handle), and a new rendering could differ from what the open reads, so a reader
+    /// sizing its read by `fstat` (Foundation's `Data(contentsOf:)`) would cut it off.
+    var openStatusFiles: [String: (bytes: [UInt8], opens: Int)] = [:]
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
     var pendingFiles: [String: WriteHandle] = [:]
     /// Attachments renamed to a scratch name in their own document, by document id and name:
@@ -205,7 +210,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .root, .docs: return directory(mountTime)
         case .statusDirectory: return directory(mountTime, writable: false)
         case .statusFile(let name):
-            guard let bytes = try statusFile(name) else { throw FileSystemError(ENOENT) }
+            guard let bytes = try withState({ openStatusFiles[name]?.bytes }) ?? statusFile(name) else { throw FileSystemError(ENOENT) }
             var attributes = file(Int64(bytes.count), Date().timeIntervalSince1970, writable: false)
             attributes.volatile = true
             return attributes

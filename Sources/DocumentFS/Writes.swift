@@ -57,6 +57,7 @@ extension DocumentFileSystem {
             return try openForReading(attachment, docID: id, path: path)
         case .statusFile(let name):
             guard let bytes = try statusFile(name) else { throw FileSystemError(ENOENT) }
+            withState { openStatusFiles[name] = (bytes, (openStatusFiles[name]?.opens ?? 0) + 1) }
             return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: bytes)), directIO: true)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
@@ -352,6 +353,12 @@ extension DocumentFileSystem {
     private func release(_ handle: Handle) {
         guard let descriptor = handle as? WriterDescriptor else {
             handle.lock.withLock { handle.close() }
+            if handle is BytesHandle, case .statusFile(let name) = Node(path: handle.path) {
+                withState {
+                    guard let open = openStatusFiles[name] else { return }
+                    openStatusFiles[name] = open.opens > 1 ? (open.bytes, open.opens - 1) : nil
+                }
+            }
             return
         }
         releaseUse(of: descriptor.file)
