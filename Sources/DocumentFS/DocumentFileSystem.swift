@@ -259,7 +259,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         let handle = try handles.get(number)
         let size = handle.guardLock.withLock { handle.size }
         var attributes = file(size, Date().timeIntervalSince1970, writable: handle is WriterDescriptor || handle is ScratchHandle)
-        if handle is BytesHandle, case .statusFile = Node(path: handle.path) { attributes.volatile = true }
+        if handle is StatusFileHandle { attributes.volatile = true }
         return attributes
     }
 

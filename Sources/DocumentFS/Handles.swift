@@ -33,7 +33,7 @@ private func copy(_ bytes: [UInt8], into buffer: UnsafeMutableRawBufferPointer, 
 }
 
 /// A read-only snapshot of bytes: properties.json as rendered at open, status files.
-final class BytesHandle: Handle, @unchecked Sendable {
+class BytesHandle: Handle, @unchecked Sendable {
     let bytes: [UInt8]
 
     init(path: String, bytes: [UInt8]) {
@@ -46,6 +46,16 @@ final class BytesHandle: Handle, @unchecked Sendable {
     }
 
     override var size: Int64 { Int64(bytes.count) }
+}
+
+/// A status file as rendered at its open (`DocumentFileSystem.openStatusFiles`).
+final class StatusFileHandle: BytesHandle, @unchecked Sendable {
+    let name: String
+
+    init(path: String, name: String, bytes: [UInt8]) {
+        self.name = name
+        super.init(path: path, bytes: bytes)
+    }
 }
 
 /// Reads an attachment body straight from its blob file.

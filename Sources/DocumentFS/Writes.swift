@@ -58,7 +58,7 @@ extension DocumentFileSystem {
         case .statusFile(let name):
             guard let bytes = try statusFile(name) else { throw FileSystemError(ENOENT) }
             withState { openStatusFiles[name] = (bytes, (openStatusFiles[name]?.opens ?? 0) + 1) }
-            return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: bytes)), directIO: true)
+            return OpenFile(handle: handles.add(StatusFileHandle(path: path, name: name, bytes: bytes)), directIO: true)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let fd = Glibc.open(scratchPath(id, relative), (flags & ~O_CREAT) | O_CLOEXEC)
@@ -353,10 +353,10 @@ extension DocumentFileSystem {
     private func release(_ handle: Handle) {
         guard let descriptor = handle as? WriterDescriptor else {
             handle.lock.withLock { handle.close() }
-            if handle is BytesHandle, case .statusFile(let name) = Node(path: handle.path) {
+            if let status = handle as? StatusFileHandle {
                 withState {
-                    guard let open = openStatusFiles[name] else { return }
-                    openStatusFiles[name] = open.opens > 1 ? (open.bytes, open.opens - 1) : nil
+                    guard let open = openStatusFiles[status.name] else { return }
+                    openStatusFiles[status.name] = open.opens > 1 ? (open.bytes, open.opens - 1) : nil
                 }
             }
             return
