@@ -88,7 +88,7 @@ final class DeferredBodyHandle: Handle, @unchecked Sendable {
 
     override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
         do {
-            return try reader.read(into: buffer, at: offset, timeout: timeout)
+            return try reader.read(into: buffer, at: offset, timeout: timeout, willWait: FuseMount.mayBlock)
         } catch {
             throw FileSystemError(EIO)
         }

@@ -268,6 +268,7 @@ extension DocumentFileSystem {
     /// and editors' fsyncs make no revisions of their own.
     public func fsync(_ number: UInt64) throws {
         let handle = try handles.get(number)
+        FuseMount.mayBlock()  // an fsync: others are answered meanwhile
         if let scratch = handle as? ScratchHandle {
             guard Glibc.fsync(scratch.fd) == 0 else { throw FileSystemError(errno) }
             return
@@ -391,6 +392,7 @@ extension DocumentFileSystem {
     private func save(_ handle: WriteHandle) throws {
         if !handle.dirty, handle.failed, let error = handle.lastError { throw error }
         guard handle.dirty else { return }
+        FuseMount.mayBlock()  // a commit and its fsync: others are answered meanwhile
         defer { dropPendingSave(of: handle) }  // saved, or refused (its text kept apart): not pending either way
         do {
             let revision: Revision

@@ -24,10 +24,18 @@ public protocol BodySource: AnyObject, Sendable {
 public protocol BodyReader: AnyObject, Sendable {
     var length: Int64 { get }
     /// Reads up to `buffer.count` bytes at `offset` (0 past the end), waiting at most `timeout`
-    /// seconds for them to arrive. Throws `bodyNotAvailable` when they cannot be fetched.
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double) throws -> Int
+    /// seconds for them to arrive; `willWait` is called once first if it has to wait (a server
+    /// answering on few threads lets others be answered meanwhile). Throws `bodyNotAvailable`
+    /// when they cannot be fetched.
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double, willWait: () -> Void) throws -> Int
     /// Ends this reader; fetches nobody reads any more stop (what arrived stays).
     func close()
+}
+
+extension BodyReader {
+    public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double) throws -> Int {
+        try read(into: buffer, at: offset, timeout: timeout, willWait: {})
+    }
 }
 
 /// A body partly here: for `user.sofa.progress`, status files and progress lines.

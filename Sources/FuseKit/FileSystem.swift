@@ -3,11 +3,12 @@
 /// the low-level API (unlike libfuse's own path layer, which drops a directory's
 /// `cache_readdir` and `keep_cache`) lets the kernel keep listings.
 ///
-/// - **Threading.** `FuseMount` runs a fixed pool of its own worker threads, each
-///   looping `fuse_session_receive_buf` → `fuse_session_process_buf` (libfuse's
-///   `fuse_loop_mt` stops workers with `pthread_cancel`, which ThreadSanitizer
-///   cannot stomach). Every `FileSystem` method may be called on several threads
-///   at once and must be synchronous: block on locks or I/O, never on a `Task`.
+/// - **Threading.** `FuseMount` serves with its own threads (`Workers`): one reads
+///   and answers while requests are quick, more join while requests block (libfuse's
+///   `fuse_loop_mt` wakes a different thread for each request, and stops workers with
+///   `pthread_cancel`, which ThreadSanitizer cannot stomach). Every `FileSystem` method
+///   may be called on several threads at once and must be synchronous: block on locks
+///   or I/O, never on a `Task`.
 /// - **Errors.** A method throws; the bridge turns the error into an errno with
 ///   `ErrnoConvertible` (anything else is `EIO`). Nothing is asserted on worker
 ///   threads.

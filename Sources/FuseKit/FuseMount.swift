@@ -26,13 +26,17 @@ public final class FuseMount: @unchecked Sendable {
         public var entryTimeout = 60.0
         /// Names that do not exist: short, as new ones cannot be invalidated by path.
         public var negativeTimeout = 0.5
-        /// Worker threads; size it for callbacks that block (a read waiting for a download).
+        /// The most threads serving at once (`Workers`: one, and more only while requests
+        /// block); size it for callbacks that block (a read waiting for a download).
         public var workers = 8
         /// Shown as the source in `mount` and `df`.
         public var fileSystemName = "sofa"
         /// Let the kernel read files opened with a backing descriptor itself (FUSE passthrough),
         /// when it offers that.
         public var passthrough = true
+        /// How long the thread that reads requests keeps asking for the next one before it sleeps
+        /// (seconds; 0: sleeps at once). See `DeviceIO`.
+        public var spin = 50e-6
 
         public init() {}
     }
@@ -72,7 +76,7 @@ public final class FuseMount: @unchecked Sendable {
             fuse_session_destroy(session)
             throw FileSystemError(errno == 0 ? EIO : errno)
         }
-        box.passthrough.install(on: session)
+        DeviceIO.install(on: session, box: box)
         self.session = session
         box.invalidateEntry = { [weak self] parent, name in self?.invalidateEntry(parent, name) }
     }
@@ -94,37 +98,10 @@ public final class FuseMount: @unchecked Sendable {
 
     /// Serves requests until the file system is unmounted.
     public func run() {
-        let group = DispatchGroup()
-        for index in 0..<max(1, box.configuration.workers) {
-            group.enter()
-            let session = SessionPointer(pointer: self.session)
-            let thread = Thread {
-                FuseMount.serve(session.pointer)
-                group.leave()
-            }
-            thread.name = "fuse-\(index)"
-            thread.stackSize = 1 << 20
-            thread.start()
-        }
-        group.wait()
+        Workers(session: session, maximum: box.configuration.workers).run()
         sessionLock.withLock { destroyed = true }
         fuse_session_unmount(session)
         fuse_session_destroy(session)
-    }
-
-    private static func serve(_ session: OpaquePointer) {
-        var buffer = fuse_buf()
-        defer { free(buffer.mem) }
-        while fuse_session_exited(session) == 0 {
-            let result = fuse_session_receive_buf(session, &buffer)
-            if result == -EINTR { continue }
-            if result <= 0 {
-                // ENODEV: unmounted. Tell the other workers too.
-                fuse_session_exit(session)
-                return
-            }
-            fuse_session_process_buf(session, &buffer)
-        }
     }
 
     /// Unmounts lazily from outside the loop: open files finish their work, then the loop ends.

@@ -7,8 +7,8 @@ import Logging
 /// An open answered with `FOPEN_PASSTHROUGH` and a backing id makes the kernel serve reads
 /// and mmap of that file from the backing file registered under the id, without a READ
 /// request to this process. libfuse 3.14 (Debian 12) predates the API, so this goes around
-/// it: libfuse's custom I/O hook (`fuse_session_custom_io`) sees every request as it is read
-/// from `/dev/fuse` and every reply before it is written. Two replies change:
+/// it: the session's I/O hooks (`DeviceIO`) show it every request as it is read from
+/// `/dev/fuse` and every reply before it is written. Two replies change:
 /// - INIT: when the kernel offers `FUSE_PASSTHROUGH`, the reply takes it (with
 ///   `FUSE_INIT_EXT` and `max_stack_depth = 1`: backing files on a plain file system).
 /// - OPEN: a file the file system opened with a backing descriptor (`OpenFile.backing`) was
@@ -67,27 +67,12 @@ final class Passthrough: @unchecked Sendable {
     /// Files open through passthrough now.
     var openFiles: Int { lock.withLock { handles.count } }
 
-    /// Installs the hooks on `session` (after it is mounted, before it serves).
-    func install(on session: OpaquePointer) {
+    /// Takes the session's device (after it is mounted, before it serves); `hooked` says whether
+    /// its requests and replies pass through `received` and `sending` (`DeviceIO`).
+    func attach(device: Int32, hooked: Bool) {
         guard currentState != .disabled else { return }
-        device = fuse_session_fd(session)
-        var io = fuse_custom_io()
-        io.read = { fd, buffer, length, userdata in
-            let count = Glibc.read(fd, buffer, length)
-            if count > 0, let buffer, let userdata {
-                Unmanaged<Box>.fromOpaque(userdata).takeUnretainedValue().passthrough.received(UnsafeRawPointer(buffer), count: count)
-            }
-            return count
-        }
-        io.writev = { fd, vectors, count, userdata in
-            if let vectors, let userdata {
-                Unmanaged<Box>.fromOpaque(userdata).takeUnretainedValue().passthrough.sending(vectors, count: Int(count))
-            }
-            return Glibc.writev(fd, vectors, count)
-        }
-        if fuse_session_custom_io(session, &io, device) != 0 {
-            lock.withLock { state = .refused("libfuse did not take the I/O hooks") }
-        }
+        self.device = device
+        if !hooked { lock.withLock { state = .refused("libfuse did not take the I/O hooks") } }
     }
 
     // MARK: Requests and replies

@@ -234,7 +234,7 @@ final class DeferredBodyReader: BodyReader, @unchecked Sendable {
 
     var length: Int64 { body.attachment.length }
 
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double) throws -> Int {
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double, willWait: () -> Void) throws -> Int {
         let ahead = lock.withLock { () -> Int64 in
             let end = offset + Int64(buffer.count)
             if abs(offset - nextOffset) <= max(DeferredBodyReader.slack, window) {
@@ -246,7 +246,7 @@ final class DeferredBodyReader: BodyReader, @unchecked Sendable {
             }
             return window >= DeferredBodyReader.streamingWindow ? Int64.max / 2 : window
         }
-        return try body.read(into: buffer, at: offset, ahead: ahead, timeout: timeout)
+        return try body.read(into: buffer, at: offset, ahead: ahead, timeout: timeout, willWait: willWait)
     }
 
     func close() {
@@ -365,7 +365,8 @@ final class DeferredBody: @unchecked Sendable {
 
     // MARK: Reading
 
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, ahead: Int64, timeout: Double) throws -> Int {
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, ahead: Int64, timeout: Double,
+              willWait: () -> Void) throws -> Int {
         let length = attachment.length
         guard offset < length else { return 0 }
         let count = Int(min(Int64(buffer.count), length - offset))
@@ -375,6 +376,7 @@ final class DeferredBody: @unchecked Sendable {
         condition.lock()
         let failuresBefore = failures
         var scheduled = false
+        var warned = false
         while true {
             if let blob {
                 let reader: BlobReader
@@ -405,6 +407,14 @@ final class DeferredBody: @unchecked Sendable {
             if !scheduled || !needed.allSatisfy({ source.isPresent($0) || isArriving($0) }) {
                 schedule(needed, ahead: aheadChunks)
                 scheduled = true
+            }
+            if !warned {
+                // Said outside the lock (it may wake a thread); the loop looks at everything again.
+                warned = true
+                condition.unlock()
+                willWait()
+                condition.lock()
+                continue
             }
             waiting += 1
             let woken = condition.wait(until: deadline)
