@@ -27,8 +27,10 @@ public final class FuseMount: @unchecked Sendable {
         /// Names that do not exist: short, as new ones cannot be invalidated by path.
         public var negativeTimeout = 0.5
         /// The most threads serving at once (`Workers`: one, and more only while requests
-        /// block); size it for callbacks that block (a read waiting for a download).
-        public var workers = 8
+        /// block): how many requests may wait at once (reads waiting for a download, each in
+        /// a file of its own) with the mount still answering others. Threads start only when
+        /// needed, so a high limit costs nothing while requests are quick.
+        public var workers = 32
         /// Shown as the source in `mount` and `df`.
         public var fileSystemName = "sofa"
         /// Let the kernel read files opened with a backing descriptor itself (FUSE passthrough),

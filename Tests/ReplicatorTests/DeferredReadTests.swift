@@ -22,12 +22,13 @@ final class DeferredReadTests {
         let key: BlobKey
     }
 
-    func setUp() throws -> Setup {
+    /// `copies` more documents `copy-N` have the same body as `copy-N/attachments/body.bin`.
+    func setUp(copies: Int = 0) throws -> Setup {
         let bodyFile = directory.appending("body.bin")
         let key = try writePatternFile(bodyFile, count: DeferredReadTests.size, seed: 7)
         let sourcePath = directory.appending("source.sofa")
         #expect(try sofa("create", sourcePath).succeeded)
-        for (id, name) in [("plain", "body.bin"), ("twin", "data")] {
+        for (id, name) in [("plain", "body.bin"), ("twin", "data")] + (0..<copies).map({ ("copy-\($0)", "body.bin") }) {
             #expect(try sofa("put", sourcePath, id, "{\"kind\":\"\(id)\"}").succeeded)
             #expect(try sofa("attach", sourcePath, id, name, bodyFile).succeeded)
         }
@@ -36,7 +37,7 @@ final class DeferredReadTests {
         let target = directory.appending("deferred.sofa")
         #expect(try sofa("create", target).succeeded)
         let pulled = try sofa("pull", target, "http://127.0.0.1:\(proxy.port)/source", "--no-download-attachments")
-        #expect(pulled.succeeded && pulled.stdout.contains("2 deferred"), "\(pulled.stdout)\(pulled.stderr)")
+        #expect(pulled.succeeded && pulled.stdout.contains("\(2 + copies) deferred"), "\(pulled.stdout)\(pulled.stderr)")
         return Setup(source: try Database.open(at: sourcePath), server: server, proxy: proxy, target: target,
                      bodyFile: bodyFile, key: key)
     }
@@ -135,6 +136,46 @@ final class DeferredReadTests {
         let fetched = setup.proxy.bytesFromServer - sent
         #expect(fetched >= Int(DeferredReadTests.size) && fetched < Int(DeferredReadTests.size) + (128 << 10),
                 "\(fetched) bytes sent for an \(DeferredReadTests.size)-byte body")
+        #expect(mount.unmount().succeeded)
+    }
+
+
+    /// Reads waiting for a server gone silent hold up nothing else: more of them than the
+    /// mount once had threads (8) wait in the mount at once, each in a file of its own, while
+    /// other programs list, read and write there; once the server answers again each waiting
+    /// read gets its bytes.
+    @Test func readsWaitingForASilentServerHoldUpNothingElse() throws {
+        let setup = try setUp(copies: 12)
+        let mount = try MountedDatabase(setup.target)
+        let connectionsBefore = setup.proxy.connections
+        setup.proxy.stallNext(1000, afterBytes: 0)
+        let sent = setup.proxy.bytesFromServer
+        let readers = try (0..<12).map { index in
+            try ChildProcess(["/bin/sh", "-c", "head -c 4096 '\(mount.path("docs/copy-\(index)/attachments/body.bin"))' | sha1sum"])
+        }
+        #expect(waitUntil(20) { setup.proxy.connections > connectionsBefore }, "the mount asked the server")
+        Thread.sleep(forTimeInterval: 1)  // the readers reach the mount and wait there
+
+        // Meanwhile, bounded by `timeout` so that a hang fails instead of stalling the test.
+        let docs = mount.path("docs")
+        for command in ["ls -l '\(docs)/plain/attachments' '\(docs)/twin/attachments'",
+                        "cat '\(docs)/plain/properties.json'",
+                        "stat '\(docs)/twin/attachments/data'",
+                        "mkdir '\(docs)/meanwhile' && printf '{\"written\": true}' > '\(docs)/meanwhile/properties.json'",
+                        "grep -q written '\(docs)/meanwhile/properties.json'"] {
+            let result = try ChildProcess(["/usr/bin/timeout", "10", "/bin/sh", "-c", command]).wait()
+            #expect(result.succeeded, "\(command): \(result.status) \(result.stderr)")
+        }
+        #expect(setup.proxy.bytesFromServer == sent, "the server has sent nothing: the readers still wait")
+
+        setup.proxy.behave()
+        let head = try shell("head -c 4096 '\(setup.bodyFile)' | sha1sum").stdout
+        for (index, reader) in readers.enumerated() {
+            let result = reader.wait()
+            #expect(result.stdout == head, "reader \(index): \(result.stdout) \(result.stderr)")
+        }
+        let saved = try sofa("cat", setup.target, "meanwhile")
+        #expect(saved.stdout.contains("written"), "\(saved.stdout)\(saved.stderr)")
         #expect(mount.unmount().succeeded)
     }
 
