@@ -145,7 +145,7 @@ final class Workers: @unchecked Sendable {
             condition.unlock()
             if quiet {
                 watchdogWake.lock()
-                while condition.withLock({ watchdogParked && !exiting }) { watchdogWake.wait(until: Date().addingTimeInterval(1)) }
+                while condition.withLock({ watchdogParked && !exiting }) { _ = watchdogWake.wait(until: Date().addingTimeInterval(1)) }
                 watchdogWake.unlock()
             }
         }

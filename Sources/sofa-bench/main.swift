@@ -101,7 +101,8 @@ func makeWorkFolder(_ benchmark: String, _ options: Options) throws -> String {
 func ratio(_ value: Double) -> String { String(format: "%.2f×", value) }
 
 func row(_ label: String, _ values: String...) {
-    print(label.padding(toLength: 44, withPad: " ", startingAt: 0) + values.joined(separator: "  "))
+    // Long labels push the values right instead of being cut.
+    print(label.padding(toLength: max(44, label.count + 2), withPad: " ", startingAt: 0) + values.joined(separator: "  "))
 }
 
 func storage(_ options: Options) throws {
