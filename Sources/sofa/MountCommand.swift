@@ -115,8 +115,8 @@ struct Mount: SofaCommand {
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
         configuration.passthrough = !noPassthrough
         // Whatever ends this process, the mount does not outlive it as a dead one. The guard starts
-        // before the mount and is told its device as soon as it exists, so a kill at any moment
-        // after the mount appears is covered.
+        // before the mount and is told its device as soon as it exists; killed before that, the
+        // mount leaves the guard to find a dead Sofa mount there (`MountGuard.detachIfDead`).
         let guardPipe = try? MountGuard.start(for: mountPoint)
         defer { guardPipe.flatMap { $0 }.map { _ = close($0) } }
         let mount: FuseMount
@@ -189,11 +189,22 @@ enum MountTable {
 
     /// The device ("MAJOR:MINOR") of the mount at `mountPoint`, if something is mounted there.
     static func device(of mountPoint: String) -> String? {
+        entry(at: mountPoint).map { String($0[2]) }
+    }
+
+    /// The file system type ("fuse.sofa") of the mount at `mountPoint`, if something is mounted there.
+    static func type(of mountPoint: String) -> String? {
+        // The fields after " - ": type, source, options.
+        entry(at: mountPoint).flatMap { fields in fields.firstIndex(of: "-").map { String(fields[$0 + 1]) } }
+    }
+
+    /// The fields of the topmost mountinfo line of `mountPoint`.
+    private static func entry(at mountPoint: String) -> [Substring]? {
         guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
-        return text.split(separator: "\n").last { line in
-            let fields = line.split(separator: " ")
-            return fields.count > 4 && fields[4].replacingOccurrences(of: "\\040", with: " ") == mountPoint
-        }.map { String($0.split(separator: " ")[2]) }
+        return text.split(separator: "\n").lazy.map { $0.split(separator: " ") }.last { fields in
+            fields.count > 4 && fields[4].replacingOccurrences(of: "\\040", with: " ") == mountPoint
+                && fields.firstIndex(of: "-").map { $0 + 1 < fields.count } == true
+        }
     }
 }
 
@@ -285,12 +296,36 @@ struct MountGuard: SofaCommand {
             if count == 0 || (count < 0 && errno != EINTR) { break }
             if count == 1 { received.append(byte) }
         }
-        guard let newline = received.firstIndex(of: UInt8(ascii: "\n")) else { return }  // never mounted
+        guard let newline = received.firstIndex(of: UInt8(ascii: "\n")) else {
+            // Never mounted, or killed between the mount and telling this guard its device.
+            MountGuard.detachIfDead(mountPoint)
+            return
+        }
         let device = String(decoding: received[..<newline], as: UTF8.self)
         // A clean unmount has already happened; another mount there is not ours.
         guard MountTable.device(of: mountPoint) == device else { return }
-        let pid = try spawnDetached(["fusermount3", "-u", "-z", mountPoint])
+        MountGuard.detach(mountPoint)
+    }
+
+    private static func detach(_ mountPoint: String) {
+        guard let pid = try? spawnDetached(["fusermount3", "-u", "-z", mountPoint]) else { return }
         var status: Int32 = 0
         waitpid(pid, &status, 0)
+    }
+
+    /// Detaches a Sofa mount at `mountPoint` whose process is gone: `statvfs` of it fails with
+    /// ENOTCONN (the kernel keeps no answer to it, unlike attributes). One that answers is left
+    /// alone, and so is anything that is not a Sofa mount. Asks for up to a second, as the
+    /// ended process's descriptors are closed one by one.
+    static func detachIfDead(_ mountPoint: String) {
+        for _ in 0..<20 {
+            guard MountTable.type(of: mountPoint) == "fuse.sofa" else { return }
+            var info = statvfs()
+            if statvfs(mountPoint, &info) != 0 && errno == ENOTCONN {
+                detach(mountPoint)
+                return
+            }
+            usleep(50_000)
+        }
     }
 }

@@ -247,20 +247,56 @@ import TestSupport
     @Test func aMountKilledWithTheProgramsThatShareItsNameLeavesNoDeadMount() throws {
         let mount = try MountedDatabase(db.path, arguments: ["-o", "auto_unmount"])
         // `pkill -f NAME.sofa` also kills libfuse's auto_unmount helper (its arguments name the database).
-        var killed = 0
-        for entry in try FileManager.default.contentsOfDirectory(atPath: "/proc") {
-            guard let pid = pid_t(entry), pid != getpid(),
-                  let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline"),
-                  case let text = String(decoding: cmdline, as: UTF8.self),
-                  text.contains(db.path) || text.contains("fsname=sofa:\(URL(fileURLWithPath: db.path).lastPathComponent)")
-            else { continue }
-            kill(pid, SIGKILL)
-            killed += 1
+        func sharingTheName() -> [pid_t] {
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in
+                guard let pid = pid_t(entry), pid != getpid(),
+                      let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline"),
+                      case let text = String(decoding: cmdline, as: UTF8.self),
+                      text.contains(db.path) || text.contains("fsname=sofa:\(URL(fileURLWithPath: db.path).lastPathComponent)")
+                else { return nil }
+                return pid
+            }
         }
-        #expect(killed >= 2, "the mount and libfuse's helper")
+        // At once, as a user would: the mount may not have told its guard its device yet.
+        #expect(waitUntil(10) { sharingTheName().count >= 2 }, "the mount and libfuse's helper")
+        for pid in sharingTheName() { kill(pid, SIGKILL) }
         #expect(waitUntil(10) { !MountedDatabase.isMounted(mount.mountPoint) }, "a dead mount was left")
         #expect((try? FileManager.default.contentsOfDirectory(atPath: mount.mountPoint)) != nil)
         _ = mount.unmount()
+    }
+
+    /// A mount killed after it appears but before it tells its guard its device leaves the
+    /// guard only the end of its pipe: the guard then detaches a dead Sofa mount at its mount
+    /// point, and leaves a live one alone. (Seen under load: a kill at once left a dead mount.)
+    @Test func aGuardToldNoDeviceDetachesADeadSofaMountAndLeavesALiveOne() throws {
+        // Not under /tmp/sofa-mnt-: other tests sweep dead mounts there.
+        let mountPoint = directory.appending("guarded")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        defer { if MountedDatabase.isMounted(mountPoint) { _ = try? shell("fusermount3 -u -z '\(mountPoint)'") } }
+        let process = try ChildProcess([sofaBinary, "mount", db.path, mountPoint, "--foreground"])
+        #expect(waitUntil(15) { MountedDatabase.isMounted(mountPoint) })
+        let guardOf = ["SOFA_GUARDED_MOUNT": mountPoint]
+
+        let live = try ChildProcess([sofaBinary, "fuse-guard"], environment: guardOf).wait()
+        #expect(live.succeeded, "\(live.stderr)")
+        #expect(MountedDatabase.isMounted(mountPoint) && FileManager.default.fileExists(atPath: mountPoint + "/docs"),
+                "a live mount is left alone")
+
+        // The mount's own guard goes first, then the mount: a dead mount stays.
+        let guards = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).filter { entry in
+            guard Int32(entry) != nil, let environment = FileManager.default.contents(atPath: "/proc/\(entry)/environ") else { return false }
+            return String(decoding: environment, as: UTF8.self).split(separator: "\0").contains("SOFA_GUARDED_MOUNT=\(mountPoint)"[...])
+        }
+        #expect(guards.count == 1, "the mount's guard")
+        for entry in guards { kill(pid_t(entry)!, SIGKILL) }
+        process.kill()
+        _ = process.wait()
+        var info = statvfs()
+        #expect(statvfs(mountPoint, &info) != 0 && errno == ENOTCONN, "a dead mount")
+
+        let dead = try ChildProcess([sofaBinary, "fuse-guard"], environment: guardOf).wait()
+        #expect(dead.succeeded, "\(dead.stderr)")
+        #expect(waitUntil(10) { !MountedDatabase.isMounted(mountPoint) }, "the dead mount is detached")
     }
 }
 
