@@ -91,7 +91,7 @@ final class Workers: @unchecked Sendable {
 
             condition.lock()
             reading -= 1
-            if result == -EINTR || result == -EAGAIN || (result > 0 && fuse_session_exited(session) == 0) {
+            if result == -EINTR || (result > 0 && fuse_session_exited(session) == 0) {
                 let now = DispatchTime.now().uptimeNanoseconds
                 busySince[number] = now
                 lastRequest = now
