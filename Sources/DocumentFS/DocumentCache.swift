@@ -17,6 +17,34 @@ final class DocumentCache: @unchecked Sendable {
         let hasConflicts: Bool
         /// When each attachment last changed (or the time given to it).
         var attachmentTimes: [String: Double] = [:]
+        /// The revision's attachments by name, and every folder their names make
+        /// (`a/b/c` makes `a` and `a/b`): a lookup in a folder of 10,000 files costs what
+        /// one in a folder of ten does.
+        let byName: [String: Attachment]
+        let folders: Set<String>
+
+        init(revision: Revision?, rendered: [UInt8], hasConflicts: Bool, attachmentTimes: [String: Double] = [:]) {
+            self.revision = revision
+            self.rendered = rendered
+            self.hasConflicts = hasConflicts
+            self.attachmentTimes = attachmentTimes
+            let attachments = revision?.attachments ?? []
+            byName = Dictionary(attachments.map { ($0.name, $0) }, uniquingKeysWith: { $1 })
+            var folders = Set<String>()
+            for attachment in attachments { folders.formUnion(Entry.folders(of: attachment.name)) }
+            self.folders = folders
+        }
+
+        /// The folders a name lies in: `a/b/c` → `a`, `a/b`.
+        static func folders(of name: String) -> [String] {
+            var result: [String] = []
+            var index = name.startIndex
+            while let slash = name[index...].firstIndex(of: "/") {
+                if slash > name.startIndex { result.append(String(name[..<slash])) }
+                index = name.index(after: slash)
+            }
+            return result
+        }
     }
 
     // Guarded by `lock` (a leaf lock).
@@ -43,6 +71,14 @@ final class DocumentCache: @unchecked Sendable {
         }
         lock.unlock()
         return entry
+    }
+
+    /// Changes a cached entry in place (a time given to an attachment), without the reload
+    /// a `forget` would cost; nothing happens when the document is not cached.
+    func update(_ id: String, _ change: (inout Entry) -> Void) {
+        lock.lock()
+        if entries[id] != nil { change(&entries[id]!) }
+        lock.unlock()
     }
 
     func forget(_ id: String) {

@@ -54,6 +54,12 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// hidden at once, removed from the document with its next save or after
     /// `Tuning.setAsideGrace` (see `setAside(_:_:)`). Guarded by `stateLock`.
     var setAside: [String: [String: SetAside]] = [:]
+    /// Files staged per document (Bursts.swift). Guarded by `stateLock`.
+    var bursts: [String: Burst] = [:]
+    /// When each document last saved an attachment (a close, a move into it). Guarded by `stateLock`.
+    var recentSaves: [String: Double] = [:]
+    /// Where bursts are checked and folded, one at a time.
+    let burstQueue = DispatchQueue(label: "sofa-bursts")
     /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).
     private let stateLock = NSLock()
 
@@ -92,6 +98,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         }
         if !self.readOnly { mkdir(scratchDirectory(Node.rootScratchID), 0o755) }
         recoverPendingSaves()
+        do { try recoverStagedAttachments() } catch {
+            log.error("files a stopped mount had written are not saved yet: \(error); they stay staged for the next mount")
+        }
     }
 
     func withState<T>(_ body: () throws -> T) rethrows -> T {
@@ -137,11 +146,28 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         withState { pendingFiles.values.filter { $0.docID == id } }
     }
 
-    /// Attachments visible in the folder of a live revision.
+    /// Attachments visible in the folder of a live revision, with the document's staged files
+    /// (Bursts.swift), in name order.
     func visibleAttachments(_ revision: Revision) -> [Attachment] {
-        let (removal, aside) = withState { (removals[revision.docID], setAside[revision.docID]) }
-        guard removal != nil || aside != nil else { return revision.attachments }
-        return revision.attachments.filter { !(removal?.attachments.contains($0.name) ?? false) && aside?[$0.name] == nil }
+        let (removal, aside, staged) = withState { (removals[revision.docID], setAside[revision.docID], bursts[revision.docID]?.staged) }
+        var attachments = revision.attachments
+        if let staged, !staged.isEmpty {
+            let replaced = attachments.filter { staged[$0.name] == nil }
+            attachments = (replaced + staged.values.map(\.attachment)).sorted { $0.name < $1.name }
+        }
+        guard removal != nil || aside != nil else { return attachments }
+        return attachments.filter { !(removal?.attachments.contains($0.name) ?? false) && aside?[$0.name] == nil }
+    }
+
+    /// Whether `path` is a folder of the mount (false when it is something else or nothing).
+    func isDirectoryNode(_ path: String) throws -> Bool {
+        do {
+            return try attributes(of: path).kind == .directory
+        } catch let error as FileSystemError where error.errno == ENOENT {
+            return false
+        } catch let error as SofaError where error.errno == ENOENT {
+            return false
+        }
     }
 
     func documentFolderExists(_ id: String) throws -> Bool {
@@ -169,10 +195,14 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     /// Whether some attachment name lies below `folder` ("" is attachments/ itself).
-    func isFolder(_ folder: String, in attachments: [Attachment], docID: String) -> Bool {
+    func isFolder(_ folder: String, docID: String) throws -> Bool {
         if folder.isEmpty || folder == Node.blobsFolder { return true }
         let prefix = folder + "/"
-        if attachments.contains(where: { $0.name.hasPrefix(prefix) }) { return true }
+        if try cached(docID).folders.contains(folder) {
+            // (A folder whose every file is being removed or set aside shows while they go.)
+            return true
+        }
+        if stagedView(docID).folders.contains(folder) { return true }
         if pendingFiles(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
         return withState { keptFolders.contains(FolderKey(docID: docID, folder: folder)) }
     }
@@ -201,7 +231,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             // still to come), the saved attachment's.
             let (size, changed, given) = writer.lock.withLock { (writer.size, writer.dirty || writer.emptiedAtOpen, writer.givenTime) }
             if !changed, case .attachment(let id, let name) = node,
-               let saved = try liveRevision(id).flatMap({ visibleAttachments($0).first { $0.name == name } }) {
+               try liveRevision(id) != nil, let saved = try visibleAttachment(name, in: id) {
                 return file(size, try modifiedTime(of: saved, in: id))
             }
             return file(size, given ?? Date().timeIntervalSince1970)
@@ -227,11 +257,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 guard name.isEmpty || name == Node.blobsFolder, isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
                 return directory(mountTime)
             }
-            let attachments = visibleAttachments(revision)
-            if let attachment = attachments.first(where: { $0.name == name }) {
+            if let attachment = try visibleAttachment(name, in: id) {
                 return file(attachment.length, try modifiedTime(of: attachment, in: id))
             }
-            guard isFolder(name, in: attachments, docID: id) else { throw FileSystemError(ENOENT) }
+            guard try isFolder(name, docID: id) else { throw FileSystemError(ENOENT) }
             return directory(revision.savedAt.timeIntervalSince1970)
         case .conflicts(let id):
             guard let revision = try liveRevision(id) else { throw FileSystemError(ENOENT) }
@@ -247,7 +276,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             if let attachment = conflict.attachment(named: name) {
                 return file(attachment.length, conflict.savedAt.timeIntervalSince1970, writable: false)
             }
-            guard isFolder(name, in: conflict.attachments, docID: "") else { throw FileSystemError(ENOENT) }
+            guard name.isEmpty || conflict.attachments.contains(where: { $0.name.hasPrefix(name + "/") }) else { throw FileSystemError(ENOENT) }
             return directory(conflict.savedAt.timeIntervalSince1970, writable: false)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
@@ -436,6 +465,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     /// When an attachment last changed: the time given to it, or its revision's (see `Database.attachmentTimes`).
     func modifiedTime(of attachment: Attachment, in id: String) throws -> Double {
+        let staged = withState { bursts[id].flatMap { burst in burst.staged[attachment.name].map { ($0.attachment.digest, burst.times[attachment.name]) } } }
+        if let (digest, time) = staged, digest == attachment.digest, let time { return time }
         let entry = try cached(id)
         return entry.attachmentTimes[attachment.name] ?? entry.revision?.savedAt.timeIntervalSince1970 ?? mountTime
     }
@@ -462,9 +493,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             if waiting { return }
         }
-        guard let attachment = try liveRevision(id).flatMap({ visibleAttachments($0).first { $0.name == name } }) else { return }
+        guard try liveRevision(id) != nil, let attachment = try visibleAttachment(name, in: id) else { return }
         try database.setModified(time, docID: id, name: name, digest: attachment.digest)
-        documentChanged(id)
+        // In place: a forget would reload the whole document for each file `cp -a` or `rsync -a` touches.
+        withState {
+            if bursts[id]?.staged[name]?.attachment.digest == attachment.digest { bursts[id]?.times[name] = time }
+        }
+        cache.update(id) { $0.attachmentTimes[name] = time }
     }
 
     static let revisionAttribute = "user.sofa.rev"
@@ -487,7 +522,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             guard let revision = try liveRevision(id) else { _ = try attributes(of: path); return [:] }
             return [DocumentFileSystem.revisionAttribute: revision.revID.description]
         case .attachment(let id, let name):
-            guard let revision = try liveRevision(id), let attachment = visibleAttachments(revision).first(where: { $0.name == name }) else {
+            guard let revision = try liveRevision(id), let attachment = try visibleAttachment(name, in: id) else {
                 _ = try attributes(of: path)
                 return [:]
             }
@@ -582,7 +617,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         switch Node(path: path) {
         case .attachment(let id, let name):
             found = try liveRevision(id).flatMap { revision in
-                visibleAttachments(revision).first { $0.name == name }.map { ($0, id, revision.revID) }
+                try visibleAttachment(name, in: id).map { ($0, id, revision.revID) }
             }
         case .conflictAttachment(let id, let rev, let name):
             found = try conflictRevision(id, rev).flatMap { conflict in conflict.attachment(named: name).map { ($0, id, conflict.revID) } }

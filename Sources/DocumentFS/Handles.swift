@@ -162,6 +162,8 @@ class WriteHandle: Handle, @unchecked Sendable {
 /// properties.json open for writing: the bytes live in memory (documents are small).
 final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
     var buffer: [UInt8]
+    /// The properties shown when this file began (nil: unknown), then those it saved.
+    var seenProperties: JSONObject?
     static let maximumSize = 64 << 20
 
     init(path: String, docID: String, base: RevisionID?, initial: [UInt8]) {
@@ -209,6 +211,10 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     private var file: TemporaryBlobFile?
     /// The body as last saved.
     private var saved: StoredBlob?
+    /// The digest the attachment had when this file began (nil: it did not exist), and after
+    /// each save the one it saved: a different one shown at the next save was written by
+    /// someone else meanwhile.
+    var seenDigest: String?
 
     init(path: String, docID: String, base: RevisionID?, name: String, contentType: String, blobs: BlobStore,
          initialContent: BlobKey?) throws {

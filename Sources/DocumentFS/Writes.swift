@@ -27,13 +27,13 @@ extension DocumentFileSystem {
             let rendered = entry.rendered
             if writing {
                 let handle = PropertiesWriteHandle(path: path, docID: id, base: revision.revID, initial: truncating ? [] : rendered)
+                handle.seenProperties = revision.properties
                 handle.emptiedAtOpen = truncating
                 return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
             }
             return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: rendered)), directIO: true, noFlush: true)
         case .attachment(let id, let name):
-            guard let revision = try liveRevision(id),
-                  let attachment = visibleAttachments(revision).first(where: { $0.name == name }) else {
+            guard let revision = try liveRevision(id), let attachment = try visibleAttachment(name, in: id) else {
                 throw try attributes(of: path).kind == .directory ? FileSystemError(EISDIR) : FileSystemError(ENOENT)
             }
             if writing {
@@ -43,6 +43,7 @@ extension DocumentFileSystem {
                 let handle = try AttachmentWriteHandle(path: path, docID: id, base: revision.revID, name: name,
                                                        contentType: attachment.contentType, blobs: database.blobs,
                                                        initialContent: truncating ? nil : attachment.blobKey)
+                handle.seenDigest = attachment.digest
                 handle.emptiedAtOpen = truncating
                 return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
             }
@@ -112,7 +113,9 @@ extension DocumentFileSystem {
         switch node {
         case .properties(let id):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
-            let handle = PropertiesWriteHandle(path: path, docID: id, base: try liveRevision(id)?.revID, initial: [])
+            let live = try liveRevision(id)
+            let handle = PropertiesWriteHandle(path: path, docID: id, base: live?.revID, initial: [])
+            handle.seenProperties = live?.properties
             handle.emptiedAtOpen = true
             return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
         case .attachment(let id, let name):
@@ -123,10 +126,11 @@ extension DocumentFileSystem {
             }
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let revision = try liveRevision(id)
-            let existing = revision.flatMap { visibleAttachments($0).first { $0.name == name } }
+            let existing = revision == nil ? nil : try visibleAttachment(name, in: id)
             let handle = try AttachmentWriteHandle(path: path, docID: id, base: revision?.revID, name: name,
                                                    contentType: existing?.contentType ?? MIMEType.forFileName(name),
                                                    blobs: database.blobs, initialContent: nil)
+            handle.seenDigest = existing?.digest
             handle.emptiedAtOpen = true
             return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
         case .scratch(let id, let relative):
@@ -405,19 +409,21 @@ extension DocumentFileSystem {
                     keepRejected(properties.buffer, of: handle.docID, because: error)
                     throw error
                 }
-                revision = try commit(handle.docID, base: handle.base, change: handle.change) { $0.properties = object }
+                revision = try commit(handle.docID, base: handle.base, change: handle.change,
+                                      seen: properties.seenProperties.map(Seen.properties) ?? .unknown) { $0.properties = object }
                 clearRejected(of: handle.docID)
+                properties.seenProperties = object
             case let attachment as AttachmentWriteHandle:
                 let blob = try attachment.commitBody()
-                revision = try commit(handle.docID, base: handle.base, change: handle.change) { draft in
-                    try draft.setAttachment(attachment.name, blob: blob, contentType: attachment.contentType)
-                }
+                let base = try saveAttachment(handle.docID, attachment.name, blob: blob, contentType: attachment.contentType,
+                                              base: handle.base, seen: attachment.seenDigest, modified: handle.givenTime)
+                attachment.seenDigest = blob.key.digestString
                 withState { openedDigests[handle.path] = nil }
-                if let time = handle.givenTime, let saved = revision.attachment(named: attachment.name) {
-                    try? database.setModified(time, docID: handle.docID, name: attachment.name, digest: saved.digest)
-                    handle.givenTime = nil
-                    documentChanged(handle.docID)
-                }
+                handle.givenTime = nil
+                handle.base = base
+                handle.dirty = false
+                handle.emptiedAtOpen = false
+                return
             default:
                 return
             }
@@ -465,46 +471,119 @@ extension DocumentFileSystem {
         return object
     }
 
+    /// What a writer saw when it began: the attachment's digest (nil: absent) or the
+    /// properties, so that a change made meanwhile is told without reloading the revision it
+    /// began from (a document of many files keeps no bodies of its history).
+    enum Seen {
+        case unknown
+        case attachment(String?)
+        case properties(JSONObject)
+    }
+
     /// Saves a change made from `base`: on top of the current revision when the
     /// change does not collide with what happened since, else as a conflicting
-    /// branch from `base`. Removals under way (`rm -r`) are applied too.
-    func commit(_ id: String, base: RevisionID?, change: Change, _ apply: (inout RevisionDraft) throws -> Void) throws -> Revision {
+    /// branch from `base`. Removals under way (`rm -r`) and the document's staged files
+    /// (`Bursts.swift`) are saved with it.
+    func commit(_ id: String, base: RevisionID?, change: Change, seen: Seen = .unknown,
+                _ apply: (inout RevisionDraft) throws -> Void) throws -> Revision {
+        guard let revision = try commitChanges(id, base: base, change: change, seen: seen, apply) else {
+            throw SofaError.documentNotFound(id)
+        }
+        return revision
+    }
+
+    /// `commit`, or with no `change`, a fold of the staged files alone. Returns the revision
+    /// the change is in (the current one when it changed nothing).
+    func commitChanges(_ id: String, base: RevisionID?, change: Change?, seen: Seen,
+                       _ apply: (inout RevisionDraft) throws -> Void) throws -> Revision? {
         for _ in 0..<8 {
+            let burst = withState { bursts[id] }
+            let staged = (burst?.staged.values).map(Array.init) ?? []
             let current = try database.currentRevision(of: id)
             let live = current.flatMap { $0.deleted ? nil : $0 }
-            var draft: RevisionDraft
-            var allowConflict = false
-            if live?.revID == base || (base == nil && live == nil) || !collides(change, base: base, live: live, id: id) {
-                draft = try database.newRevision(of: id)
-            } else {
-                draft = try base.flatMap { try? database.newRevision(of: id, from: $0) } ?? database.newDocument(id)
-                allowConflict = true
+            let liveByName = Dictionary((live?.attachments ?? []).map { ($0.name, $0) }, uniquingKeysWith: { $1 })
+            // Staged files whose names nobody else changed since go on top of the current revision.
+            let (fits, clashes) = staged.reduce(into: ([StagedAttachment](), [StagedAttachment]())) { parts, file in
+                if live != nil && liveByName[file.name]?.digest == file.expectedDigest { parts.0.append(file) } else { parts.1.append(file) }
             }
-            if let removal = removal(id) {
-                for name in removal.attachments where draft.attachments[name] != nil { try draft.removeAttachment(name) }
+            let onLive = change == nil || live?.revID == base || (base == nil && live == nil)
+                || !collides(change!, base: base, seen: seen, live: live, liveByName: liveByName, burst: burst, id: id)
+            var drafts: [(draft: RevisionDraft, allowConflict: Bool)] = []
+            var liveDraft: RevisionDraft?
+            if onLive && change != nil || !fits.isEmpty {
+                var draft = try database.newRevision(of: id)
+                for file in fits { try draft.setAttachment(file.attachment) }
+                liveDraft = draft
             }
+            var changeDraft: RevisionDraft? = nil
+            if let change, !onLive {
+                changeDraft = try conflictDraft(id, from: base, live: live)
+                _ = change
+            }
+            let removal = removal(id)
             let aside = withState { setAside[id] ?? [:] }
-            for (name, set) in aside where draft.attachments[name]?.digest == set.digest { try draft.removeAttachment(name) }
-            try apply(&draft)
-            if !allowConflict, let live, live.revID == draft.parent, draft.repeats(live) {
-                // Nothing changed (rsync rewriting a file with the same bytes, a backup put back): no new revision.
-                endSetAside(aside.keys, of: id)
-                return live
+            if var draft = changeDraft ?? liveDraft {
+                if let removal {
+                    for name in removal.attachments where draft.attachments[name] != nil { try draft.removeAttachment(name) }
+                }
+                for (name, set) in aside where draft.attachments[name]?.digest == set.digest { try draft.removeAttachment(name) }
+                if change != nil { try apply(&draft) }
+                if changeDraft != nil { changeDraft = draft } else { liveDraft = draft }
+            }
+            if let draft = liveDraft {
+                if let live, live.revID == draft.parent, draft.repeats(live) {
+                    // Nothing changed (rsync rewriting a file with the same bytes, a backup put back): no new revision.
+                } else {
+                    drafts.append((draft, false))
+                }
+            }
+            if let draft = changeDraft { drafts.append((draft, true)) }
+            if !clashes.isEmpty, let burst {
+                // Changed elsewhere while staged (or the document went): kept as a branch of what the mount showed.
+                var branch = try database.newRevision(of: id, from: burst.base.revID, like: burst.base)
+                for file in clashes { try branch.setAttachment(file.attachment) }
+                drafts.append((branch, true))
             }
             do {
-                defer { documentChanged(id) }
-                let revision = try database.save(draft, allowConflict: allowConflict)
-                if allowConflict {
-                    log.warning("docs/\(FileNames.escape(id)): changed since it was opened; saved as conflicting revision \(revision.revID)")
+                defer { if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) } }
+                let saved = try database.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged.map(\.seq))
+                for (index, draft) in drafts.enumerated() where draft.allowConflict {
+                    log.warning("docs/\(FileNames.escape(id)): changed since it was written; saved as conflicting revision \(saved[index].revID)")
                 }
                 endSetAside(aside.keys, of: id)
-                withState { removals[id] = nil }
-                return revision
+                withState {
+                    if !drafts.isEmpty { removals[id] = nil }
+                    if var burst = bursts[id] {
+                        for file in staged where burst.staged[file.name]?.seq == file.seq {
+                            burst.staged[file.name] = nil
+                            burst.times[file.name] = nil
+                        }
+                        if burst.staged.isEmpty { bursts[id] = nil } else {
+                            burst.folders = Set(burst.staged.keys.flatMap(DocumentCache.Entry.folders(of:)))
+                            bursts[id] = burst
+                        }
+                    }
+                }
+                if changeDraft != nil { return saved[drafts.firstIndex { $0.allowConflict }!] }
+                if liveDraft != nil, let first = drafts.firstIndex(where: { !$0.allowConflict }) { return saved[first] }
+                return live
             } catch SofaError.conflict {
                 continue  // another writer saved in between: look again
             }
         }
-        throw SofaError.conflict(docID: id, revID: base?.description, current: (try? database.currentRevision(of: id)?.revID.description) ?? "?")
+        throw SofaError.conflict(docID: id, revID: base?.description, current: try database.currentRevision(of: id)?.revID.description ?? "(none)")
+    }
+
+    /// A draft for a change that collides: a branch from `base` with what `base` held, or,
+    /// when the database no longer keeps `base`'s body (history of a large document), with
+    /// what the current revision holds; a new document's branch without a base.
+    private func conflictDraft(_ id: String, from base: RevisionID?, live: Revision?) throws -> RevisionDraft {
+        guard let base else { return try database.newDocument(id) }
+        do {
+            return try database.newRevision(of: id, from: base)
+        } catch SofaError.revisionNotFound {
+            return try database.newRevision(of: id, from: base, like: live)
+        }
     }
 
     /// Sets an attachment aside: renamed to a scratch name in its own document (an editor's
@@ -549,19 +628,35 @@ extension DocumentFileSystem {
         }
     }
 
-    /// Whether a change made from `base` touches what changed between `base` and `live`.
-    private func collides(_ change: Change, base: RevisionID?, live: Revision?, id: String) -> Bool {
+    /// Whether a change made from `base` touches what changed between `base` and `live` (staged
+    /// files count as changed, as the mount shows them).
+    private func collides(_ change: Change, base: RevisionID?, seen: Seen, live: Revision?, liveByName: [String: Attachment],
+                          burst: Burst?, id: String) -> Bool {
         guard let live else { return base != nil }  // deleted since: keep the edit as a branch
+        switch (change, seen) {
+        case (.attachment(let name), .attachment(let digest)):
+            return digest != (burst?.staged[name]?.attachment.digest ?? liveByName[name]?.digest)
+        case (.properties, .properties(let properties)):
+            return properties != live.properties
+        default:
+            break
+        }
         guard let base else {
             switch change {
             case .properties: return !live.properties.isEmpty
-            case .attachment(let name): return live.attachment(named: name) != nil
+            case .attachment(let name): return burst?.staged[name] != nil || liveByName[name] != nil
             }
         }
-        guard let original = try? database.revision(base, of: id) else { return true }
+        let original: Revision
+        do { original = try database.revision(base, of: id) } catch {
+            // Its body is gone (pruned history) or unreadable: keep the edit as a branch, lose nothing.
+            log.notice("docs/\(FileNames.escape(id)): cannot compare with revision \(base) (\(error)); the change is kept as a branch if it is not the current one")
+            return true
+        }
         switch change {
         case .properties: return original.properties != live.properties
-        case .attachment(let name): return original.attachment(named: name)?.digest != live.attachment(named: name)?.digest
+        case .attachment(let name):
+            return original.attachment(named: name)?.digest != (burst?.staged[name]?.attachment.digest ?? liveByName[name]?.digest)
         }
     }
 
@@ -691,7 +786,7 @@ extension DocumentFileSystem {
             detach(pending)
             switch node {
             case .attachment(let id, let name):
-                guard let revision = try liveRevision(id), visibleAttachments(revision).contains(where: { $0.name == name }) else {
+                guard try liveRevision(id) != nil, try visibleAttachment(name, in: id) != nil else {
                     return  // never saved: nothing else to remove
                 }
             case .properties(let id):
@@ -706,8 +801,8 @@ extension DocumentFileSystem {
             guard try liveRevision(id) != nil, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
             withState { removals[id, default: Removal()].properties = true }
         case .attachment(let id, let name):
-            guard let revision = try liveRevision(id), visibleAttachments(revision).contains(where: { $0.name == name }) else {
-                throw (try? attributes(of: path))?.kind == .directory ? FileSystemError(EISDIR) : FileSystemError(ENOENT)
+            guard let revision = try liveRevision(id), try visibleAttachment(name, in: id) != nil else {
+                throw try isDirectoryNode(path) ? FileSystemError(EISDIR) : FileSystemError(ENOENT)
             }
             let removing = withState { () -> Bool in
                 guard removals[id] != nil else { return false }
@@ -817,19 +912,16 @@ extension DocumentFileSystem {
             let modified = stat(file, &info) == 0 ? Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 : nil
             let blob = try database.blobs.adopt(fileAt: file, keepingOriginal: true)
             let live = try liveRevision(toID)
-            let type = live?.attachment(named: name)?.contentType ?? MIMEType.forFileName(name)
-            let saved = try commit(toID, base: live?.revID, change: .attachment(name)) { try $0.setAttachment(name, blob: blob, contentType: type) }
+            let existing = live == nil ? nil : try visibleAttachment(name, in: toID)
             // The temporary file's time (rsync and editors set it before the rename) is the attachment's.
-            if let modified, let attachment = saved.attachment(named: name) {
-                try? database.setModified(modified, docID: toID, name: name, digest: attachment.digest)
-                documentChanged(toID)
-            }
+            _ = try saveAttachment(toID, name, blob: blob, contentType: existing?.contentType ?? MIMEType.forFileName(name),
+                                   base: live?.revID, seen: existing?.digest, modified: modified)
             Glibc.unlink(file)
         case let (.properties(id), .scratch(toID, relative)):
             guard let revision = try liveRevision(id), try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
             try writeScratch(scratchPath(toID, relative), bytes: render(revision.properties))
         case let (.attachment(id, name), .scratch(toID, relative)) where !name.isEmpty:
-            guard let revision = try liveRevision(id), let attachment = visibleAttachments(revision).first(where: { $0.name == name }),
+            guard let revision = try liveRevision(id), let attachment = try visibleAttachment(name, in: id),
                   try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
             let reader = try database.openContent(of: attachment, docID: id)
             try copy(reader, toScratch: scratchPath(toID, relative))

@@ -37,6 +37,8 @@ public final class Database: @unchecked Sendable {
     let hasBodyCache: Bool
     /// Whether the file has `mango_indexes` and `mango_keys` (version 5).
     let hasMangoIndexes: Bool
+    /// Whether the file has `staged_attachments` (version 6).
+    let hasStaging: Bool
     /// Signalled after each commit this process makes (see `ChangeSignal`).
     public let commits = ChangeSignal()
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
@@ -71,6 +73,7 @@ public final class Database: @unchecked Sendable {
         self.hasBodyEvents = schemaVersion >= 3
         self.hasBodyCache = schemaVersion >= 4
         self.hasMangoIndexes = schemaVersion >= 5
+        self.hasStaging = schemaVersion >= 6
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
@@ -543,7 +546,7 @@ public final class Database: @unchecked Sendable {
         try write { try insert(revision, in: $0) }
     }
 
-    private func save(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> Revision {
+    func save(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> Revision {
         try DocumentID.validate(draft.docID)
         guard !DocumentID.isLocal(draft.docID) else {
             throw SofaError.invalidDocumentID(draft.docID, reason: "_local documents are saved with putLocalDocument")
@@ -699,7 +702,26 @@ public final class Database: @unchecked Sendable {
                 try Database.deleteRevision(docKey: docKey, revID: id, in: connection)
             }
         }
+        if added.contains(where: { $0.parent != nil }) { try pruneHistoryBodies(docKey: docKey, in: connection) }
         return sequence
+    }
+
+    /// Drops the bodies and attachment lists of a document's non-leaf revisions once they hold
+    /// more than `Tuning.historyAttachmentRows` attachment rows, as CouchDB's compaction would:
+    /// a document of many files then stores one list per leaf, not one per revision it ever
+    /// had (2,000 files added one by one used to leave ~2 million rows). Revision ids stay
+    /// (within the revs limit) for replication; leaves, and so conflicts, are never touched.
+    /// A small document keeps its history's bodies until `compact()`, as before.
+    private func pruneHistoryBodies(docKey: Int64, in connection: SQLiteConnection) throws {
+        let historyRows = try connection.query("""
+            SELECT COUNT(*) FROM rev_attachments a JOIN revs r ON r.doc_key = a.doc_key AND r.rev_id = a.rev_id
+            WHERE a.doc_key = ? AND r.leaf = 0
+            """, .integer(docKey)) { $0.int(0) }[0]
+        guard historyRows > Tuning.historyAttachmentRows else { return }
+        try connection.run("""
+            DELETE FROM rev_attachments WHERE doc_key = ? AND rev_id IN (SELECT rev_id FROM revs WHERE doc_key = ? AND leaf = 0)
+            """, .integer(docKey), .integer(docKey))
+        try connection.run("UPDATE revs SET body = NULL WHERE doc_key = ? AND leaf = 0 AND body IS NOT NULL", .integer(docKey))
     }
 
     // MARK: - Local documents
@@ -842,7 +864,11 @@ public final class Database: @unchecked Sendable {
                     try connection.run("UPDATE revs SET body = NULL WHERE leaf = 0 AND body IS NOT NULL")
                     report.bodiesDropped = connection.changes
                     // Still under the write lock: no save in this process can reference a blob meanwhile.
-                    let referenced = Set(try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { $0.text(0) })
+                    var referenced = Set(try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { $0.text(0) })
+                    if hasStaging {
+                        // Bodies a mount saved that wait to be folded into a revision.
+                        referenced.formUnion(try connection.query("SELECT DISTINCT blob_key FROM staged_attachments") { $0.text(0) })
+                    }
                     let cutoff = alone && noOtherProcess ? Double.infinity : Date().timeIntervalSince1970 - Tuning.blobGracePeriod
                     for blob in try blobs.allBlobs() where !referenced.contains(blob.key.hex) {
                         var info = stat()

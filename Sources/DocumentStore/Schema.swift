@@ -1,7 +1,7 @@
 import DocumentModel
 import Foundation
 
-/// The SQLite schema of `db.sqlite3`, version 4.
+/// The SQLite schema of `db.sqlite3`, version 6.
 ///
 /// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
 ///   `last_sequence`, `revs_limit`.
@@ -36,9 +36,16 @@ import Foundation
 ///   documents define them, and their entries: key, document id and the indexed values (a JSON
 ///   array), which let a query skip documents without reading them (see `MangoIndexes.swift`).
 ///
+/// - `staged_attachments` (version 6): attachment bodies a mount has saved into a document
+///   that are not part of a revision yet (a burst of files: `cp -r`, `tar x`, `rsync`). The
+///   body is in the blob store; `expected_digest` is the digest the name had where the writer
+///   started (NULL: absent). The mount folds them into one revision when the document has
+///   been quiet for a moment; a mount that stopped leaves them to its successor (`pid`). See
+///   `Staging.swift`.
+///
 /// Older databases are upgraded when opened for writing (new tables and an index).
 enum Schema {
-    static let version = 5
+    static let version = 6
 
     static let bodyDigestsTable = """
         CREATE TABLE IF NOT EXISTS body_digests (digest TEXT PRIMARY KEY, blob_key TEXT NOT NULL) WITHOUT ROWID;
@@ -93,6 +100,20 @@ enum Schema {
         CREATE INDEX IF NOT EXISTS mango_keys_by_doc ON mango_keys (doc_id);
         """
 
+    static let version6Tables = """
+        CREATE TABLE IF NOT EXISTS staged_attachments (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            pid INTEGER NOT NULL,
+            doc_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            content_type TEXT NOT NULL,
+            length INTEGER NOT NULL,
+            blob_key TEXT NOT NULL,
+            expected_digest TEXT,
+            base_rev TEXT
+        );
+        """
+
     static func create(_ connection: SQLiteConnection, revsLimit: Int) throws {
         try configure(connection)
         try connection.execute("BEGIN IMMEDIATE")
@@ -131,7 +152,7 @@ enum Schema {
                 ) WITHOUT ROWID;
                 CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
                 CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
-                """ + bodyDigestsTable + version3Tables + version4Tables + version5Tables)
+                """ + bodyDigestsTable + version3Tables + version4Tables + version5Tables + version6Tables)
             try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
                                "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
                                .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
@@ -158,12 +179,12 @@ enum Schema {
         try configure(connection)
         if userVersion == version {
             // Tables added to this version after it was first made.
-            try connection.execute(version4Tables + version5Tables)
+            try connection.execute(version4Tables + version5Tables + version6Tables)
         }
         if userVersion < version {
             try connection.execute("BEGIN IMMEDIATE")
             do {
-                try connection.execute(bodyDigestsTable + version3Tables + version4Tables + version5Tables +
+                try connection.execute(bodyDigestsTable + version3Tables + version4Tables + version5Tables + version6Tables +
                                        "PRAGMA user_version = \(version);")
                 try connection.execute("COMMIT")
             } catch {

@@ -40,4 +40,26 @@ public enum Tuning {
     /// FUSE hands the mount writes of up to 1 MiB (fewer round trips); they reach the disk in
     /// these pieces.
     public static let largestWrite = 256 << 10
+
+    /// Attachment rows a document's non-leaf revisions may hold before their bodies and lists
+    /// are dropped at the next save (`Database.pruneHistoryBodies`). Small documents keep the
+    /// bodies of their history (a GET of an older revision works until `compact`), as on an
+    /// uncompacted CouchDB; a folder of thousands of files keeps one list per leaf, so the
+    /// SQLite file grows with the data, not with the data times its revisions.
+    public static let historyAttachmentRows = 1_000
+
+    /// A file closed in a mounted document less than this after the document's previous save
+    /// is staged, and the staged files are folded into one revision once the document has been
+    /// this quiet (see DocumentFS's `Bursts.swift`). An editor's save (one file, then nothing)
+    /// is still one revision made at its close; `cp -r`, `tar x` and `rsync` into a document
+    /// make one revision per `burstLongestDelay` instead of one per file. 0 turns staging off.
+    public static let burstQuietWindow = 0.5
+
+    /// The longest a staged file waits before its document's fold, however busy the document
+    /// stays: what another process (`sofa cat`, a continuous push) lags behind the mount, and
+    /// how many revisions a long copy makes (one per this many seconds).
+    public static let burstLongestDelay = 2.0
+
+    /// After a fold failed (a full disk, a locked database), when it is tried again.
+    public static let burstRetryDelay = 1.0
 }

@@ -23,7 +23,7 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find": suite = argument
+            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders": suite = argument
             default:
                 FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
@@ -258,6 +258,7 @@ do {
     case "couchdb": try couchDBBenchmark(options)
     case "deferred": try deferredBenchmark(options)
     case "find": try findBenchmark(options)
+    case "folders": try folderBenchmark(options)
     default: try storage(options)
     }
 } catch {

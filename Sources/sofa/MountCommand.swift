@@ -137,6 +137,7 @@ struct Mount: SofaCommand {
         session?.start()
         mount.run()
         fileSystem.saveSetAsideRemovals()
+        fileSystem.foldAllBursts()
         session?.stop()
         session?.wait()
         // Fetches still running end (and save what arrived) before the process does.

@@ -26,7 +26,7 @@ import TestSupport
         // cp streams into the blob store until the disk is full; its write fails.
         let copy = try shell("cp \(source) \(folder)/big.bin")
         #expect(!copy.succeeded && copy.stderr.contains("No space left on device"), "\(copy.stderr)")
-        #expect(try db.document(withID: "doc") == before, "no revision from a body that did not fit")
+        #expect(try document(db, "doc") == before, "no revision from a body that did not fit")
         let leftovers = try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory + "/tmp")
         #expect(leftovers.isEmpty, "the half body is gone: \(leftovers)")
         let blobs = try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory).filter { $0.hasSuffix(".blob") }
@@ -50,12 +50,12 @@ import TestSupport
             """)
         #expect(retry.stdout == "full: No space left on device\nlater write: No space left on device\nclose: No space left on device\n",
                 "\(retry.stdout) \(retry.stderr)")
-        #expect(try db.document(withID: "doc") == before)
+        #expect(try document(db, "doc") == before)
         // Once there is room again, work goes on.
         let echo = try shell("echo fits > \(folder)/small.txt")
         let state = try sh("df -k \(small); ls -la \(db.path) \(db.path)/attachments/tmp")
         #expect(echo.succeeded, "\(echo.stderr) \(state)\n\(mount.log)")
-        #expect(try db.document(withID: "doc")?.attachmentNames == ["keep.txt", "small.txt"])
+        #expect(try document(db, "doc")?.attachmentNames == ["keep.txt", "small.txt"])
         #expect(try sh("cat \(folder)/keep.txt") == "kept\n")
         #expect(mount.unmount().succeeded)
     }

@@ -46,9 +46,11 @@ import TestSupport
         }
         #expect(failures.messages.isEmpty, "\(failures.messages.prefix(5))")
         for writer in 0..<8 {
-            let revision = try #require(try db.document(withID: "w\(writer)"))
+            let revision = try #require(try document(db, "w\(writer)"))
             #expect(revision.attachmentNames.count == files, "w\(writer) has \(revision.attachmentNames)")
-            #expect(revision.revID.generation == 1 + 2 * files, "one revision per close: \(revision.revID)")
+            // One revision per close at most: closes in quick succession in one document are
+            // staged and folded into fewer (Tuning.burstQuietWindow).
+            #expect(revision.revID.generation <= 1 + 2 * files, "at most one revision per close: \(revision.revID)")
             #expect(revision.properties == ["writer": .integer(Int64(writer)), "file": .integer(Int64(files - 1))])
             for file in 0..<files {
                 let attachment = try #require(revision.attachment(named: "f\(file).bin"))

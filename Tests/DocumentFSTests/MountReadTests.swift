@@ -35,7 +35,7 @@ import TestSupport
         #expect(try sh("ls \(mount.path("docs/plain"))") == "attachments\nproperties.json\n")
         #expect(try sh("ls \(mount.path("docs/plain/attachments"))") == "data.bin\nhello.txt\nsub\n")
         #expect(try sh("ls -A '\(mount.path("docs/..%2F..%2Fetc/attachments"))'") == "..%2Fevil\n")
-        let rendered = JSONValue.object(try db.document(withID: "plain")!.properties).prettyPrinted()
+        let rendered = JSONValue.object(try document(db, "plain")!.properties).prettyPrinted()
         #expect(try sh("stat -c %s \(mount.path("docs/plain/properties.json"))") == "\(rendered.utf8.count)\n")
         #expect(try sh("stat -c %s \(mount.path("docs/plain/attachments/data.bin"))") == "300000\n")
         // The size of a body that is not here comes from its metadata.
@@ -49,7 +49,7 @@ import TestSupport
         let diskBlocks = try sh("stat -f -c %b \(db.path)")
         #expect(mountBlocks == diskBlocks)
         // The revision's time is the files' mtime.
-        let saved = Int(try db.document(withID: "plain")!.savedAt.timeIntervalSince1970)
+        let saved = Int(try document(db, "plain")!.savedAt.timeIntervalSince1970)
         #expect(try sh("stat -c %Y \(mount.path("docs/plain/properties.json"))") == "\(saved)\n")
         #expect(mount.unmount().succeeded)
     }
@@ -83,7 +83,7 @@ import TestSupport
 
     @Test func extendedAttributesDescribeRevisionsAndBodies() throws {
         let mount = try MountedDatabase(db.path)
-        let plain = try #require(try db.document(withID: "plain"))
+        let plain = try #require(try document(db, "plain"))
         let attributes = try sh("getfattr -d --absolute-names \(mount.path("docs/plain/attachments/hello.txt"))")
         #expect(attributes.contains("user.mime_type=\"text/plain\""))
         #expect(attributes.contains("user.sofa.available=\"true\""))

@@ -12,8 +12,30 @@ func sh(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) th
     return result.stdout
 }
 
-/// The current generation of a document, through the database.
+/// The current generation of a document, through the database, once the mount has folded
+/// the files it staged (see `settled`).
 func generation(_ db: Database, _ id: String) throws -> Int {
-    try db.currentRevision(of: id)?.revID.generation ?? 0
+    try settled(db)
+    return try db.currentRevision(of: id)?.revID.generation ?? 0
 }
 
+/// Waits until no mount has files staged in `db` (a burst of files written into a document
+/// becomes one revision once the document is quiet: `Tuning.burstQuietWindow`), so that what a
+/// test reads through the database is what the mount shows. Fails after 10 s.
+func settled(_ db: Database, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let deadline = Date().addingTimeInterval(10)
+    while try !db.stagedAttachments().isEmpty {
+        guard Date() < deadline else {
+            Issue.record("files staged by the mount were not folded into a revision within 10 s", sourceLocation: sourceLocation)
+            return
+        }
+        usleep(20_000)
+    }
+}
+
+
+/// A live document through the database, once the mount has folded what it staged.
+func document(_ db: Database, _ id: String) throws -> Revision? {
+    try settled(db)
+    return try db.document(withID: id)
+}

@@ -15,14 +15,14 @@ import TestSupport
         try db.put("doc", ["greeting": "hi", "n": 1], attachments: ["keep.txt": Array("kept".utf8)])
     }
 
-    func properties() throws -> JSONObject { try #require(try db.document(withID: "doc")).properties }
+    func properties() throws -> JSONObject { try #require(try document(db, "doc")).properties }
 
     @Test func echoRedirectSavesOneRevision() throws {
         let mount = try MountedDatabase(db.path)
         try sh("echo '{\"greeting\":\"hello\",\"n\":2}' > \(mount.path("docs/doc/properties.json"))")
         #expect(try generation(db, "doc") == 2)
         #expect(try properties() == ["greeting": "hello", "n": 2])
-        #expect(try db.document(withID: "doc")?.attachmentNames == ["keep.txt"], "attachments are kept")
+        #expect(try document(db, "doc")?.attachmentNames == ["keep.txt"], "attachments are kept")
         #expect(try sh("cat \(mount.path("docs/doc/properties.json"))") == "{\n  \"greeting\": \"hello\",\n  \"n\": 2\n}\n")
     }
 
@@ -186,7 +186,7 @@ import TestSupport
     }
 
     func attachment(_ name: String, in id: String = "doc") throws -> DocumentStore.Attachment? {
-        try db.document(withID: id)?.attachment(named: name)
+        try document(db, id)?.attachment(named: name)
     }
 
     func contents(_ name: String, in id: String = "doc") throws -> [UInt8]? {
@@ -271,7 +271,7 @@ import TestSupport
         close(fd)
         close(properties)
         _ = mount.unmount()
-        #expect(try db.document(withID: "doc")?.attachment(named: "journal.bin") == nil)
+        #expect(try document(db, "doc")?.attachment(named: "journal.bin") == nil)
         mount = try MountedDatabase(db.path)
         #expect(try sh("cat '\(mount.path("docs/doc/attachments/journal.bin"))'").hasPrefix("synced"))
         #expect(try sh("cat '\(mount.path("docs/doc/properties.json"))'").contains("\"synced\": 1"))
@@ -299,18 +299,18 @@ import TestSupport
         let key = try #require(try attachment("a.txt")?.blobKey)
         try sh("mv \(mount.path("docs/doc/attachments/a.txt")) \(mount.path("docs/doc/attachments/b.txt"))")
         #expect(try generation(db, "doc") == 2)
-        #expect(try db.document(withID: "doc")?.attachmentNames == ["b.txt"])
+        #expect(try document(db, "doc")?.attachmentNames == ["b.txt"])
         #expect(try attachment("b.txt")?.blobKey == key)
         try sh("mv \(mount.path("docs/doc/attachments/b.txt")) \(mount.path("docs/other/attachments/moved.txt"))")
         #expect(try generation(db, "doc") == 3 && generation(db, "other") == 2)
         #expect(try attachment("moved.txt", in: "other")?.blobKey == key)
-        #expect(try db.document(withID: "doc")?.attachmentNames == [])
+        #expect(try document(db, "doc")?.attachmentNames == [])
         try sh("cp \(mount.path("docs/other/attachments/moved.txt")) \(mount.path("docs/doc/attachments/copy.txt"))")
         #expect(try attachment("copy.txt")?.blobKey == key)
         #expect(try db.info().blobCount == blobs, "the copy is the same blob")
         try sh("rm \(mount.path("docs/doc/attachments/copy.txt"))")
         #expect(try generation(db, "doc") == 5)
-        #expect(try db.document(withID: "doc")?.attachmentNames == [])
+        #expect(try document(db, "doc")?.attachmentNames == [])
     }
 
     @Test func rsyncAndTarFillAttachments() throws {
@@ -319,7 +319,7 @@ import TestSupport
         try sh("mkdir -p \(tree)/sub/deeper && printf one > \(tree)/one.txt && printf two > \(tree)/sub/two.txt && printf three > \(tree)/sub/deeper/three.txt")
         let rsync = try shell("rsync -a \(tree)/ \(mount.path("docs/doc/attachments/"))")
         #expect(rsync.succeeded, "\(rsync.stderr)")
-        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "one.txt", "sub/deeper/three.txt", "sub/two.txt"])
+        #expect(try document(db, "doc")?.attachmentNames == ["a.txt", "one.txt", "sub/deeper/three.txt", "sub/two.txt"])
         #expect(try contents("sub/deeper/three.txt") == Array("three".utf8))
         // A second rsync rewrites nothing that matters: the same bytes make no new revision.
         let generationAfterRsync = try generation(db, "doc")
@@ -328,7 +328,7 @@ import TestSupport
         #expect(try generation(db, "doc") == generationAfterRsync)
 
         try sh("tar -C \(tree) -cf \(directory.appending("t.tar")) . && tar -x -C \(mount.path("docs/other/attachments")) -f \(directory.appending("t.tar"))")
-        #expect(try db.document(withID: "other")?.attachmentNames == ["one.txt", "sub/deeper/three.txt", "sub/two.txt"])
+        #expect(try document(db, "other")?.attachmentNames == ["one.txt", "sub/deeper/three.txt", "sub/two.txt"])
         #expect(try sh("cat \(mount.path("docs/other/attachments/sub/two.txt"))") == "two")
         // cp -a keeps going through chmod, chown and times.
         #expect(try shell("cp -a \(tree)/sub \(mount.path("docs/other/attachments/copied"))").succeeded)
@@ -358,7 +358,7 @@ import TestSupport
         #expect(close(fd) == 0)
         let tree = try db.revisionTree(of: "doc")
         #expect(tree.conflicts.isEmpty, "different attachments merge")
-        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "mine.txt", "theirs.txt"])
+        #expect(try document(db, "doc")?.attachmentNames == ["a.txt", "mine.txt", "theirs.txt"])
     }
 }
 
@@ -376,12 +376,12 @@ import TestSupport
         let mount = try MountedDatabase(db.path)
         try sh("mkdir \(mount.path("docs/new"))")
         #expect(try sh("ls \(mount.path("docs"))") == "doc\nnew\n")
-        #expect(try db.document(withID: "new") == nil, "nothing saved yet")
+        #expect(try document(db, "new") == nil, "nothing saved yet")
         try sh("echo '{\"fresh\":true}' > \(mount.path("docs/new/properties.json"))")
-        #expect(try db.document(withID: "new")?.properties == ["fresh": true])
+        #expect(try document(db, "new")?.properties == ["fresh": true])
         #expect(try generation(db, "new") == 1)
         try sh("mkdir \(mount.path("docs/files")) && printf data > \(mount.path("docs/files/attachments/x.bin"))")
-        #expect(try db.document(withID: "files")?.attachmentNames == ["x.bin"])
+        #expect(try document(db, "files")?.attachmentNames == ["x.bin"])
         let invalid = try shell("mkdir \(mount.path("docs/_private"))")
         #expect(!invalid.succeeded && invalid.stderr.contains("Invalid argument"), "\(invalid.stderr)")
         #expect(!(try shell("mkdir \(mount.path("docs/doc"))")).succeeded, "exists")
@@ -401,8 +401,8 @@ import TestSupport
         let mount = try MountedDatabase(db.path)
         let blobs = try db.info().blobCount
         try sh("mv \(mount.path("docs/doc")) \(mount.path("docs/renamed"))")
-        #expect(try db.document(withID: "doc") == nil)
-        let renamed = try #require(try db.document(withID: "renamed"))
+        #expect(try document(db, "doc") == nil)
+        let renamed = try #require(try document(db, "renamed"))
         #expect(renamed.properties == ["n": 1])
         #expect(renamed.attachmentNames == ["a.txt", "sub/b.txt"])
         #expect(try db.info().blobCount == blobs)
@@ -414,13 +414,13 @@ import TestSupport
         try sh("printf 'draft' > \(mount.path("docs/doc/notes.swp")) && mkdir \(mount.path("docs/doc/.cache")) && printf x > \(mount.path("docs/doc/.cache/y"))")
         #expect(try sh("ls -A \(mount.path("docs/doc"))") == ".cache\nattachments\nnotes.swp\nproperties.json\n")
         #expect(try generation(db, "doc") == 1, "scratch files are not revisions")
-        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "sub/b.txt"])
+        #expect(try document(db, "doc")?.attachmentNames == ["a.txt", "sub/b.txt"])
         mount.unmount()
         mount = try MountedDatabase(db.path)
         #expect(try sh("cat \(mount.path("docs/doc/notes.swp"))") == "draft")
         // Renaming a scratch file into attachments/ saves it.
         try sh("mv \(mount.path("docs/doc/notes.swp")) \(mount.path("docs/doc/attachments/notes.txt"))")
-        #expect(try db.document(withID: "doc")?.attachmentNames == ["a.txt", "notes.txt", "sub/b.txt"])
+        #expect(try document(db, "doc")?.attachmentNames == ["a.txt", "notes.txt", "sub/b.txt"])
         #expect(try generation(db, "doc") == 2)
     }
 
@@ -435,7 +435,7 @@ import TestSupport
         #expect(close(fd) == 0, "the open file still saves")
         let result = mount.unmount()
         #expect(result.succeeded, "\(result.stderr)")
-        #expect(try db.document(withID: "doc")?.attachment(named: "late.txt")?.length == 4)
+        #expect(try document(db, "doc")?.attachment(named: "late.txt")?.length == 4)
     }
 
     @Test func autoUnmountLeavesNoDeadMountWhenKilled() throws {

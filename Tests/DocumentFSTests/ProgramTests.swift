@@ -43,7 +43,7 @@ import TestSupport
         try sh("cd '\(folder)' && for i in $(seq 1 20); do : > g$i; mv g$i h$i; truncate -s 3 h$i; touch h$i; rm h$i; done")
         #expect(try sh("ls -A '\(folder)'").isEmpty)
         #expect(mount.unmount().succeeded)
-        #expect(try db.document(withID: "doc")?.attachments.isEmpty == true)
+        #expect(try document(db, "doc")?.attachments.isEmpty == true)
         #expect(try leaves() == 1)
     }
 
@@ -75,7 +75,7 @@ import TestSupport
             """
         #expect(try sh("python3 -c \"\(script)\"").split(separator: "\n") == ["100000", "100010"])
         #expect(mount.unmount().succeeded)
-        #expect(try db.document(withID: "doc")?.attachment(named: "tmp_pack")?.length == 100_010)
+        #expect(try document(db, "doc")?.attachment(named: "tmp_pack")?.length == 100_010)
     }
 
     @Test func aShellGroupWritingThroughInheritedDescriptorsIsOneRevision() throws {
@@ -117,7 +117,7 @@ import TestSupport
         #expect(!long.succeeded && long.stderr.contains("File name too long"), "\(long.stderr)")
         #expect(!(try shell("mkdir '\(folder)/\(name256)'")).succeeded)
         #expect(mount.unmount().succeeded)
-        #expect(try db.document(withID: "doc")?.attachment(named: "sparse")?.length == 64 << 20)
+        #expect(try document(db, "doc")?.attachment(named: "sparse")?.length == 64 << 20)
     }
 
     @Test func attachmentsKeepTheirOwnTimesSoASecondRsyncCopiesNothing() throws {
@@ -146,8 +146,8 @@ import TestSupport
         try sh("echo note > '\(mount.path("docs/doc/attachments/note.txt"))'")
         // As a file manager's Delete does: the freedesktop.org trash at the top of the mount.
         try sh("gio trash '\(mount.path("docs/doc/attachments/note.txt"))' '\(mount.path("docs/whole"))'")
-        #expect(try db.document(withID: "doc")?.attachment(named: "note.txt") == nil)
-        #expect(try db.document(withID: "whole") == nil)
+        #expect(try document(db, "doc")?.attachment(named: "note.txt") == nil)
+        #expect(try document(db, "whole") == nil)
         let trash = mount.path(".Trash-\(getuid())")
         #expect(try sh("cd '\(trash)' && find . -type f | sort").split(separator: "\n") == [
             "./files/note.txt", "./files/whole/attachments/a.txt", "./files/whole/attachments/sub/b.txt",
@@ -160,7 +160,7 @@ import TestSupport
                + "&& mv '\(trash)/files/whole' '\(mount.path("docs/whole"))'")
         #expect(try sh("cat '\(mount.path("docs/doc/attachments/note.txt"))'") == "note\n")
         #expect(mount.unmount().succeeded)
-        let whole = try #require(try db.document(withID: "whole"))
+        let whole = try #require(try document(db, "whole"))
         #expect(whole.properties == ["kept": true])
         #expect(Set(whole.attachments.map(\.name)) == ["a.txt", "sub/b.txt"])
         #expect(try db.revisionTree(of: "whole").conflicts.isEmpty)
@@ -179,7 +179,7 @@ import TestSupport
         Thread.sleep(forTimeInterval: Tuning.setAsideGrace + 0.5)
         #expect(mount.unmount().succeeded)
         #expect(try generation(db, "doc") == before + 1)
-        #expect(try db.document(withID: "doc")?.attachments.map(\.name) == ["note.txt"])
+        #expect(try document(db, "doc")?.attachments.map(\.name) == ["note.txt"])
         #expect(try leaves() == 1)
     }
 
@@ -211,7 +211,7 @@ import TestSupport
         try display.press("ctrl+End BackSpace BackSpace BackSpace BackSpace ctrl+Home Down End", in: window)
         try display.type(#", "edited": true"#, in: window)
         try display.press("ctrl+s", in: window)
-        #expect(waitUntil(30) { (try? db.document(withID: "doc"))??.properties["edited"] == true })
+        #expect(waitUntil(30) { (try? document(db, "doc"))??.properties["edited"] == true })
         #expect(try waitUntil(30) { try !display.title(of: window).hasPrefix("*") })
         #expect(!FileManager.default.fileExists(atPath: rejected), "a good save clears the rejected text")
         #expect(try generation(db, "doc") == start + 1)
@@ -229,7 +229,7 @@ import TestSupport
         try display.press("ctrl+q", in: noteWindow)
         #expect(mount.unmount().succeeded)
         #expect(try leaves() == 1, "the editor alone made conflicting branches")
-        #expect(try db.document(withID: "doc")?.attachments.map(\.name) == ["note.txt"])
+        #expect(try document(db, "doc")?.attachments.map(\.name) == ["note.txt"])
     }
 
     @Test func everyFailedOperationIsLoggedWithItsPathAndReason() throws {

@@ -51,7 +51,7 @@ import TestSupport
         #expect(errno { _ = try fs.attributes(of: path) } == ENOENT)
         fs.release(file.handle)
         #expect(try generation() == before, "nothing was saved")
-        #expect(try db.document(withID: "doc")?.attachment(named: "empty") == nil)
+        #expect(try document(db, "doc")?.attachment(named: "empty") == nil)
     }
 
     @Test func aFileBeingWrittenOpensByPathAndReadsWhatWasWritten() throws {
@@ -65,7 +65,7 @@ import TestSupport
         fs.release(reader.handle)
         try fs.flush(writer.handle, caller: shell)
         fs.release(writer.handle)
-        #expect(try db.document(withID: "doc")?.attachment(named: "tmp_pack")?.length == 13)
+        #expect(try document(db, "doc")?.attachment(named: "tmp_pack")?.length == 13)
     }
 
     @Test func anInheritedDescriptorClosedByAChildSavesNothingTheOpenersCloseSavesOnce() throws {
@@ -81,7 +81,7 @@ import TestSupport
         try fs.flush(file.handle, caller: shell)
         fs.release(file.handle)
         #expect(try generation() == before + 1)
-        let body = try #require(try db.document(withID: "doc")?.attachment(named: "group.txt"))
+        let body = try #require(try document(db, "doc")?.attachment(named: "group.txt"))
         #expect(body.length == 9)
     }
 
@@ -108,7 +108,7 @@ import TestSupport
         try write(file.handle, "two", at: 3)
         try fs.flush(file.handle, caller: shell)
         fs.release(file.handle)
-        let document = try #require(try db.document(withID: "doc"))
+        let document = try #require(try document(db, "doc"))
         #expect(document.attachment(named: "config.lock") == nil)
         #expect(document.attachment(named: "config")?.length == 6)
         #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
@@ -121,7 +121,7 @@ import TestSupport
         try write(file.handle, "late")
         try fs.flush(file.handle, caller: shell)
         fs.release(file.handle)
-        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt") == nil)
+        #expect(try document(db, "doc")?.attachment(named: "keep.txt") == nil)
     }
 
     @Test func truncateAnswersAtOnceEFBIGPastTheLimitAndNothingIsLeftLocked() throws {
@@ -129,11 +129,11 @@ import TestSupport
         #expect(errno { try fs.truncate(path, to: 1 << 40, handle: nil) } == EFBIG)
         // The file is still usable by path (the hang was a lock kept after that error).
         try fs.truncate(path, to: 2, handle: nil)
-        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 2)
+        #expect(try document(db, "doc")?.attachment(named: "keep.txt")?.length == 2)
         let grown = try fs.create("/docs/doc/attachments/sparse", permissions: 0o644, flags: O_WRONLY | O_CREAT, caller: shell)
         try fs.truncate("/docs/doc/attachments/sparse", to: 64 << 20, handle: grown.handle)
         fs.release(grown.handle)
-        let sparse = try #require(try db.document(withID: "doc")?.attachment(named: "sparse"))
+        let sparse = try #require(try document(db, "doc")?.attachment(named: "sparse"))
         #expect(sparse.length == 64 << 20)
         // Holes hash as the zeros they read as.
         #expect(sparse.digest == "sha1-" + Data(MessageDigest.hash(.sha1, [UInt8](repeating: 0, count: 64 << 20))).base64EncodedString())
@@ -188,7 +188,7 @@ import TestSupport
         #expect(try generation() == before + 1)
         let tree = try db.revisionTree(of: "doc")
         #expect(tree.conflicts.isEmpty)
-        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 8)
+        #expect(try document(db, "doc")?.attachment(named: "keep.txt")?.length == 8)
         #expect(try listing(root) == ["keep.txt", "keep.txt~"])
         Thread.sleep(forTimeInterval: Tuning.setAsideGrace + 0.5)
         #expect(try generation() == before + 1, "nothing more is saved when the grace ends")
@@ -200,11 +200,11 @@ import TestSupport
         try fs.rename(root + "/keep.txt", to: root + "/keep.txt~", flags: 0)
         #expect(try generation() == before, "not yet")
         #expect(try waitUntil(Tuning.setAsideGrace + 5) { try generation() == before + 1 })
-        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt") == nil)
+        #expect(try document(db, "doc")?.attachment(named: "keep.txt") == nil)
         #expect(try listing(root) == ["keep.txt~"])
         // Putting the backup back saves the attachment again.
         try fs.rename(root + "/keep.txt~", to: root + "/keep.txt", flags: 0)
-        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 4)
+        #expect(try document(db, "doc")?.attachment(named: "keep.txt")?.length == 4)
     }
 
     @Test func aBackupPutBackAtOnceSavesNothingAndAChangeByAnotherWriterIsNotRemoved() throws {
@@ -221,7 +221,7 @@ import TestSupport
         try db.put("doc", [:], attachments: ["keep.txt": Array("from the CLI".utf8)])
         fs.documentChanged("doc")
         fs.saveSetAsideRemovals()
-        #expect(try db.document(withID: "doc")?.attachment(named: "keep.txt")?.length == 12)
+        #expect(try document(db, "doc")?.attachment(named: "keep.txt")?.length == 12)
     }
 
     /// A folder never vanishes for a moment while files come and go in it (a stat of it

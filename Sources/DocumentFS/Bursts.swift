@@ -1,0 +1,194 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// Bursts: many files written into one document make few revisions.
+///
+/// The rule (its numbers are `Tuning.burstQuietWindow` and `Tuning.burstLongestDelay`):
+/// - A file closed in a document that has been quiet for the window is saved as a revision at
+///   once, as before: an editor's save is one revision, there when `close` returns.
+/// - A file closed within the window of the document's previous save is *staged*: its body is
+///   already in the blob store, and one row in SQLite records it (`Database.stage`), so it is
+///   safe against a killed mount when `close` returns and costs the same whatever the document
+///   holds. The mount shows it at once.
+/// - The staged files of a document are folded into one revision when it has been quiet for the
+///   window, or when the oldest has waited `burstLongestDelay`; any other save of the document
+///   (properties.json, an unlink, a rename) takes them in first, and so does the unmount.
+/// - A mount that was killed leaves its staged files to the next mount of the database, which
+///   folds them when it starts. Other processes (`sofa cat`, a replicator in another process)
+///   see staged files once they are folded, at most `burstLongestDelay` later.
+extension DocumentFileSystem {
+    /// The staged files of one document and when they came.
+    struct Burst {
+        /// The document as shown when the burst began: a staged file that collides with a change
+        /// made elsewhere meanwhile is kept as a conflicting branch of it.
+        var base: Revision
+        var staged: [String: StagedAttachment] = [:]
+        /// Their modification times (the time given to them, or when they were closed).
+        var times: [String: Double] = [:]
+        /// The folders their names make.
+        var folders: Set<String> = []
+        var first: Double
+        var last: Double
+        /// Identifies the one timer that checks this burst.
+        var timer = 0
+    }
+
+    /// Saves an attachment written or moved into a document: staged when the document is busy
+    /// (see above), else a revision at once. `seen` is the digest the name had when the
+    /// writer began (nil: absent), to tell a change made meanwhile. Returns the revision the
+    /// document is now shown from.
+    func saveAttachment(_ id: String, _ name: String, blob: StoredBlob, contentType: String, base: RevisionID?,
+                        seen: String?, modified: Double?) throws -> RevisionID? {
+        if let staged = try stageIfBusy(id, name, blob: blob, contentType: contentType, seen: seen, modified: modified) {
+            return staged
+        }
+        let revision = try commit(id, base: base, change: .attachment(name), seen: .attachment(seen)) { draft in
+            try draft.setAttachment(name, blob: blob, contentType: contentType)
+        }
+        if let modified, let saved = revision.attachment(named: name) {
+            try database.setModified(modified, docID: id, name: name, digest: saved.digest)
+            cache.update(id) { $0.attachmentTimes[name] = modified }
+        }
+        return revision.revID
+    }
+
+    /// Stages the attachment when its document saved something less than the quiet window ago;
+    /// nil when it must be saved now (a quiet document, a blob property's file, a change that
+    /// collides with what the document shows, a document that is not live).
+    private func stageIfBusy(_ id: String, _ name: String, blob: StoredBlob, contentType: String, seen: String?,
+                             modified: Double?) throws -> RevisionID? {
+        let now = Date().timeIntervalSince1970
+        guard Tuning.burstQuietWindow > 0, !Blobs.isStandInName(name) else { return nil }
+        let busy = withState { () -> Bool in
+            let busy = bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow
+            if recentSaves.count > 10_000 { recentSaves = recentSaves.filter { now - $0.value < Tuning.burstQuietWindow } }
+            recentSaves[id] = now
+            return busy
+        }
+        guard busy else { return nil }
+        let entry = try cached(id)
+        guard let live = entry.revision, removal(id) == nil else { return nil }
+        // Written from something other than what is shown now: the commit decides (merge or conflict).
+        guard try visibleAttachment(name, in: id)?.digest == seen else { return nil }
+        let attachment = Attachment(name: name, contentType: contentType, blob: blob, revpos: 0)
+        let time = modified ?? now
+        let staged = try database.stage(StagedAttachment.Draft(docID: id, attachment: attachment,
+                                                              expectedDigest: entry.byName[name]?.digest,
+                                                              base: live.revID, modified: time))
+        let timer = withState { () -> Int? in
+            let isNew = bursts[id] == nil
+            var burst = bursts[id] ?? Burst(base: live, first: now, last: now)
+            if (burst.staged[name]?.seq ?? 0) < staged.seq {
+                burst.staged[name] = staged
+                burst.times[name] = time
+            }
+            burst.folders.formUnion(DocumentCache.Entry.folders(of: name))
+            burst.last = now
+            if isNew { burst.timer += 1 }
+            bursts[id] = burst
+            return isNew ? burst.timer : nil
+        }
+        if let timer { scheduleBurstCheck(id, timer: timer, after: Tuning.burstQuietWindow) }
+        return live.revID
+    }
+
+    private func scheduleBurstCheck(_ id: String, timer: Int, after delay: Double) {
+        burstQueue.asyncAfter(deadline: .now() + max(delay, 0.001)) { [weak self] in
+            self?.checkBurst(id, timer: timer)
+        }
+    }
+
+    /// Folds the burst when it is due; otherwise waits until it is.
+    private func checkBurst(_ id: String, timer: Int) {
+        let now = Date().timeIntervalSince1970
+        let due = withState { () -> Double? in
+            guard let burst = bursts[id], burst.timer == timer else { return nil }  // folded meanwhile, or another timer's
+            return min(burst.last + Tuning.burstQuietWindow, burst.first + Tuning.burstLongestDelay)
+        }
+        guard let due else { return }
+        if now < due {
+            scheduleBurstCheck(id, timer: timer, after: due - now)
+            return
+        }
+        var retry = 0.0
+        do {
+            try foldBurst(id)
+        } catch {
+            log.error("docs/\(FileNames.escape(id)): files written in a burst were not saved as a revision yet: \(error); they stay staged and are tried again")
+            retry = Tuning.burstRetryDelay
+        }
+        // Files staged while it folded start a burst of their own.
+        let next = withState { () -> Int? in
+            guard var burst = bursts[id], burst.timer == timer else { return nil }
+            burst.first = Date().timeIntervalSince1970
+            burst.timer += 1
+            bursts[id] = burst
+            return burst.timer
+        }
+        if let next { scheduleBurstCheck(id, timer: next, after: max(retry, Tuning.burstQuietWindow)) }
+    }
+
+    /// Saves the staged files of a document as one revision (with every other change waiting
+    /// for it: removals under way, set-aside files).
+    func foldBurst(_ id: String) throws {
+        guard withState({ bursts[id] != nil }) else { return }
+        _ = try commitChanges(id, base: nil, change: nil, seen: .unknown) { _ in }
+    }
+
+    /// Folds every burst (the mount is ending).
+    public func foldAllBursts() {
+        for id in withState({ Array(bursts.keys) }) {
+            do { try foldBurst(id) } catch {
+                log.error("docs/\(FileNames.escape(id)): files written in a burst were not saved as a revision: \(error); they stay staged and are saved at the next mount")
+            }
+        }
+    }
+
+    /// Takes in the files that mounts which stopped (killed, crashed) had staged: each
+    /// document's become one revision, as their fold would have made.
+    func recoverStagedAttachments() throws {
+        guard !readOnly else { return }
+        let orphans = try database.stagedAttachments().filter { staged in
+            staged.pid != getpid() && kill(staged.pid, 0) != 0 && errno == ESRCH
+        }
+        for (id, files) in Dictionary(grouping: orphans, by: \.docID) {
+            guard let live = try database.document(withID: id) else {
+                // Deleted since: the files become a branch of their own rather than disappear.
+                let draft = try database.newDocument(id)
+                var branch = draft
+                for file in files { try branch.setAttachment(file.attachment) }
+                try database.save(branch, allowConflict: true, unstaging: files.map(\.seq))
+                continue
+            }
+            let now = Date().timeIntervalSince1970
+            withState {
+                var burst = Burst(base: live, first: now, last: now)
+                for file in files.sorted(by: { $0.seq < $1.seq }) { burst.staged[file.name] = file }
+                bursts[id] = burst
+            }
+            try foldBurst(id)
+            // Older stagings of the same names (replaced by later ones) go too.
+            let left = Set(files.map(\.seq)).subtracting(withState { Set((bursts[id]?.staged.values.map(\.seq)) ?? []) })
+            try database.save(nil, unstaging: Array(left))
+            log.notice("docs/\(FileNames.escape(id)): saved \(files.count) file(s) a mount that stopped had written")
+        }
+    }
+
+    // MARK: - What the mount shows
+
+    /// An attachment as the mount shows it: staged, or in the current revision, unless it is
+    /// being removed or was set aside.
+    func visibleAttachment(_ name: String, in id: String) throws -> Attachment? {
+        let (removal, aside, staged) = withState { (removals[id], setAside[id], bursts[id]?.staged[name]) }
+        if removal?.attachments.contains(name) == true { return nil }
+        if let staged { return staged.attachment }
+        guard let attachment = try cached(id).byName[name], aside?[name] == nil else { return nil }
+        return attachment
+    }
+
+    /// The staged files of a document and their folders (empty when none).
+    func stagedView(_ id: String) -> (files: [String: StagedAttachment], folders: Set<String>, times: [String: Double]) {
+        withState { bursts[id].map { ($0.staged, $0.folders, $0.times) } ?? ([:], [], [:]) }
+    }
+}

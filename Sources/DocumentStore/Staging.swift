@@ -1,0 +1,128 @@
+import DocumentModel
+import Foundation
+
+/// An attachment body a mount saved into a document that is not part of a revision yet.
+///
+/// A program writing many files into one document (`cp -r`, `tar x`, `rsync`, `git checkout`)
+/// would otherwise make one revision per file, each repeating the document's whole attachment
+/// list. Instead, while a document is busy, each closed file is *staged*: its body is already
+/// in the blob store and one small row records it, so the file is safe against a killed mount
+/// at once and costs the same whatever the folder holds. The mount then folds every staged
+/// file of the document into one revision (`Database.save(_:allowConflict:unstaging:)`), and
+/// the rows go in the same transaction, so a file is in a revision or staged, never both or
+/// neither.
+///
+/// ```swift
+/// let staged = try db.stage(StagedAttachment.Draft(docID: "photos", attachment: attachment,
+///                                                   expectedDigest: nil, base: rev))
+/// var draft = try db.newRevision(of: "photos")
+/// try draft.setAttachment(staged.attachment)
+/// try db.save(draft, unstaging: [staged.seq])
+/// ```
+public struct StagedAttachment: Hashable, Sendable {
+    /// The row's number: later stagings of the same name have higher ones.
+    public let seq: Int64
+    /// The mount process that staged it; one that is no longer running left it to be folded.
+    public let pid: pid_t
+    public let docID: String
+    /// The attachment as it will be saved (its revpos is given by the save).
+    public let attachment: Attachment
+    /// The digest the name had in the document the writer started from (nil: it was absent).
+    /// A revision in which the name has another digest has changed it meanwhile.
+    public let expectedDigest: String?
+    /// The revision the writer started from.
+    public let base: RevisionID?
+
+    public var name: String { attachment.name }
+
+    /// What `Database.stage(_:)` records.
+    public struct Draft: Sendable {
+        public let docID: String
+        public let attachment: Attachment
+        public let expectedDigest: String?
+        public let base: RevisionID?
+        /// The attachment's modification time (`attachment_times`), written with the row.
+        public let modified: Double?
+
+        public init(docID: String, attachment: Attachment, expectedDigest: String?, base: RevisionID?, modified: Double? = nil) {
+            (self.docID, self.attachment, self.expectedDigest, self.base, self.modified) = (docID, attachment, expectedDigest, base, modified)
+        }
+    }
+}
+
+extension Database {
+    /// Records a staged attachment (and its modification time, if given) in one transaction.
+    /// The body must already be in the blob store.
+    public func stage(_ draft: StagedAttachment.Draft) throws -> StagedAttachment {
+        guard hasStaging else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        try DocumentID.validate(draft.docID)
+        try AttachmentName.validate(draft.attachment.name)
+        guard let key = draft.attachment.blobKey else {
+            throw SofaError.invalidArgument("a staged attachment needs a body in the blob store (\(draft.attachment.name))")
+        }
+        let pid = getpid()
+        let seq = try write { connection -> Int64 in
+            try connection.run("""
+                INSERT INTO staged_attachments (pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """, .integer(Int64(pid)), .text(draft.docID), .text(draft.attachment.name), .text(draft.attachment.contentType),
+                .integer(draft.attachment.length), .text(key.hex), SQLValue(draft.expectedDigest), SQLValue(draft.base?.description))
+            let seq = try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
+            if let modified = draft.modified, hasBodyCache {
+                try connection.run("INSERT OR REPLACE INTO attachment_times (doc_id, name, digest, modified) VALUES (?, ?, ?, ?)",
+                                   .text(draft.docID), .text(draft.attachment.name), .text(draft.attachment.digest), .real(modified))
+            }
+            return seq
+        }
+        return StagedAttachment(seq: seq, pid: pid, docID: draft.docID, attachment: draft.attachment.with(revpos: 0),
+                                expectedDigest: draft.expectedDigest, base: draft.base)
+    }
+
+    /// Every staged attachment, oldest first (a mount's start folds those of mounts that stopped).
+    public func stagedAttachments() throws -> [StagedAttachment] {
+        guard hasStaging else { return [] }
+        return try read { connection in
+            try connection.query("""
+                SELECT seq, pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev
+                FROM staged_attachments ORDER BY seq
+                """) { row in
+                guard let key = BlobKey(hex: row.text(6)) else {
+                    throw SofaError.sqlite(code: 0, message: "corrupt blob key in staged_attachments: \(row.text(6))", sql: nil)
+                }
+                let attachment = Attachment(name: row.text(3), contentType: row.text(4), length: row.int64(5), digest: key.digestString,
+                                            blobKey: key, revpos: 0, contentAvailable: blobs.contains(key))
+                return StagedAttachment(seq: row.int64(0), pid: pid_t(row.int(1)), docID: row.text(2), attachment: attachment,
+                                        expectedDigest: row.optionalText(7), base: try row.optionalText(8).map(Database.revisionID))
+            }
+        }
+    }
+
+    /// Saves a draft and forgets the staged rows `seqs` in the same transaction (the draft has
+    /// taken them in); with no draft, only the rows go.
+    @discardableResult
+    public func save(_ draft: RevisionDraft?, allowConflict: Bool = false, unstaging seqs: [Int64]) throws -> Revision? {
+        try save(draft.map { [($0, allowConflict)] } ?? [], unstaging: seqs).first
+    }
+
+    /// Saves drafts (a revision on top of the current one, conflicting branches) and forgets
+    /// the staged rows `seqs`, all in one transaction: all or nothing.
+    @discardableResult
+    public func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging seqs: [Int64]) throws -> [Revision] {
+        try write { connection in
+            let revisions = try drafts.map { try save($0.0, allowConflict: $0.allowConflict, in: connection) }
+            if hasStaging {
+                for seq in seqs { try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq)) }
+            }
+            return revisions
+        }
+    }
+
+    /// A draft on top of `parent` holding what `content` holds (a revision value the caller
+    /// kept, e.g. the one a mount showed when a file was opened): a conflicting branch can then
+    /// be made from a revision whose body the database no longer keeps.
+    public func newRevision(of id: String, from parent: RevisionID?, like content: Revision?) throws -> RevisionDraft {
+        try DocumentID.validate(id)
+        return RevisionDraft(docID: id, parent: parent, properties: content?.properties ?? JSONObject(),
+                             attachments: content?.attachments ?? [], blobs: blobs)
+    }
+}

@@ -1,0 +1,114 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// `sofa-bench folders`: folders of many small files copied into a mount (`cp -r`, `tar x`,
+/// `rsync -a`), beside the same into a plain folder on the same disk followed by `sync`; into
+/// one document, and spread over documents; the SQLite file afterwards, with no compaction.
+func folderBenchmark(_ options: Options) throws {
+    let work = try makeWorkFolder("folders", options)
+    defer { try? FileManager.default.removeItem(atPath: work) }
+    let large = options.documents >= 100_000 ? 10_000 : max(options.documents, 100)  // 10,000 unless --documents says
+    let small = large / 10
+    print("Sofa folder benchmark: \(small) and \(large) files of 4 KiB in 100 folders, in \(work)")
+    print("ratios are plain time / mount time (1.00× = as fast as ext4 + sync)")
+    print(String(repeating: "-", count: 96))
+
+    /// A tree of `count` files of 4 KiB in 100 folders, and its tarball.
+    func makeTree(_ count: Int, spreadOver documents: Int? = nil) throws -> String {
+        let root = "\(work)/src-\(count)-\(documents ?? 1)"
+        var state: UInt64 = UInt64(count)
+        for i in 0..<count {
+            let folder = documents.map { "\(root)/doc-\(i % $0)/attachments/d\((i / $0) % 10)" } ?? "\(root)/d\(i % 100)"
+            if i < (documents ?? 100) * 10 {  // every folder's first file
+                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            }
+            var bytes = [UInt8](repeating: 0, count: 4096)
+            for j in stride(from: 0, to: 4096, by: 8) {
+                state = state &* 6364136223846793005 &+ 1442695040888963407
+                withUnsafeBytes(of: state) { bytes.replaceSubrange(j..<j + 8, with: $0) }
+            }
+            try Data(bytes).write(to: URL(fileURLWithPath: "\(folder)/f\(i).bin"))
+        }
+        _ = try timeShell("tar cf \(root).tar -C \(root) .")
+        return root
+    }
+
+    var peak = 0
+    func mountRSS(_ db: String) -> Int {
+        let pids = (try? shellOutput("pgrep -f 'sofa mount \(db)'")) ?? ""
+        guard let first = pids.split(separator: "\n").first,
+              let status = try? String(contentsOfFile: "/proc/\(first)/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM") }),
+              let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else { return 0 }
+        return kib * 1024
+    }
+
+    /// Runs `job` into a fresh mount (`into` is the folder below the mount's root), beside the
+    /// same job into a plain folder followed by `sync`. Returns the mount's time.
+    @discardableResult
+    func compare(_ label: String, files: Int, job: (_ target: String) -> String, into: String,
+                 again: ((_ target: String) -> String)? = nil) throws -> Double {
+        let plain = "\(work)/plain"
+        try? FileManager.default.removeItem(atPath: plain)
+        try FileManager.default.createDirectory(atPath: "\(plain)/\(into)", withIntermediateDirectories: true)
+        _ = try timeShell("sync")
+        let plainTime = try timeShell("\(job("\(plain)/\(into)")) && sync")
+
+        let dbPath = "\(work)/bench-\(getpid())-\(label.filter(\.isLetter)).sofa"
+        _ = try Database.create(at: dbPath)
+        let mountPoint = "\(work)/mnt"
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+        _ = try timeShell("\(sofaBinary) mount \(dbPath) \(mountPoint)")
+        var unmounted = false
+        defer { if !unmounted { _ = try? timeShell("fusermount3 -u \(mountPoint)") } }
+        try FileManager.default.createDirectory(atPath: "\(mountPoint)/\(into)", withIntermediateDirectories: true)
+        let mountTime = try timeShell(job("\(mountPoint)/\(into)"))
+        var extra = ""
+        if let again {
+            let output = try shellOutput(again("\(mountPoint)/\(into)"))
+            let sent = output.split(separator: "\n").first { $0.hasPrefix("Number of regular files transferred") }
+            extra = "  second run: " + (sent.map { String($0.split(separator: ":").last ?? "").trimmingCharacters(in: .whitespaces) } ?? "?") + " sent"
+        }
+        let rss = mountRSS(dbPath)
+        peak = max(peak, rss)
+        _ = try timeShell("fusermount3 -u \(mountPoint)")
+        unmounted = true
+        // The mount process ends after the unmount; wait for it to let go of the database.
+        for _ in 0..<100 where mountRSS(dbPath) != 0 { usleep(50_000) }
+        let db = try Database.open(at: dbPath)
+        let info = try db.info()
+        let bytes = info.databaseBytes
+        row(label, String(format: "plain %7.2f s", plainTime), String(format: "mount %7.2f s", mountTime),
+            "ratio " + ratio(plainTime / mountTime),
+            String(format: "SQLite %5.0f B/file", Double(bytes) / Double(files)),
+            "\(info.documentCount) docs" + extra)
+        try? FileManager.default.removeItem(atPath: dbPath)
+        return mountTime
+    }
+
+    var oneDocument: [Int: Double] = [:]
+    for count in [small, large] {
+        let tree = try makeTree(count)
+        oneDocument[count] = try compare("cp -r, \(count) files, one document", files: count,
+                                         job: { "cp -r \(tree)/. \($0)" }, into: "docs/folder/attachments")
+        try compare("tar x, \(count) files, one document", files: count,
+                    job: { "tar xf \(tree).tar -C \($0)" }, into: "docs/folder/attachments")
+        try compare("rsync -a, \(count) files, one document", files: count,
+                    job: { "rsync -a \(tree)/ \($0)/" }, into: "docs/folder/attachments",
+                    again: { "rsync -a --stats \(tree)/ \($0)/" })
+    }
+    if let a = oneDocument[small], let b = oneDocument[large] {
+        row("cp -r: \(large) files / \(small) files", String(format: "%.1f× the time for 10× the files", b / a))
+    }
+    let spread = try makeTree(large, spreadOver: large / 10)
+    try compare("cp -r, \(large) files, \(large / 10) documents", files: large,
+                job: { "cp -r \(spread)/. \($0)" }, into: "docs")
+    try compare("tar x, \(large) files, \(large / 10) documents", files: large,
+                job: { "tar xf \(spread).tar -C \($0)" }, into: "docs")
+    try compare("rsync -a, \(large) files, \(large / 10) documents", files: large,
+                job: { "rsync -a \(spread)/ \($0)/" }, into: "docs",
+                again: { "rsync -a --stats \(spread)/ \($0)/" })
+    print(String(repeating: "-", count: 96))
+    row("peak RSS of the mount process (largest run)", String(format: "%.0f MB", Double(peak) / 1e6))
+}

@@ -1,0 +1,116 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// Folders of many files written into one document through a real mount: few revisions,
+/// storage that grows with the files, nothing lost to a kill.
+@Suite struct BurstTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+
+    init() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        db = try directory.makeDatabase()
+        try db.put("doc", ["title": "files"], attachments: ["first.txt": Array("first".utf8)])
+    }
+
+    /// Rows and bytes the database holds for attachments, counted in SQLite.
+    func storedRows() throws -> (rows: Int, bytes: Int) {
+        let rows = try shell("python3 -c \"import sqlite3; c = sqlite3.connect('\(db.path)/db.sqlite3'); " +
+                             "print(c.execute('SELECT COUNT(*) FROM rev_attachments').fetchone()[0]); " +
+                             "print(c.execute('SELECT COALESCE(SUM(LENGTH(body)), 0) FROM revs').fetchone()[0])\"").stdout
+            .split(separator: "\n").compactMap { Int($0) }
+        return (rows[0], rows[1])
+    }
+
+    /// A tree of `count` small files in `folders` folders under `root`.
+    func makeTree(_ root: String, count: Int, folders: Int = 10, from start: Int = 0) throws {
+        for i in start..<start + count {
+            let folder = "\(root)/d\(i % folders)"
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            try Data("file \(i)\n".utf8).write(to: URL(fileURLWithPath: "\(folder)/f\(i).txt"))
+        }
+    }
+
+    @Test func twoThousandFilesMakeFewRevisionsAndStorageGrowsLinearly() throws {
+        let mount = try MountedDatabase(db.path)
+        let first = directory.appending("first"), second = directory.appending("second")
+        try makeTree(first, count: 1_000)
+        try makeTree(second, count: 1_000, from: 1_000)
+        try sh("cp -r \(first)/. \(mount.path("docs/doc/attachments/"))")
+        // Every file is there through the mount at once, before any fold.
+        #expect(try sh("find \(mount.path("docs/doc/attachments")) -type f | wc -l").trimmingCharacters(in: .whitespacesAndNewlines) == "1001")
+        #expect(try sh("cat \(mount.path("docs/doc/attachments/d7/f997.txt"))") == "file 997\n")
+        try settled(db)
+        let afterFirst = try storedRows()
+        try sh("cp -r \(second)/. \(mount.path("docs/doc/attachments/"))")
+        try settled(db)
+        let afterSecond = try storedRows()
+        let revision = try #require(try db.document(withID: "doc"))
+        #expect(revision.attachments.count == 2_001)
+        #expect(try db.blobs.contents(of: try #require(revision.attachment(named: "d3/f1993.txt")?.blobKey)) == Array("file 1993\n".utf8))
+        // One revision per burst window, not one per file.
+        #expect(revision.revID.generation < 100, "\(revision.revID)")
+        // Rows: the leaf's list, plus at most the history allowance; twice the files, about twice the rows.
+        #expect(afterSecond.rows <= 2_001 + Tuning.historyAttachmentRows + 2_001, "\(afterSecond)")
+        #expect(Double(afterSecond.rows) <= 2.5 * Double(afterFirst.rows), "first \(afterFirst), second \(afterSecond)")
+        mount.unmount()
+        // What the mount showed is what the database holds after it is gone.
+        #expect(try db.document(withID: "doc")?.attachments.count == 2_001)
+        #expect(try db.stagedAttachments().isEmpty)
+    }
+
+    @Test func aKilledMountLosesNoClosedFileOfABurst() throws {
+        let tree = directory.appending("tree")
+        try makeTree(tree, count: 300)
+        do {
+            let mount = try MountedDatabase(db.path)
+            try sh("cd \(tree) && tar cf - . | tar xf - -C \(mount.path("docs/doc/attachments"))")
+            // Killed right after the last close: most files are staged, not yet a revision.
+            #expect(try !db.stagedAttachments().isEmpty, "the files were folded before the kill; the test proves nothing")
+            let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
+            kill(pid, SIGKILL)
+            _ = mount.unmount()
+        }
+        // The next mount takes them in when it starts.
+        let again = try MountedDatabase(db.path)
+        let revision = try #require(try db.document(withID: "doc"))
+        #expect(revision.attachments.count == 301)
+        #expect(try db.stagedAttachments().isEmpty)
+        #expect(try sh("cat \(again.path("docs/doc/attachments/d5/f295.txt"))") == "file 295\n")
+    }
+
+    @Test func anEditorSaveDuringABulkWriteIsOneRevision() throws {
+        let mount = try MountedDatabase(db.path)
+        let tree = directory.appending("tree")
+        try makeTree(tree, count: 200)
+        try sh("cp -r \(tree)/. \(mount.path("docs/doc/attachments/"))")
+        let before = try #require(try db.currentRevision(of: "doc")).revID.generation
+        // The save takes in the staged files: one revision, at its close.
+        try sh("printf '{\"title\": \"edited\"}' > \(mount.path("docs/doc/properties.json"))")
+        let saved = try #require(try db.document(withID: "doc"))
+        #expect(saved.revID.generation == before + 1)
+        #expect(saved.properties == ["title": "edited"])
+        #expect(saved.attachments.count == 201)
+        #expect(try db.stagedAttachments().isEmpty)
+    }
+
+    @Test func aFileChangedElsewhereWhileStagedBecomesAConflictNotALoss() throws {
+        let mount = try MountedDatabase(db.path)
+        try sh("printf one > \(mount.path("docs/doc/attachments/a.txt"))")
+        try sh("printf two > \(mount.path("docs/doc/attachments/b.txt"))")  // staged: within the window
+        #expect(try db.stagedAttachments().map(\.name) == ["b.txt"])
+        // Another process changes b.txt before the fold.
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment("b.txt", data: Array("theirs".utf8))
+        try db.save(draft)
+        try settled(db)
+        let tree = try db.revisionTree(of: "doc")
+        let leaves = try tree.leaves.map { try db.revision($0.id, of: "doc") }
+        let bodies = try Set(leaves.compactMap { $0.attachment(named: "b.txt")?.blobKey }.map { try db.blobs.contents(of: $0) })
+        #expect(bodies == [Array("two".utf8), Array("theirs".utf8)], "both versions are kept, one as a conflict")
+        _ = mount
+    }
+}
