@@ -227,8 +227,13 @@ extension DocumentFileSystem {
             try handle.guardLock.withLock { try handle.truncate(to: size) }
             return
         }
-        if let pending = pendingFile(at: path) {
-            // Being written: truncated like any open file, saved when its writer closes it.
+        if let pending = claimPending(at: path) {
+            // Being written: truncated like any open file, saved when its writer closes it. The
+            // truncate holds a use of it meanwhile: a `close` just before it (whose release may
+            // arrive at the same moment) must not leave its change unsaved, so when it is the
+            // last user, its release saves (`truncate` right after `close` of a new file was
+            // lost 55 times in 60).
+            defer { releaseUse(of: pending) }
             try pending.lock.withLock { try pending.truncate(to: size) }
             return
         }

@@ -68,6 +68,9 @@ extension Database {
                 """, .integer(Int64(pid)), .text(draft.docID), .text(draft.attachment.name), .text(draft.attachment.contentType),
                 .integer(draft.attachment.length), .text(key.hex), SQLValue(draft.expectedDigest), SQLValue(draft.base?.description))
             let seq = try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
+            // A file saved again before its fold replaces what it staged before.
+            try connection.run("DELETE FROM staged_attachments WHERE doc_id = ? AND name = ? AND pid = ? AND seq < ?",
+                               .text(draft.docID), .text(draft.attachment.name), .integer(Int64(pid)), .integer(seq))
             if let modified = draft.modified, hasBodyCache {
                 try connection.run("INSERT OR REPLACE INTO attachment_times (doc_id, name, digest, modified) VALUES (?, ?, ?, ?)",
                                    .text(draft.docID), .text(draft.attachment.name), .text(draft.attachment.digest), .real(modified))

@@ -159,6 +159,33 @@ final class Box: @unchecked Sendable {
         set { kernelOpensDirectories.store(newValue, ordering: .releasing) }
     }
 
+    /// The open handles of each inode, so that `fstat` of a file unlinked while open (the
+    /// kernel asks by inode, without the handle, and the name is gone) still answers from it.
+    /// Guarded by `openLock` (a leaf lock).
+    private var openFiles: [fuse_ino_t: Set<UInt64>] = [:]
+    private var inodeOfHandle: [UInt64: fuse_ino_t] = [:]
+    private let openLock = NSLock()
+
+    func opened(_ handle: UInt64, inode: fuse_ino_t) {
+        openLock.withLock {
+            openFiles[inode, default: []].insert(handle)
+            inodeOfHandle[handle] = inode
+        }
+    }
+
+    func closed(_ handle: UInt64) {
+        openLock.withLock {
+            guard let inode = inodeOfHandle.removeValue(forKey: handle) else { return }
+            openFiles[inode]?.remove(handle)
+            if openFiles[inode]?.isEmpty == true { openFiles[inode] = nil }
+        }
+    }
+
+    /// An open handle of `ino`, if it has one.
+    func openHandle(of ino: fuse_ino_t) -> UInt64? {
+        openLock.withLock { openFiles[ino]?.first }
+    }
+
     init(fileSystem: any FileSystem, configuration: FuseMount.Configuration) {
         self.fileSystem = fileSystem
         self.configuration = configuration
@@ -360,7 +387,19 @@ extension FuseMount {
         }
         ops.getattr = { request, ino, info in
             answer(request) { box, fs in
-                let attributes = try info.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: box.path(ino))
+                let attributes: FileAttributes
+                if let info {
+                    attributes = try fs.attributes(ofHandle: info.pointee.fh)
+                } else if let path = box.table.path(ino) {
+                    attributes = try fs.attributes(of: path)
+                } else if let handle = box.openHandle(of: ino) {
+                    // Unlinked while open: what the open file holds, with no name left.
+                    var open = try fs.attributes(ofHandle: handle)
+                    open.linkCount = 0
+                    attributes = open
+                } else {
+                    throw FileSystemError(ENOENT)
+                }
                 replyAttributes(request, box, attributes, ino: ino)
             }
         }
@@ -408,6 +447,7 @@ extension FuseMount {
             answer(request, "open", ino) { box, fs in
                 let file = try fs.open(box.path(ino), flags: info!.pointee.flags, caller: fuse_req_ctx(request).pointee.pid)
                 info!.pointee.fh = file.handle
+                box.opened(file.handle, inode: ino)
                 cfuse_set_keep_cache(info, file.keepCache ? 1 : 0)
                 cfuse_set_direct_io(info, file.directIO ? 1 : 0)
                 cfuse_set_noflush(info, file.noFlush ? 1 : 0)
@@ -419,6 +459,7 @@ extension FuseMount {
                     case .conflict:
                         // Open through passthrough with the bytes it had: changed in the moment before
                         // its name was given a new inode (below). A new open finds the new one.
+                        box.closed(file.handle)
                         fs.release(file.handle)
                         throw FileSystemError(ESTALE, reason: "changed while open; open it again")
                     }
@@ -429,6 +470,7 @@ extension FuseMount {
                 if first { box.retire(ino) }
                 if fuse_reply_open(request, info) != 0 {
                     box.passthrough.release(file.handle)
+                    box.closed(file.handle)
                     fs.release(file.handle)
                 }
             }
@@ -443,12 +485,15 @@ extension FuseMount {
                 do {
                     attributes = try fs.attributes(ofHandle: file.handle)
                 } catch {
+                    box.closed(file.handle)
                     fs.release(file.handle)
                     throw error
                 }
                 var entry = box.entry(parent, string(name), attributes)
+                box.opened(file.handle, inode: entry.ino)
                 if fuse_reply_create(request, &entry, info) != 0 {
                     box.table.forget(entry.ino, 1)
+                    box.closed(file.handle)
                     fs.release(file.handle)
                 }
             }
@@ -483,6 +528,7 @@ extension FuseMount {
         ops.release = { request, _, info in
             let box = context(request)
             box.passthrough.release(info!.pointee.fh)
+            box.closed(info!.pointee.fh)
             box.fileSystem.release(info!.pointee.fh)
             fuse_reply_err(request, 0)
         }
