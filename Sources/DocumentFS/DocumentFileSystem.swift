@@ -254,7 +254,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id) else {
-                guard name.isEmpty || name == Node.blobsFolder, isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
+                // A document folder made with mkdir and not saved yet: its attachments/, and the
+                // folders made in it (`mkdir docs/new && cp -r photos/. docs/new/attachments/`).
+                guard isDirectory(scratchDirectory(id)), try name.isEmpty || name == Node.blobsFolder || isFolder(name, docID: id)
+                else { throw FileSystemError(ENOENT) }
                 return directory(mountTime)
             }
             if let attachment = try visibleAttachment(name, in: id) {

@@ -87,28 +87,19 @@ func folderBenchmark(_ options: Options) throws {
         return mountTime
     }
 
-    var oneDocument: [Int: Double] = [:]
-    for count in [small, large] {
-        let tree = try makeTree(count)
-        oneDocument[count] = try compare("cp -r, \(count) files, one document", files: count,
-                                         job: { "cp -r \(tree)/. \($0)" }, into: "docs/folder/attachments")
-        try compare("tar x, \(count) files, one document", files: count,
-                    job: { "tar xf \(tree).tar -C \($0)" }, into: "docs/folder/attachments")
-        try compare("rsync -a, \(count) files, one document", files: count,
-                    job: { "rsync -a \(tree)/ \($0)/" }, into: "docs/folder/attachments",
+    /// `cp -r`, `tar x` and `rsync -a` (then again: what it sends) of `tree` into `into`; the `cp -r` time.
+    func copyAll(_ tree: String, files: Int, into: String, _ what: String) throws -> Double {
+        let time = try compare("cp -r, \(files) files, \(what)", files: files, job: { "cp -r \(tree)/. \($0)" }, into: into)
+        try compare("tar x, \(files) files, \(what)", files: files, job: { "tar xf \(tree).tar -C \($0)" }, into: into)
+        try compare("rsync -a, \(files) files, \(what)", files: files, job: { "rsync -a \(tree)/ \($0)/" }, into: into,
                     again: { "rsync -a --stats \(tree)/ \($0)/" })
+        return time
     }
-    if let a = oneDocument[small], let b = oneDocument[large] {
-        row("cp -r: \(large) files / \(small) files", String(format: "%.1f× the time for 10× the files", b / a))
-    }
-    let spread = try makeTree(large, spreadOver: large / 10)
-    try compare("cp -r, \(large) files, \(large / 10) documents", files: large,
-                job: { "cp -r \(spread)/. \($0)" }, into: "docs")
-    try compare("tar x, \(large) files, \(large / 10) documents", files: large,
-                job: { "tar xf \(spread).tar -C \($0)" }, into: "docs")
-    try compare("rsync -a, \(large) files, \(large / 10) documents", files: large,
-                job: { "rsync -a \(spread)/ \($0)/" }, into: "docs",
-                again: { "rsync -a --stats \(spread)/ \($0)/" })
+
+    let fewer = try copyAll(try makeTree(small), files: small, into: "docs/folder/attachments", "one document")
+    let more = try copyAll(try makeTree(large), files: large, into: "docs/folder/attachments", "one document")
+    row("cp -r: \(large) files / \(small) files", String(format: "%.1f× the time for 10× the files", more / fewer))
+    _ = try copyAll(try makeTree(large, spreadOver: large / 10), files: large, into: "docs", "\(large / 10) documents")
     print(String(repeating: "-", count: 96))
     row("peak RSS of the mount process (largest run)", String(format: "%.0f MB", Double(peak) / 1e6))
 }

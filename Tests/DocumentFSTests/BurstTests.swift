@@ -114,3 +114,25 @@ import TestSupport
         _ = mount
     }
 }
+
+/// A folder copied into a document folder made a moment before with mkdir.
+@Suite struct NewDocumentFolderTests {
+    let directory = TemporaryDirectory()
+
+    @Test func cpDashRIntoANewDocumentFolderCreatesTheDocument() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        let mount = try MountedDatabase(db.path)
+        let tree = directory.appending("tree")
+        for i in 0..<30 {
+            try FileManager.default.createDirectory(atPath: "\(tree)/d\(i % 3)/e", withIntermediateDirectories: true)
+            try Data("\(i)".utf8).write(to: URL(fileURLWithPath: "\(tree)/d\(i % 3)/e/f\(i)"))
+        }
+        // (This failed with "cannot create directory …/attachments/./d0": the folder made in a
+        // document not saved yet did not show.)
+        try sh("mkdir \(mount.path("docs/new")) && cp -r \(tree)/. \(mount.path("docs/new/attachments/"))")
+        let saved = try #require(try document(db, "new"))
+        #expect(saved.attachments.count == 30)
+        #expect(saved.attachment(named: "d2/e/f29") != nil)
+    }
+}
