@@ -136,3 +136,24 @@ import TestSupport
         #expect(saved.attachment(named: "d2/e/f29") != nil)
     }
 }
+
+/// Documents copied in as folders (`DOC/attachments/…`), as `cp -r` and `tar x` make them.
+@Suite struct DocumentFoldersCopiedInTests {
+    let directory = TemporaryDirectory()
+
+    @Test func tarOfDocumentFoldersMakesTheDocuments() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        let mount = try MountedDatabase(db.path)
+        let tree = directory.appending("tree")
+        for i in 0..<20 {
+            try FileManager.default.createDirectory(atPath: "\(tree)/doc-\(i % 5)/attachments/d\(i % 2)", withIntermediateDirectories: true)
+            try Data("\(i)".utf8).write(to: URL(fileURLWithPath: "\(tree)/doc-\(i % 5)/attachments/d\(i % 2)/f\(i)"))
+        }
+        // tar makes doc-0, then doc-0/attachments (which is there: it goes on), then the files.
+        try sh("tar cf \(directory.appending("d.tar")) -C \(tree) . && tar xf \(directory.appending("d.tar")) -C \(mount.path("docs"))")
+        try sh("tar cf \(directory.appending("t.tar")) -C \(tree) . && mkdir \(mount.path("docs/x")) && tar xf \(directory.appending("t.tar")) -C \(mount.path("docs/x/attachments"))")
+        for i in 0..<5 { #expect(try document(db, "doc-\(i)")?.attachments.count == 4, "doc-\(i)") }
+        #expect(try document(db, "x")?.attachment(named: "doc-3/attachments/d1/f13") != nil)
+    }
+}
