@@ -508,8 +508,11 @@ extension DocumentFileSystem {
             let live = current.flatMap { $0.deleted ? nil : $0 }
             let liveByName = Dictionary((live?.attachments ?? []).map { ($0.name, $0) }, uniquingKeysWith: { $1 })
             // Staged files whose names nobody else changed since go on top of the current revision.
+            // (One the current revision already holds, folded by a commit running beside this one, is neither.)
             let (fits, clashes) = staged.reduce(into: ([StagedAttachment](), [StagedAttachment]())) { parts, file in
-                if live != nil && liveByName[file.name]?.digest == file.expectedDigest { parts.0.append(file) } else { parts.1.append(file) }
+                let current = liveByName[file.name]
+                if live != nil && current?.digest == file.attachment.digest && current?.contentType == file.attachment.contentType { return }
+                if live != nil && current?.digest == file.expectedDigest { parts.0.append(file) } else { parts.1.append(file) }
             }
             let onLive = change == nil || live?.revID == base || (base == nil && live == nil)
                 || !collides(change!, base: base, seen: seen, live: live, liveByName: liveByName, burst: burst, id: id)
