@@ -99,8 +99,8 @@ import TestSupport
 
     @Test func aFileChangedElsewhereWhileStagedBecomesAConflictNotALoss() throws {
         let mount = try MountedDatabase(db.path)
-        try sh("printf one > \(mount.path("docs/doc/attachments/a.txt"))")
-        try sh("printf two > \(mount.path("docs/doc/attachments/b.txt"))")  // staged: within the window
+        // One shell, so that b.txt closes within the window of a.txt's save: staged.
+        try sh("printf one > \(mount.path("docs/doc/attachments/a.txt")) && printf two > \(mount.path("docs/doc/attachments/b.txt"))")
         #expect(try db.stagedAttachments().map(\.name) == ["b.txt"])
         // Another process changes b.txt before the fold.
         var draft = try db.newRevision(of: "doc")
