@@ -155,8 +155,7 @@ extension DocumentFileSystem {
         for (id, files) in Dictionary(grouping: orphans, by: \.docID) {
             guard let live = try database.document(withID: id) else {
                 // Deleted since: the files become a branch of their own rather than disappear.
-                let draft = try database.newDocument(id)
-                var branch = draft
+                var branch = try database.newDocument(id)
                 for file in files { try branch.setAttachment(file.attachment) }
                 try database.save(branch, allowConflict: true, unstaging: files.map(\.seq))
                 continue
@@ -187,8 +186,9 @@ extension DocumentFileSystem {
         return attachment
     }
 
-    /// The staged files of a document and their folders (empty when none).
-    func stagedView(_ id: String) -> (files: [String: StagedAttachment], folders: Set<String>, times: [String: Double]) {
-        withState { bursts[id].map { ($0.staged, $0.folders, $0.times) } ?? ([:], [], [:]) }
+    /// Whether staged files of document `id` lie in `folder` (asked under the lock: handing out
+    /// the burst's sets would make the next close copy them whole).
+    func hasStagedFolder(_ folder: String, in id: String) -> Bool {
+        withState { bursts[id]?.folders.contains(folder) ?? false }
     }
 }

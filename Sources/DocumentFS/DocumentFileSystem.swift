@@ -202,7 +202,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             // (A folder whose every file is being removed or set aside shows while they go.)
             return true
         }
-        if stagedView(docID).folders.contains(folder) { return true }
+        if hasStagedFolder(folder, in: docID) { return true }
         if pendingFiles(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
         return withState { keptFolders.contains(FolderKey(docID: docID, folder: folder)) }
     }

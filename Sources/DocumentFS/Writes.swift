@@ -524,10 +524,7 @@ extension DocumentFileSystem {
                 liveDraft = draft
             }
             var changeDraft: RevisionDraft? = nil
-            if let change, !onLive {
-                changeDraft = try conflictDraft(id, from: base, live: live)
-                _ = change
-            }
+            if change != nil, !onLive { changeDraft = try conflictDraft(id, from: base, live: live) }
             let removal = removal(id)
             let aside = withState { setAside[id] ?? [:] }
             if var draft = changeDraft ?? liveDraft {
