@@ -24,8 +24,6 @@ extension DocumentFileSystem {
         /// made elsewhere meanwhile is kept as a conflicting branch of it.
         var base: Revision
         var staged: [String: StagedAttachment] = [:]
-        /// Their modification times (the time given to them, or when they were closed).
-        var times: [String: Double] = [:]
         /// The folders their names make.
         var folders: Set<String> = []
         var first: Double
@@ -39,16 +37,15 @@ extension DocumentFileSystem {
     /// writer began (nil: absent), to tell a change made meanwhile. Returns the revision the
     /// document is now shown from.
     func saveAttachment(_ id: String, _ name: String, blob: StoredBlob, contentType: String, base: RevisionID?,
-                        seen: String?, modified: Double?) throws -> RevisionID? {
-        if let staged = try stageIfBusy(id, name, blob: blob, contentType: contentType, seen: seen, modified: modified) {
+                        seen: String?, given: LocalAttributes) throws -> RevisionID? {
+        if let staged = try stageIfBusy(id, name, blob: blob, contentType: contentType, seen: seen, given: given) {
             return staged
         }
         let revision = try commit(id, base: base, change: .attachment(name), seen: .attachment(seen)) { draft in
             try draft.setAttachment(name, blob: blob, contentType: contentType)
         }
-        if let modified, let saved = revision.attachment(named: name) {
-            try database.setModified(modified, docID: id, name: name, digest: saved.digest)
-            cache.update(id) { $0.attachmentTimes[name] = modified }
+        if let saved = revision.attachment(named: name) {
+            try recordGiven(given, of: name, in: id, digest: saved.digest)
         }
         return revision.revID
     }
@@ -57,7 +54,7 @@ extension DocumentFileSystem {
     /// nil when it must be saved now (a quiet document, a blob property's file, a change that
     /// collides with what the document shows, a document that is not live).
     private func stageIfBusy(_ id: String, _ name: String, blob: StoredBlob, contentType: String, seen: String?,
-                             modified: Double?) throws -> RevisionID? {
+                             given: LocalAttributes) throws -> RevisionID? {
         let now = Date().timeIntervalSince1970
         guard Tuning.burstQuietWindow > 0, !Blobs.isStandInName(name) else { return nil }
         let busy = withState { () -> Bool in
@@ -72,17 +69,20 @@ extension DocumentFileSystem {
         // Written from something other than what is shown now: the commit decides (merge or conflict).
         guard try visibleAttachment(name, in: id)?.digest == seen else { return nil }
         let attachment = Attachment(name: name, contentType: contentType, blob: blob, revpos: 0)
-        let time = modified ?? now
+        // Its time is when it was closed, until its revision is saved: a time that moved at the fold would make
+        // make and rsync think it changed.
+        var local = given
+        local.modified = given.modified ?? LocalAttributes.nanoseconds(now)
+        local.mode = given.mode == Self.defaultFileMode ? nil : given.mode
         let staged = try database.stage(StagedAttachment.Draft(docID: id, attachment: attachment,
                                                               expectedDigest: entry.byName[name]?.digest,
-                                                              base: live.revID, modified: time))
+                                                              base: live.revID, given: local))
+        let shown = try database.localAttributes(ofDocument: id)[name]
+        cache.update(id) { $0.local[name] = shown }
         let timer = withState { () -> Int? in
             let isNew = bursts[id] == nil
             var burst = bursts[id] ?? Burst(base: live, first: now, last: now)
-            if (burst.staged[name]?.seq ?? 0) < staged.seq {
-                burst.staged[name] = staged
-                burst.times[name] = time
-            }
+            if (burst.staged[name]?.seq ?? 0) < staged.seq { burst.staged[name] = staged }
             burst.folders.formUnion(DocumentCache.Entry.folders(of: name))
             burst.last = now
             if isNew { burst.timer += 1 }

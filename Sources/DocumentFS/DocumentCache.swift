@@ -15,24 +15,38 @@ final class DocumentCache: @unchecked Sendable {
         /// properties.json as rendered.
         let rendered: [UInt8]
         let hasConflicts: Bool
-        /// When each attachment last changed (or the time given to it).
-        var attachmentTimes: [String: Double] = [:]
+        /// When the revision that last changed each attachment was saved (seconds since 1970).
+        let revisionTimes: [String: Double]
+        /// Times and modes given to its files and folders (`Database.localAttributes`), by row name.
+        var local: [String: LocalAttributes]
         /// The revision's attachments by name, and every folder their names make
         /// (`a/b/c` makes `a` and `a/b`): a lookup in a folder of 10,000 files costs what
         /// one in a folder of ten does.
         let byName: [String: Attachment]
         let folders: Set<String>
+        /// The folders in each folder ("" is attachments/), for link counts.
+        let subfolders: [String: Set<String>]
 
-        init(revision: Revision?, rendered: [UInt8], hasConflicts: Bool, attachmentTimes: [String: Double] = [:]) {
+        init(revision: Revision?, rendered: [UInt8], hasConflicts: Bool, revisionTimes: [String: Double] = [:],
+             local: [String: LocalAttributes] = [:]) {
             self.revision = revision
             self.rendered = rendered
             self.hasConflicts = hasConflicts
-            self.attachmentTimes = attachmentTimes
+            self.revisionTimes = revisionTimes
+            self.local = local
             let attachments = revision?.attachments ?? []
             byName = Dictionary(attachments.map { ($0.name, $0) }, uniquingKeysWith: { $1 })
             var folders = Set<String>()
             for attachment in attachments { folders.formUnion(Entry.folders(of: attachment.name)) }
             self.folders = folders
+            var subfolders: [String: Set<String>] = [:]
+            for folder in folders { subfolders[Entry.parent(of: folder), default: []].insert(folder) }
+            self.subfolders = subfolders
+        }
+
+        /// The folder a name lies in ("" for attachments/ itself).
+        static func parent(of name: String) -> String {
+            name.lastIndex(of: "/").map { String(name[..<$0]) } ?? ""
         }
 
         /// The folders a name lies in: `a/b/c` → `a`, `a/b`.

@@ -56,6 +56,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var setAside: [String: [String: SetAside]] = [:]
     /// Files staged per document (Bursts.swift). Guarded by `stateLock`.
     var bursts: [String: Burst] = [:]
+    /// When an entry was last made, removed or renamed in each attachment folder (POSIX: its
+    /// mtime), since this mount began or a time was given to the folder. Guarded by `stateLock`.
+    var folderChanges: [FolderKey: FileTime] = [:]
     /// When each document last saved an attachment (a close, a move into it). Guarded by `stateLock`.
     var recentSaves: [String: Double] = [:]
     /// Where bursts are checked and folded, one at a time.
@@ -123,7 +126,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             return DocumentCache.Entry(revision: revision, rendered: render(revision.properties),
                                        hasConflicts: !(try database.revisionTree(of: id).conflicts.isEmpty),
-                                       attachmentTimes: try database.attachmentTimes(of: revision))
+                                       revisionTimes: try database.revisionTimes(of: revision),
+                                       local: try database.localAttributes(ofDocument: id))
         }
     }
 
@@ -187,11 +191,11 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// A folder. Its link count is 1, "not counted", as btrfs says of its directories: tools
     /// that skip subfolders of a folder whose count is 2 (find's leaf optimisation) then look.
     func directory(_ modified: Double, writable: Bool = true) -> FileAttributes {
-        FileAttributes(kind: .directory, permissions: (writable && !readOnly) ? 0o755 : 0o555, modified: modified, linkCount: 1)
+        FileAttributes(kind: .directory, permissions: (writable && !readOnly) ? 0o755 : 0o555, modified: FileTime(seconds: modified), linkCount: 1)
     }
 
     func file(_ size: Int64, _ modified: Double, writable: Bool = true) -> FileAttributes {
-        FileAttributes(kind: .regularFile, size: size, permissions: (writable && !readOnly) ? 0o644 : 0o444, modified: modified)
+        FileAttributes(kind: .regularFile, size: size, permissions: (writable && !readOnly) ? 0o644 : 0o444, modified: FileTime(seconds: modified))
     }
 
     /// Whether some attachment name lies below `folder` ("" is attachments/ itself).
@@ -203,6 +207,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return true
         }
         if hasStagedFolder(folder, in: docID) { return true }
+        // Made with mkdir, or given a time or mode: it stays, empty, across mounts.
+        if try cached(docID).local[LocalAttributes.folderName(folder)] != nil { return true }
         if pendingFiles(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
         return withState { keptFolders.contains(FolderKey(docID: docID, folder: folder)) }
     }
@@ -229,12 +235,17 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         if let writer = pendingFile(at: path) {
             // Being written: its time is now, or the one given to it; once saved (its last close
             // still to come), the saved attachment's.
-            let (size, changed, given) = writer.lock.withLock { (writer.size, writer.dirty || writer.emptiedAtOpen, writer.givenTime) }
-            if !changed, case .attachment(let id, let name) = node,
-               try liveRevision(id) != nil, let saved = try visibleAttachment(name, in: id) {
-                return file(size, try modifiedTime(of: saved, in: id))
+            let (size, changed, given) = writer.lock.withLock { (writer.size, writer.dirty || writer.emptiedAtOpen, writer.given) }
+            var shown = file(size, Date().timeIntervalSince1970)
+            if case .attachment(let id, let name) = node, try liveRevision(id) != nil, let saved = try visibleAttachment(name, in: id) {
+                let savedAttributes = try attachmentAttributes(saved, in: id)
+                shown.permissions = savedAttributes.permissions
+                if !changed { (shown.modified, shown.accessed) = (savedAttributes.modified, savedAttributes.accessed) }
             }
-            return file(size, given ?? Date().timeIntervalSince1970)
+            if let modified = given.modified { shown.modified = FileTime(nanoseconds: modified) }
+            if let accessed = given.accessed { shown.accessed = FileTime(nanoseconds: accessed) }
+            if let mode = given.mode { shown.permissions = permissions(mode) }
+            return shown
         }
         switch node {
         case .root, .docs: return directory(mountTime)
@@ -253,18 +264,18 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             guard let revision = entry.revision, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
             return file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
         case .attachment(let id, let name):
-            guard let revision = try liveRevision(id) else {
+            guard try liveRevision(id) != nil else {
                 // A document folder made with mkdir and not saved yet: its attachments/, and the
                 // folders made in it (`mkdir docs/new && cp -r photos/. docs/new/attachments/`).
                 guard isDirectory(scratchDirectory(id)), try name.isEmpty || name == Node.blobsFolder || isFolder(name, docID: id)
                 else { throw FileSystemError(ENOENT) }
-                return directory(mountTime)
+                return try folderAttributes(name, in: id)
             }
             if let attachment = try visibleAttachment(name, in: id) {
-                return file(attachment.length, try modifiedTime(of: attachment, in: id))
+                return try attachmentAttributes(attachment, in: id)
             }
             guard try isFolder(name, docID: id) else { throw FileSystemError(ENOENT) }
-            return directory(revision.savedAt.timeIntervalSince1970)
+            return try folderAttributes(name, in: id)
         case .conflicts(let id):
             guard let revision = try liveRevision(id) else { throw FileSystemError(ENOENT) }
             return directory(revision.savedAt.timeIntervalSince1970, writable: false)
@@ -290,7 +301,18 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     public func attributes(ofHandle number: UInt64) throws -> FileAttributes {
         let handle = try handles.get(number)
         let size = handle.guardLock.withLock { handle.size }
-        var attributes = file(size, Date().timeIntervalSince1970, writable: handle is WriterDescriptor || handle is ScratchHandle)
+        if let writer = handle as? WriterDescriptor {
+            // As its path shows it (its mode, times given); unlinked, with what was given to it.
+            let (path, unlinked, given) = writer.file.lock.withLock { (writer.file.path, writer.file.unlinked, writer.file.given) }
+            if !unlinked, var attributes = try? self.attributes(of: path), attributes.kind == .regularFile {
+                attributes.size = size
+                return attributes
+            }
+            var attributes = file(size, Date().timeIntervalSince1970)
+            if let mode = given.mode { attributes.permissions = permissions(mode) }
+            return attributes
+        }
+        var attributes = file(size, Date().timeIntervalSince1970, writable: handle is ScratchHandle)
         if handle is StatusFileHandle { attributes.volatile = true }
         return attributes
     }
@@ -298,9 +320,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     func scratchAttributes(_ path: String) throws -> FileAttributes {
         var info = stat()
         guard lstat(path, &info) == 0 else { throw FileSystemError(errno) }
-        let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
-        if info.st_mode & S_IFMT == S_IFDIR { return directory(modified) }
-        return FileAttributes(kind: .regularFile, size: Int64(info.st_size), permissions: UInt32(info.st_mode & 0o777), modified: modified)
+        let kind: FileAttributes.Kind = info.st_mode & S_IFMT == S_IFDIR ? .directory : .regularFile
+        return FileAttributes(kind: kind, size: kind == .directory ? 0 : Int64(info.st_size), permissions: UInt32(info.st_mode & 0o7777),
+                              modified: FileTime(info.st_mtim), accessed: FileTime(info.st_atim),
+                              linkCount: kind == .directory ? UInt32(info.st_nlink) : 1)
     }
 
     // MARK: - Directories
@@ -362,7 +385,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                     entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: file(Int64(entry.rendered.count), modified),
                                                   position: ListingPosition.first))
                 }
-                entries.append(named(Node.attachmentsDirectoryName, attributes: directory(modified)))
+                entries.append(named(Node.attachmentsDirectoryName, attributes: try folderAttributes("", in: id)))
                 if hasBlobsFolder(revision) || scratch.contains(where: { $0.name == Node.blobsDirectoryName }) {
                     entries.append(named(Node.blobsDirectoryName, attributes: directory(modified)))
                 }
@@ -370,7 +393,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                     entries.append(named(Node.conflictsDirectoryName, attributes: directory(modified, writable: false)))
                 }
             } else {
-                entries.append(named(Node.attachmentsDirectoryName, attributes: directory(mountTime)))
+                entries.append(named(Node.attachmentsDirectoryName, attributes: try folderAttributes("", in: id)))
             }
             entries += scratch.filter { ![Node.attachmentsDirectoryName, Node.blobsDirectoryName].contains($0.name) }
             return entries
@@ -383,16 +406,16 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             var names = attachments.map { ($0.name, Optional($0), false) }
             names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil, false) } }
             names += withState { keptFolders.filter { $0.docID == id }.map { ($0.folder, nil, true) } }
+            names += try cached(id).local.keys.filter { $0.count > 1 && $0.hasSuffix("/") }.map { (String($0.dropLast()), nil, true) }
             let prefix = folder.isEmpty ? "" : folder + "/"
-            let modified = revision?.savedAt.timeIntervalSince1970 ?? mountTime
             for (name, attachment, isFolder) in names where Node.lies(name, below: folder) {
                 let components = FileNames.attachmentComponents(String(name.dropFirst(prefix.count)))
                     .filter { !$0.isEmpty }
                 guard let first = components.first, seen.insert(first).inserted else { continue }
                 if components.count == 1, let attachment {
-                    entries.append(named(first, attributes: file(attachment.length, try modifiedTime(of: attachment, in: id))))
+                    entries.append(named(first, attributes: try attachmentAttributes(attachment, in: id)))
                 } else if components.count > 1 || isFolder {
-                    entries.append(named(first, attributes: directory(modified)))
+                    entries.append(named(first, attributes: try folderAttributes(prefix + first, in: id)))
                 } else {
                     entries.append(named(first))
                 }
@@ -464,45 +487,6 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         var result = statvfs()
         guard statvfs(database.path, &result) == 0 else { throw FileSystemError(errno) }
         return result
-    }
-
-    /// When an attachment last changed: the time given to it, or its revision's (see `Database.attachmentTimes`).
-    func modifiedTime(of attachment: Attachment, in id: String) throws -> Double {
-        let staged = withState { bursts[id].flatMap { burst in burst.staged[attachment.name].map { ($0.attachment.digest, burst.times[attachment.name]) } } }
-        if let (digest, time) = staged, digest == attachment.digest, let time { return time }
-        let entry = try cached(id)
-        return entry.attachmentTimes[attachment.name] ?? entry.revision?.savedAt.timeIntervalSince1970 ?? mountTime
-    }
-
-    public func setTimes(_ path: String, accessed: timespec?, modified: timespec?) throws {
-        let node = Node(path: path)
-        if case .scratch(let id, let relative) = node {
-            let omit = timespec(tv_sec: 0, tv_nsec: (1 << 30) - 2)  // UTIME_OMIT
-            var times = [accessed ?? omit, modified ?? omit]
-            guard utimensat(AT_FDCWD, scratchPath(id, relative), &times, 0) == 0 else { throw FileSystemError(errno) }
-            return
-        }
-        _ = try attributes(of: path)
-        // An attachment keeps the modification time it is given (touch -d, cp -a, rsync -a) while
-        // its body stays the same; other times come from revisions, and the call is accepted.
-        guard case .attachment(let id, let name) = node, let modified, modified.tv_nsec != (1 << 30) - 2, !readOnly else { return }
-        let time = modified.tv_nsec == (1 << 30) - 1 ? Date().timeIntervalSince1970
-            : Double(modified.tv_sec) + Double(modified.tv_nsec) / 1e9
-        if let pending = pendingFile(at: path) {
-            let waiting = pending.lock.withLock { () -> Bool in
-                guard pending.dirty || pending.emptiedAtOpen else { return false }
-                pending.givenTime = time  // recorded with the body it saves
-                return true
-            }
-            if waiting { return }
-        }
-        guard try liveRevision(id) != nil, let attachment = try visibleAttachment(name, in: id) else { return }
-        try database.setModified(time, docID: id, name: name, digest: attachment.digest)
-        // In place: a forget would reload the whole document for each file `cp -a` or `rsync -a` touches.
-        withState {
-            if bursts[id]?.staged[name]?.attachment.digest == attachment.digest { bursts[id]?.times[name] = time }
-        }
-        cache.update(id) { $0.attachmentTimes[name] = time }
     }
 
     static let revisionAttribute = "user.sofa.rev"

@@ -144,8 +144,9 @@ class WriteHandle: Handle, @unchecked Sendable {
     var unlinked = false
     /// Descriptors sharing it. Guarded by the file system's state lock.
     var users = 0
-    /// A modification time given while unsaved changes wait: recorded with the body saved.
-    var givenTime: Double?
+    /// Times and a mode given while unsaved changes wait (a mode given at create): recorded
+    /// with the body saved.
+    var given = LocalAttributes()
     /// Set while what was written is durable but not saved (an fsync): its `PendingSave`.
     var durableID: String?
 
@@ -323,8 +324,8 @@ final class WriterDescriptor: Handle, @unchecked Sendable {
         try file.read(into: buffer, at: offset)
     }
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
-        if file.unlinked { return bytes.count }  // an unlinked file's bytes go nowhere, as on disk once closed
-        return try file.write(bytes, at: offset)
+        // An unlinked file is still written and read through its descriptors (it is saved nowhere).
+        try file.write(bytes, at: offset)
     }
     override func truncate(to size: Int64) throws { try file.truncate(to: size) }
     override var size: Int64 { file.size }

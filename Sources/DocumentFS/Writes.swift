@@ -132,7 +132,11 @@ extension DocumentFileSystem {
                                                    blobs: database.blobs, initialContent: nil)
             handle.seenDigest = existing?.digest
             handle.emptiedAtOpen = true
-            return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
+            // The mode it is made with (a linker's 0755) is kept; the default needs no record.
+            if permissions & 0o7777 != Self.defaultFileMode { handle.given.mode = permissions & 0o7777 }
+            let file = try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
+            noteEntryChange(name, in: id)
+            return file
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let target = scratchPath(id, relative)
@@ -421,10 +425,10 @@ extension DocumentFileSystem {
             case let attachment as AttachmentWriteHandle:
                 let blob = try attachment.commitBody()
                 let base = try saveAttachment(handle.docID, attachment.name, blob: blob, contentType: attachment.contentType,
-                                              base: handle.base, seen: attachment.seenDigest, modified: handle.givenTime)
+                                              base: handle.base, seen: attachment.seenDigest, given: handle.given)
                 attachment.seenDigest = blob.key.digestString
                 withState { openedDigests[handle.path] = nil }
-                handle.givenTime = nil
+                handle.given = LocalAttributes()
                 handle.base = base
                 handle.dirty = false
                 handle.emptiedAtOpen = false
@@ -561,7 +565,6 @@ extension DocumentFileSystem {
                     if var burst = bursts[id] {
                         for file in staged where burst.staged[file.name]?.seq == file.seq {
                             burst.staged[file.name] = nil
-                            burst.times[file.name] = nil
                         }
                         if burst.staged.isEmpty { bursts[id] = nil } else {
                             burst.folders = Set(burst.staged.keys.flatMap(DocumentCache.Entry.folders(of:)))
@@ -682,6 +685,12 @@ extension DocumentFileSystem {
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             if (try? attributes(of: path)) != nil { throw FileSystemError(EEXIST) }
             _ = withState { keptFolders.insert(FolderKey(docID: id, folder: folder)) }
+            // Recorded, so that the empty folder is there at the next mount too.
+            let row = LocalAttributes.folderName(folder)
+            try database.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
+            let local = try database.localAttributes(ofDocument: id)[row]
+            cache.update(id) { $0.local[row] = local }
+            noteEntryChange(folder, in: id)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
             let target = scratchPath(id, relative)
@@ -721,14 +730,22 @@ extension DocumentFileSystem {
             let attachments = visibleAttachments(revision)
             guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
             func within(_ name: String) -> Bool { Node.lies(name, below: folder) }
+            let rows = try cached(id).local.keys
             let holdsFolders = withState { keptFolders.contains { $0.docID == id && within($0.folder) && $0.folder != folder } }
+                || rows.contains { $0.count > 1 && $0.hasSuffix("/") && $0.dropLast() != folder && within(String($0.dropLast())) }
             let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { within($0.name) } == true }
             let scratch = folder.isEmpty ? Node.attachmentsDirectoryName : folder == Node.blobsFolder ? Node.blobsDirectoryName : nil
             guard !attachments.contains(where: { within($0.name) }), !holdsFolders, !holdsPending,
                   scratch.map({ scratchIsEmpty(scratchPath(id, $0)) }) ?? true else {
                 throw FileSystemError(ENOTEMPTY)
             }
-            _ = withState { keptFolders.remove(FolderKey(docID: id, folder: folder)) }
+            _ = withState {
+                keptFolders.remove(FolderKey(docID: id, folder: folder))
+                folderChanges[FolderKey(docID: id, folder: folder)] = nil
+            }
+            try database.moveLocalAttributes(docID: id, moves: [], removing: [LocalAttributes.folderName(folder)])
+            cache.update(id) { $0.local[LocalAttributes.folderName(folder)] = nil }
+            noteEntryChange(folder, in: id)
         case .conflict(let id, let rev):
             // `rm -r conflicts/<rev>`: resolve by deleting that branch.
             guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
@@ -787,7 +804,10 @@ extension DocumentFileSystem {
         if let pending = pendingFile(at: path) {
             // Open and being written: its name goes now; what its descriptors write goes nowhere.
             // (Its folders are kept first: there is no moment when they are nowhere.)
-            if case .attachment(let id, let name) = node { keepFolders(of: [name], in: id) }
+            if case .attachment(let id, let name) = node {
+                keepFolders(of: [name], in: id)
+                noteEntryChange(name, in: id)
+            }
             detach(pending)
             switch node {
             case .attachment(let id, let name):
@@ -818,6 +838,8 @@ extension DocumentFileSystem {
             if !removing {
                 _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
             }
+            try forgetLocalAttributes(of: name, in: id)
+            noteEntryChange(name, in: id)
         case .conflictProperties(let id, let rev), .conflictAttachment(let id, let rev, _):
             // Part of `rm -r conflicts/<rev>`; the branch goes with the folder.
             guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
@@ -914,13 +936,18 @@ extension DocumentFileSystem {
             let file = scratchPath(id, relative)
             guard !isDirectory(file) else { throw FileSystemError(EISDIR) }
             var info = stat()
-            let modified = stat(file, &info) == 0 ? Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9 : nil
+            var given = LocalAttributes()
+            if stat(file, &info) == 0 {
+                // The temporary file's time and mode (rsync and editors set them before the rename) are the attachment's.
+                (given.modified, given.accessed) = (FileTime(info.st_mtim).nanoseconds, FileTime(info.st_atim).nanoseconds)
+                given.mode = UInt32(info.st_mode & 0o7777)
+            }
             let blob = try database.blobs.adopt(fileAt: file, keepingOriginal: true)
             let live = try liveRevision(toID)
             let existing = live == nil ? nil : try visibleAttachment(name, in: toID)
-            // The temporary file's time (rsync and editors set it before the rename) is the attachment's.
             _ = try saveAttachment(toID, name, blob: blob, contentType: existing?.contentType ?? MIMEType.forFileName(name),
-                                   base: live?.revID, seen: existing?.digest, modified: modified)
+                                   base: live?.revID, seen: existing?.digest, given: given)
+            noteEntryChange(name, in: toID)
             Glibc.unlink(file)
         case let (.properties(id), .scratch(toID, relative)):
             guard let revision = try liveRevision(id), try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
@@ -989,17 +1016,26 @@ extension DocumentFileSystem {
         // A file, or a whole folder of attachments.
         let moving = attachments.filter { $0.name == fromName || $0.name.hasPrefix(prefix) }
         guard !moving.isEmpty else {
-            if sourceKind == .directory { return }  // a folder of empty folders: moved above
-            throw FileSystemError(ENOENT)
+            guard sourceKind == .directory else { throw FileSystemError(ENOENT) }
+            // A folder of empty folders: moved above, and its rows with it.
+            try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: true)
+            noteEntryChange(fromName, in: fromID)
+            noteEntryChange(toName, in: toID)
+            return
         }
         func renamed(_ name: String) -> String { name == fromName ? toName : toName + "/" + name.dropFirst(prefix.count) }
         // The folders that held what moved stay, as on disk (kept before the save: there is
         // no moment when they are nowhere); a folder that moved does not.
         keepFolders(of: sourceKind == .directory ? [fromName] : moving.map(\.name), in: fromID)
+        defer {
+            noteEntryChange(fromName, in: fromID)
+            noteEntryChange(toName, in: toID)
+        }
         if fromID == toID {
             _ = try commit(fromID, base: source.revID, change: .attachment(toName)) { draft in
                 for attachment in moving { try draft.renameAttachment(attachment.name, to: renamed(attachment.name)) }
             }
+            try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: sourceKind == .directory)
             return
         }
         guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
@@ -1010,6 +1046,7 @@ extension DocumentFileSystem {
         _ = try commit(fromID, base: source.revID, change: .attachment(fromName)) { draft in
             for attachment in moving { try draft.removeAttachment(attachment.name) }
         }
+        try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: sourceKind == .directory)
     }
 
     /// A document moved to the trash (`gio trash`, a file manager's Delete): its folder is

@@ -268,52 +268,6 @@ extension Database {
     }
 }
 
-extension Database {
-    /// When each attachment of `revision` last changed: the time given to it (`setModified`)
-    /// while it has the same body, else when the revision that last changed it (its revpos)
-    /// was saved here.
-    public func attachmentTimes(of revision: Revision) throws -> [String: Double] {
-        guard !revision.attachments.isEmpty else { return [:] }
-        return try read { connection in
-            guard let row = try Database.documentRow(revision.docID, in: connection) else { return [:] }
-            var parents: [String: (parent: String?, generation: Int, saved: Double)] = [:]
-            try connection.forEach("SELECT rev_id, parent_id, generation, saved_at FROM revs WHERE doc_key = ?", .integer(row.key)) { row in
-                parents[row.text(0)] = (row.optionalText(1), row.int(2), row.double(3))
-            }
-            var savedAt: [Int: Double] = [:]  // generation → when the revision of this branch with it was saved here
-            var next: String? = revision.revID.description
-            while let id = next, let entry = parents[id] {
-                savedAt[entry.generation] = entry.saved
-                next = entry.parent
-            }
-            var given: [String: (String, Double)] = [:]
-            if hasBodyCache {
-                try connection.forEach("SELECT name, digest, modified FROM attachment_times WHERE doc_id = ?", .text(revision.docID)) { row in
-                    given[row.text(0)] = (row.text(1), row.double(2))
-                }
-            }
-            var times: [String: Double] = [:]
-            for attachment in revision.attachments {
-                if let (digest, modified) = given[attachment.name], digest == attachment.digest {
-                    times[attachment.name] = modified
-                } else {
-                    times[attachment.name] = savedAt[attachment.revpos] ?? revision.savedAt.timeIntervalSince1970
-                }
-            }
-            return times
-        }
-    }
-
-    /// Gives an attachment (with the body named `digest`) a modification time of its own.
-    public func setModified(_ time: Double, docID: String, name: String, digest: String) throws {
-        guard hasBodyCache else { return }
-        try write { connection in
-            try connection.run("INSERT OR REPLACE INTO attachment_times (doc_id, name, digest, modified) VALUES (?, ?, ?, ?)",
-                               .text(docID), .text(name), .text(digest), .real(time))
-        }
-    }
-}
-
 /// A file a mount was writing, made durable by an fsync before it was saved as a revision.
 public struct PendingSave: Hashable, Sendable {
     public let id: String

@@ -39,6 +39,9 @@ public final class Database: @unchecked Sendable {
     let hasMangoIndexes: Bool
     /// Whether the file has `staged_attachments` (version 6).
     let hasStaging: Bool
+    /// Whether the file has `local_attributes` (version 7; older ones opened read-only keep
+    /// `attachment_times`).
+    let hasLocalAttributes: Bool
     /// Signalled after each commit this process makes (see `ChangeSignal`).
     public let commits = ChangeSignal()
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
@@ -74,6 +77,7 @@ public final class Database: @unchecked Sendable {
         self.hasBodyCache = schemaVersion >= 4
         self.hasMangoIndexes = schemaVersion >= 5
         self.hasStaging = schemaVersion >= 6
+        self.hasLocalAttributes = schemaVersion >= 7
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))

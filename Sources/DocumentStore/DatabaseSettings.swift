@@ -38,8 +38,8 @@ extension Database {
                 } else {
                     try documentChanged(docKey: nil, docID: id, winner: nil, in: connection)
                     try connection.run("DELETE FROM docs WHERE doc_key = ?", .integer(row.key))
-                    if hasBodyCache {  // attachment_times came with it (version 4)
-                        try connection.run("DELETE FROM attachment_times WHERE doc_id = ?", .text(id))
+                    if hasLocalAttributes {
+                        try connection.run("DELETE FROM local_attributes WHERE doc_id = ?", .text(id))
                     }
                 }
             }

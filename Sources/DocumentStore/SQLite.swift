@@ -18,6 +18,7 @@ extension SQLValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Exp
     init(_ value: Int) { self = .integer(Int64(value)) }
     init(_ value: Bool) { self = .integer(value ? 1 : 0) }
     init(_ value: String?) { self = value.map { .text($0) } ?? .null }
+    init(_ value: Int64?) { self = value.map { .integer($0) } ?? .null }
 }
 
 /// One SQLite connection. Owns its handle and a cache of prepared statements.
@@ -157,6 +158,7 @@ struct SQLiteRow {
     func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
     func bool(_ column: Int32) -> Bool { sqlite3_column_int64(statement, column) != 0 }
     func double(_ column: Int32) -> Double { sqlite3_column_double(statement, column) }
+    func optionalInt64(_ column: Int32) -> Int64? { isNull(column) ? nil : int64(column) }
 
     func text(_ column: Int32) -> String { optionalText(column) ?? "" }
 

@@ -1,7 +1,7 @@
 import DocumentModel
 import Foundation
 
-/// The SQLite schema of `db.sqlite3`, version 6.
+/// The SQLite schema of `db.sqlite3`, version 7.
 ///
 /// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
 ///   `last_sequence`, `revs_limit`.
@@ -21,9 +21,8 @@ import Foundation
 ///   (they change no document's sequence). The last thousand are kept.
 /// - `rev_attachments_by_digest` (version 3): presence is a matter of the digest, for every
 ///   revision that references it.
-/// - `attachment_times` (version 4): modification times given to attachments (`touch -d`,
-///   `cp -a`, `rsync -a` in a mount), for the body they had then (`digest`); local, never
-///   replicated. Without one, an attachment's time is that of the revision that last changed it.
+/// - `attachment_times` (version 4 to 6): modification times given to attachments; version 7
+///   moved them into `local_attributes` (to the nanosecond).
 /// - `pending_saves` (version 4): files a mount was writing when they were fsynced, not yet
 ///   saved as revisions (`file` holds their bytes, synced): a mount that stopped before
 ///   saving them saves them when the database is mounted again (`pid` was not running).
@@ -43,9 +42,15 @@ import Foundation
 ///   been quiet for a moment; a mount that stopped leaves them to its successor (`pid`). See
 ///   `Staging.swift`.
 ///
+/// - `local_attributes` (version 7): what a mount keeps about a file or folder of a document
+///   that revisions do not hold: times given to it (`touch -d`, `cp -a`, `rsync -a`; in
+///   nanoseconds), for the body it had then (`digest`), and its permission bits (`chmod +x`).
+///   A folder's row is named with a `/` at its end (`/` alone: `attachments/`). Local, never
+///   replicated. See `LocalAttributes.swift`.
+///
 /// Older databases are upgraded when opened for writing (new tables and an index).
 enum Schema {
-    static let version = 6
+    static let version = 7
 
     static let bodyDigestsTable = """
         CREATE TABLE IF NOT EXISTS body_digests (digest TEXT PRIMARY KEY, blob_key TEXT NOT NULL) WITHOUT ROWID;
@@ -66,13 +71,6 @@ enum Schema {
             base_rev TEXT,
             content_type TEXT,
             file TEXT NOT NULL
-        ) WITHOUT ROWID;
-        CREATE TABLE IF NOT EXISTS attachment_times (
-            doc_id TEXT NOT NULL,
-            name TEXT NOT NULL,
-            digest TEXT NOT NULL,
-            modified REAL NOT NULL,
-            PRIMARY KEY (doc_id, name)
         ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS body_cache (
             digest TEXT PRIMARY KEY,
@@ -114,6 +112,29 @@ enum Schema {
         );
         """
 
+    static let version7Tables = """
+        CREATE TABLE IF NOT EXISTS local_attributes (
+            doc_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            digest TEXT,
+            modified INTEGER,
+            accessed INTEGER,
+            mode INTEGER,
+            PRIMARY KEY (doc_id, name)
+        ) WITHOUT ROWID;
+        """
+
+    /// Version 4 to 6 kept modification times (seconds, as REAL) in `attachment_times`.
+    static func moveAttachmentTimes(_ connection: SQLiteConnection) throws {
+        let found = try connection.query("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'attachment_times'") { $0.int(0) }[0]
+        guard found > 0 else { return }
+        try connection.execute("""
+            INSERT OR IGNORE INTO local_attributes (doc_id, name, digest, modified)
+                SELECT doc_id, name, digest, CAST(round(modified * 1e9) AS INTEGER) FROM attachment_times;
+            DROP TABLE attachment_times;
+            """)
+    }
+
     static func create(_ connection: SQLiteConnection, revsLimit: Int) throws {
         try configure(connection)
         try connection.execute("BEGIN IMMEDIATE")
@@ -152,7 +173,7 @@ enum Schema {
                 ) WITHOUT ROWID;
                 CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
                 CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
-                """ + bodyDigestsTable + version3Tables + version4Tables + version5Tables + version6Tables)
+                """ + bodyDigestsTable + version3Tables + version4Tables + version5Tables + version6Tables + version7Tables)
             try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
                                "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
                                .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
@@ -179,13 +200,15 @@ enum Schema {
         try configure(connection)
         if userVersion == version {
             // Tables added to this version after it was first made.
-            try connection.execute(version4Tables + version5Tables + version6Tables)
+            try connection.execute(version4Tables + version5Tables + version6Tables + version7Tables)
         }
         if userVersion < version {
             try connection.execute("BEGIN IMMEDIATE")
             do {
                 try connection.execute(bodyDigestsTable + version3Tables + version4Tables + version5Tables + version6Tables +
-                                       "PRAGMA user_version = \(version);")
+                                       version7Tables)
+                try moveAttachmentTimes(connection)
+                try connection.execute("PRAGMA user_version = \(version)")
                 try connection.execute("COMMIT")
             } catch {
                 try? connection.execute("ROLLBACK")

@@ -41,11 +41,12 @@ public struct StagedAttachment: Hashable, Sendable {
         public let attachment: Attachment
         public let expectedDigest: String?
         public let base: RevisionID?
-        /// The attachment's modification time (`attachment_times`), written with the row.
-        public let modified: Double?
+        /// Times and mode given to the attachment (see `LocalAttributes`), written with the row.
+        public let given: LocalAttributes
 
-        public init(docID: String, attachment: Attachment, expectedDigest: String?, base: RevisionID?, modified: Double? = nil) {
-            (self.docID, self.attachment, self.expectedDigest, self.base, self.modified) = (docID, attachment, expectedDigest, base, modified)
+        public init(docID: String, attachment: Attachment, expectedDigest: String?, base: RevisionID?,
+                    given: LocalAttributes = LocalAttributes()) {
+            (self.docID, self.attachment, self.expectedDigest, self.base, self.given) = (docID, attachment, expectedDigest, base, given)
         }
     }
 }
@@ -71,9 +72,11 @@ extension Database {
             // A file saved again before its fold replaces what it staged before.
             try connection.run("DELETE FROM staged_attachments WHERE doc_id = ? AND name = ? AND pid = ? AND seq < ?",
                                .text(draft.docID), .text(draft.attachment.name), .integer(Int64(pid)), .integer(seq))
-            if let modified = draft.modified, hasBodyCache {
-                try connection.run("INSERT OR REPLACE INTO attachment_times (doc_id, name, digest, modified) VALUES (?, ?, ?, ?)",
-                                   .text(draft.docID), .text(draft.attachment.name), .text(draft.attachment.digest), .real(modified))
+            if draft.given != LocalAttributes(), hasLocalAttributes {
+                var attributes = try Database.localAttributes(draft.docID, draft.attachment.name, in: connection) ?? LocalAttributes()
+                (attributes.digest, attributes.modified, attributes.accessed) = (draft.attachment.digest, draft.given.modified, draft.given.accessed)
+                if let mode = draft.given.mode { attributes.mode = mode }
+                try Database.store(attributes, docID: draft.docID, name: draft.attachment.name, in: connection)
             }
             return seq
         }

@@ -25,6 +25,29 @@
 
 import Foundation
 
+/// A time as `stat` gives it, in nanoseconds since 1970 (64 bits: past 2038 and 2106).
+public struct FileTime: Sendable, Hashable, Comparable {
+    public var nanoseconds: Int64
+
+    public init(nanoseconds: Int64) { self.nanoseconds = nanoseconds }
+    public init(seconds: Double) { nanoseconds = Int64((seconds * 1e9).rounded()) }
+    public init(_ time: timespec) { nanoseconds = Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec) }
+
+    public static var now: FileTime {
+        var time = Glibc.timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return FileTime(time)
+    }
+
+    public var timespec: Glibc.timespec {
+        let (seconds, rest) = nanoseconds.quotientAndRemainder(dividingBy: 1_000_000_000)
+        return rest < 0 ? Glibc.timespec(tv_sec: Int(seconds - 1), tv_nsec: Int(rest + 1_000_000_000))
+            : Glibc.timespec(tv_sec: Int(seconds), tv_nsec: Int(rest))
+    }
+
+    public static func < (a: FileTime, b: FileTime) -> Bool { a.nanoseconds < b.nanoseconds }
+}
+
 /// What `stat` shows for a node.
 public struct FileAttributes: Sendable, Equatable {
     public enum Kind: Sendable { case directory, regularFile }
@@ -33,18 +56,23 @@ public struct FileAttributes: Sendable, Equatable {
     public var size: Int64
     /// Permission bits (e.g. 0o644).
     public var permissions: UInt32
-    public var modified: Double
+    public var modified: FileTime
+    /// The last access, when known apart from `modified` (the mount does not record reads: it
+    /// is as if mounted `noatime`, and `atime` changes only when set).
+    public var accessed: FileTime?
     public var linkCount: UInt32
     /// Content that changes from one open to the next (a status file): the kernel keeps no
     /// attributes of it, so `fstat` of an open file asks, and gets the size of what that
     /// open reads (`attributes(ofHandle:)`), not a size cached from an earlier version.
     public var volatile = false
 
-    public init(kind: Kind, size: Int64 = 0, permissions: UInt32? = nil, modified: Double = 0, linkCount: UInt32? = nil) {
+    public init(kind: Kind, size: Int64 = 0, permissions: UInt32? = nil, modified: FileTime = FileTime(nanoseconds: 0),
+                accessed: FileTime? = nil, linkCount: UInt32? = nil) {
         self.kind = kind
         self.size = size
         self.permissions = permissions ?? (kind == .directory ? 0o755 : 0o644)
         self.modified = modified
+        self.accessed = accessed
         self.linkCount = linkCount ?? (kind == .directory ? 2 : 1)
     }
 }
@@ -155,6 +183,8 @@ public protocol FileSystem: AnyObject, Sendable {
     func removeExtendedAttribute(_ name: String, of path: String) throws
 
     func statistics(of path: String) throws -> statvfs
-    /// `chmod`, `chown` and `utimens`: accepted so that `cp -a` and `rsync -a` work.
+    /// `utimensat`: `UTIME_NOW` and `UTIME_OMIT` as in `tv_nsec`.
     func setTimes(_ path: String, accessed: timespec?, modified: timespec?) throws
+    /// `chmod`: the permission bits (`mode & 0o7777`). `chown` is accepted and ignored.
+    func setPermissions(_ path: String, _ permissions: UInt32) throws
 }

@@ -274,11 +274,9 @@ private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttrib
     buffer.pointee.st_blocks = Int((attributes.size + 511) / 512)
     buffer.pointee.st_uid = geteuid()
     buffer.pointee.st_gid = getegid()
-    let seconds = attributes.modified.rounded(.down)
-    let time = timespec(tv_sec: Int(seconds), tv_nsec: Int((attributes.modified - seconds) * 1e9))
-    buffer.pointee.st_mtim = time
-    buffer.pointee.st_ctim = time
-    buffer.pointee.st_atim = time
+    buffer.pointee.st_mtim = attributes.modified.timespec
+    buffer.pointee.st_ctim = attributes.modified.timespec
+    buffer.pointee.st_atim = (attributes.accessed ?? attributes.modified).timespec
 }
 
 private func replyAttributes(_ request: fuse_req_t?, _ box: Box, _ attributes: FileAttributes, ino: fuse_ino_t) {
@@ -420,7 +418,10 @@ extension FuseMount {
                     try fs.setTimes(try box.path(ino), accessed: time(FUSE_SET_ATTR_ATIME, FUSE_SET_ATTR_ATIME_NOW, attributes!.pointee.st_atim),
                                     modified: time(FUSE_SET_ATTR_MTIME, FUSE_SET_ATTR_MTIME_NOW, attributes!.pointee.st_mtim))
                 }
-                // Ownership and modes are not stored: accepted so that cp -a and rsync -a work.
+                if set & UInt32(FUSE_SET_ATTR_MODE) != 0 {
+                    try fs.setPermissions(try box.path(ino), UInt32(attributes!.pointee.st_mode) & 0o7777)
+                }
+                // Ownership is not stored: accepted so that cp -a and rsync -a work.
                 let current = try info.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: box.path(ino))
                 replyAttributes(request, box, current, ino: ino)
             }

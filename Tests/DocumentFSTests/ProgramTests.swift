@@ -122,15 +122,28 @@ import TestSupport
 
     @Test func attachmentsKeepTheirOwnTimesSoASecondRsyncCopiesNothing() throws {
         let source = directory.appending("times")
-        try sh("mkdir '\(source)' && for i in 1 2 3; do echo $i > '\(source)'/f$i; done "
-               + "&& touch -d '2020-01-02 03:04:05' '\(source)/f1' && touch -d '2021-05-06 07:08:09' '\(source)/f2'")
-        let mount = try MountedDatabase(db.path)
-        let folder = mount.path("docs/doc/attachments")
+        // Files, folders with times of their own (set after what they hold, as rsync does), an executable.
+        try sh("mkdir -p '\(source)/sub/deeper' && for i in 1 2 3; do echo $i > '\(source)'/f$i; echo $i > '\(source)'/sub/s$i; done "
+               + "&& printf '#!/bin/sh\\necho ran\\n' > '\(source)/sub/run.sh' && chmod 755 '\(source)/sub/run.sh' "
+               + "&& touch -d '2020-01-02 03:04:05.123456789' '\(source)/f1' && touch -d '2021-05-06 07:08:09' '\(source)/f2' "
+               + "&& touch -d '2019-01-01' '\(source)/sub/deeper' '\(source)/sub' '\(source)'")
+        var mount = try MountedDatabase(db.path)
+        var folder = mount.path("docs/doc/attachments")
         func mtime(_ name: String) throws -> String { try sh("stat -c %Y '\(folder)/\(name)'").trimmingCharacters(in: .whitespacesAndNewlines) }
         try sh("rsync -a '\(source)/' '\(folder)/'")
         #expect(try mtime("f1") == "1577934245" && mtime("f2") == "1620284889")
+        // Right after the first (its files still staged), and after a remount: nothing at all to do.
         let again = try sh("rsync -ai '\(source)/' '\(folder)/'")
-        #expect(!again.contains(">f"), "the second rsync copied files again: \(again)")
+        #expect(again.isEmpty, "the second rsync had work to do: \(again)")
+        #expect(try sh("'\(folder)/sub/run.sh'") == "ran\n")
+        #expect(mount.unmount().succeeded)
+        mount = try MountedDatabase(db.path)
+        folder = mount.path("docs/doc/attachments")
+        let afterRemount = try sh("rsync -ai '\(source)/' '\(folder)/'")
+        #expect(afterRemount.isEmpty, "after a remount, rsync had work to do: \(afterRemount)")
+        #expect(try sh("stat -c '%y %A' '\(folder)/f1' '\(folder)/sub/run.sh'")
+                    .contains("2020-01-02 03:04:05.123456789"), "nanoseconds kept across a remount")
+        #expect(try sh("stat -c %A '\(folder)/sub/run.sh'") == "-rwxr-xr-x\n")
         // Changing one attachment leaves its siblings' times alone; touch -d and cp -a set one.
         let before = try mtime("f1")
         try sh("sleep 1.1 && echo more >> '\(folder)/f3'")

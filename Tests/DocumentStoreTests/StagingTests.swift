@@ -19,7 +19,8 @@ import TestSupport
         let blob = try db.blobs.write(Array(text.utf8))
         let attachment = Attachment(name: name, contentType: "text/plain", blob: blob, revpos: 0)
         return try db.stage(StagedAttachment.Draft(docID: "doc", attachment: attachment, expectedDigest: nil,
-                                                   base: try db.currentRevision(of: "doc")?.revID, modified: 1_600_000_000.5))
+                                                   base: try db.currentRevision(of: "doc")?.revID,
+                                                   given: LocalAttributes(modified: 1_600_000_000_500_000_001)))
     }
 
     @Test func aNameStagedAgainReplacesItsRowAndASaveUnstagesInTheSameTransaction() throws {
@@ -34,7 +35,8 @@ import TestSupport
         #expect(try db.blobs.contents(of: try #require(saved.attachment(named: "b.txt")?.blobKey)) == Array("second".utf8))
         #expect(saved.attachment(named: "b.txt")?.revpos == 2)
         // The time given at staging is the attachment's.
-        #expect(try db.attachmentTimes(of: saved)["b.txt"] == 1_600_000_000.5)
+        let given = try db.localAttributes(ofDocument: "doc")["b.txt"]
+        #expect(given?.modified == 1_600_000_000_500_000_001 && given?.digest == saved.attachment(named: "b.txt")?.digest)
     }
 
     @Test func compactionKeepsTheBodiesOfStagedFiles() throws {
@@ -65,5 +67,43 @@ import TestSupport
         #expect(Int(rows.trimmingCharacters(in: .whitespacesAndNewlines))! <= 2 * (Tuning.historyAttachmentRows + 103), "\(rows)")
         #expect(try db.revisionTree(of: "big").nodes.count == 4, "revision ids stay for replication")
         #expect(try db.document(withID: "big")?.attachments.count == Tuning.historyAttachmentRows + 103)
+    }
+}
+
+/// Times and modes a mount gives to files and folders (`local_attributes`, schema 7).
+@Suite struct LocalAttributesTests {
+    let directory = TemporaryDirectory()
+
+    @Test func timesOfAVersionSixDatabaseMoveToNanosecondsWhenOpened() throws {
+        let path = directory.appending("six.sofa")
+        let digest: String
+        do {
+            let db = try Database.create(at: path)
+            digest = try #require(try db.put("doc", [:], attachments: ["a.txt": Array("a".utf8)]).attachment(named: "a.txt")?.digest)
+        }
+        // What version 6 kept: seconds as REAL in attachment_times.
+        let downgrade = try shell("""
+            python3 -c "import sqlite3; c = sqlite3.connect('\(path)/db.sqlite3'); c.execute('DROP TABLE local_attributes'); \
+            c.execute('CREATE TABLE attachment_times (doc_id TEXT NOT NULL, name TEXT NOT NULL, digest TEXT NOT NULL, modified REAL NOT NULL, PRIMARY KEY (doc_id, name)) WITHOUT ROWID'); \
+            c.execute(\\"INSERT INTO attachment_times VALUES ('doc', 'a.txt', '\(digest)', 946684799.25)\\"); \
+            c.execute('PRAGMA user_version = 6'); c.commit()"
+            """)
+        #expect(downgrade.succeeded, "\(downgrade.stderr)")
+        let db = try Database.open(at: path)
+        #expect(try db.localAttributes(ofDocument: "doc")["a.txt"] == LocalAttributes(digest: digest, modified: 946_684_799_250_000_000))
+        let tables = try shell("python3 -c \"import sqlite3; print(sqlite3.connect('\(path)/db.sqlite3').execute(\\\"SELECT count(*) FROM sqlite_master WHERE name = 'attachment_times'\\\").fetchone()[0])\"")
+        #expect(tables.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "0", "attachment_times is gone")
+    }
+
+    @Test func renamesMoveRowsAndEmptyRowsGo() throws {
+        let db = try directory.makeDatabase()
+        try db.updateLocalAttributes(docID: "doc", name: "bin/tool") { $0.mode = 0o755 }
+        try db.updateLocalAttributes(docID: "doc", name: "bin/") { $0.modified = 1 }
+        try db.updateLocalAttributes(docID: "doc", name: "old") { $0.modified = 2 }
+        try db.moveLocalAttributes(docID: "doc", moves: [("bin/tool", "sbin/tool"), ("bin/", "sbin/")], toDocument: "other", removing: ["old"])
+        #expect(try db.localAttributes(ofDocument: "doc").isEmpty)
+        #expect(try db.localAttributes(ofDocument: "other") == ["sbin/tool": LocalAttributes(mode: 0o755), "sbin/": LocalAttributes(modified: 1)])
+        try db.updateLocalAttributes(docID: "other", name: "sbin/tool") { $0.mode = nil }
+        #expect(try db.localAttributes(ofDocument: "other").keys.sorted() == ["sbin/"], "a row with nothing left goes")
     }
 }

@@ -1,0 +1,220 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import FuseKit
+
+/// Times and modes: what `stat` shows of attachments and their folders beyond their bytes.
+///
+/// - An attachment's mtime is the time given to it (`touch -d`, `cp -a`, `rsync -a`, `tar x`;
+///   to the nanosecond) while it keeps the body it had then, else when the revision that last
+///   changed it was saved. Its atime is the one given with it, else its mtime: reads do not
+///   change it (as `noatime`). ctime is the mtime.
+/// - A folder's mtime is when an entry was last made, removed or renamed in it while mounted,
+///   or the time given to it (what `rsync -a` and `tar x` do last), else its revision's.
+/// - Permission bits given (`chmod`, a file created with mode 0755 by a linker or `install`)
+///   are kept; the default is 0644 for files and 0755 for folders.
+/// - A folder's link count is 2 plus its subfolders, as on ext4.
+///
+/// Given times and modes are `LocalAttributes` in the database: kept across mounts, never
+/// replicated.
+extension DocumentFileSystem {
+    static let defaultFileMode: UInt32 = 0o644
+    static let defaultFolderMode: UInt32 = 0o755
+
+    /// An attachment as `stat` shows it.
+    func attachmentAttributes(_ attachment: Attachment, in id: String) throws -> FileAttributes {
+        let entry = try cached(id)
+        let local = entry.local[attachment.name]
+        var attributes = file(attachment.length, 0)
+        if let local, local.digest == attachment.digest, let modified = local.modified {
+            attributes.modified = FileTime(nanoseconds: modified)
+        } else {
+            attributes.modified = FileTime(seconds: entry.revisionTimes[attachment.name] ?? entry.revision?.savedAt.timeIntervalSince1970 ?? mountTime)
+        }
+        if let local, local.digest == attachment.digest, let accessed = local.accessed {
+            attributes.accessed = FileTime(nanoseconds: accessed)
+        }
+        attributes.permissions = permissions(local?.mode ?? Self.defaultFileMode)
+        return attributes
+    }
+
+    /// A folder of attachments (`""`: attachments/ itself) as `stat` shows it.
+    func folderAttributes(_ folder: String, in id: String, writable: Bool = true) throws -> FileAttributes {
+        let entry = try cached(id)
+        let local = entry.local[LocalAttributes.folderName(folder)]
+        let changed = withState { folderChanges[FolderKey(docID: id, folder: folder)] }
+        var attributes = directory(entry.revision?.savedAt.timeIntervalSince1970 ?? mountTime, writable: writable)
+        if let changed {
+            attributes.modified = changed
+        } else if let modified = local?.modified {
+            attributes.modified = FileTime(nanoseconds: modified)
+            attributes.accessed = local?.accessed.map(FileTime.init(nanoseconds:))
+        }
+        if writable { attributes.permissions = permissions(local?.mode ?? Self.defaultFolderMode) }
+        attributes.linkCount = 2 + UInt32(try subfolders(of: folder, in: id, entry: entry).count)
+        return attributes
+    }
+
+    /// The permission bits shown for a mode given (no write bits in a read-only mount).
+    func permissions(_ mode: UInt32) -> UInt32 {
+        readOnly ? mode & ~0o222 : mode
+    }
+
+    /// The folders directly in `folder`: those the document's names make, staged files', files
+    /// being written, and folders made with mkdir.
+    private func subfolders(of folder: String, in id: String, entry: DocumentCache.Entry) throws -> Set<String> {
+        var found = entry.subfolders[folder] ?? []
+        func add(_ name: String) {
+            for candidate in DocumentCache.Entry.folders(of: name) where DocumentCache.Entry.parent(of: candidate) == folder {
+                found.insert(candidate)
+            }
+        }
+        withState {
+            for staged in bursts[id]?.folders ?? [] where DocumentCache.Entry.parent(of: staged) == folder { found.insert(staged) }
+            for key in keptFolders where key.docID == id {
+                add(key.folder + "/")
+            }
+        }
+        for case let pending as AttachmentWriteHandle in pendingFiles(inDocument: id) { add(pending.name) }
+        for row in entry.local.keys where row.count > 1 && row.hasSuffix("/") { add(row) }
+        return found
+    }
+
+    /// An entry was made, removed or renamed in the folder holding `name` (POSIX changes its
+    /// mtime; the kernel asks for its attributes again).
+    func noteEntryChange(_ name: String, in id: String) {
+        let now = FileTime.now
+        withState { folderChanges[FolderKey(docID: id, folder: DocumentCache.Entry.parent(of: name))] = now }
+    }
+
+    // MARK: - utimensat, chmod
+
+    public func setTimes(_ path: String, accessed: timespec?, modified: timespec?) throws {
+        let node = Node(path: path)
+        if case .scratch(let id, let relative) = node {
+            let omit = timespec(tv_sec: 0, tv_nsec: Self.utimeOmit)
+            var times = [accessed ?? omit, modified ?? omit]
+            guard utimensat(AT_FDCWD, scratchPath(id, relative), &times, 0) == 0 else { throw FileSystemError(errno) }
+            return
+        }
+        let kind = try attributes(of: path).kind
+        // Times of attachments and their folders are kept; other times come from revisions, and the call is accepted.
+        guard case .attachment(let id, let name) = node, !readOnly else { return }
+        let now = FileTime.now
+        func given(_ time: timespec?) -> Int64?? {
+            guard let time, time.tv_nsec != Self.utimeOmit else { return .none }
+            return .some(time.tv_nsec == Self.utimeNow ? now.nanoseconds : FileTime(time).nanoseconds)
+        }
+        let (newModified, newAccessed) = (given(modified), given(accessed))
+        guard newModified != nil || newAccessed != nil else { return }
+        if kind == .directory {
+            let row = LocalAttributes.folderName(name)
+            try database.updateLocalAttributes(docID: id, name: row) { attributes in
+                let before = attributes.modified
+                if let newModified { attributes.modified = newModified }
+                if let newAccessed { attributes.accessed = newAccessed }
+                // A folder given only an atime keeps the mtime it shows.
+                if attributes.modified == nil || (newModified == nil && before == nil) {
+                    attributes.modified = withState { folderChanges[FolderKey(docID: id, folder: name)] }?.nanoseconds
+                }
+            }
+            let local = try database.localAttributes(ofDocument: id)[row]
+            withState { folderChanges[FolderKey(docID: id, folder: name)] = nil }
+            cache.update(id) { $0.local[row] = local }
+            return
+        }
+        if let pending = pendingFile(at: path) {
+            let waiting = pending.lock.withLock { () -> Bool in
+                guard pending.dirty || pending.emptiedAtOpen else { return false }
+                // Recorded with the body it saves.
+                if let newModified { pending.given.modified = newModified }
+                if let newAccessed { pending.given.accessed = newAccessed }
+                return true
+            }
+            if waiting { return }
+        }
+        guard try liveRevision(id) != nil, let attachment = try visibleAttachment(name, in: id) else { return }
+        let shown = try attachmentAttributes(attachment, in: id)
+        try database.updateLocalAttributes(docID: id, name: name) { attributes in
+            if attributes.digest != attachment.digest {
+                (attributes.digest, attributes.modified, attributes.accessed) = (attachment.digest, nil, nil)
+            }
+            attributes.modified = newModified ?? shown.modified.nanoseconds
+            attributes.accessed = newAccessed ?? attributes.accessed
+        }
+        // In place: a forget would reload the whole document for each file `cp -a` or `rsync -a` touches.
+        let local = try database.localAttributes(ofDocument: id)[name]
+        cache.update(id) { $0.local[name] = local }
+    }
+
+    public func setPermissions(_ path: String, _ mode: UInt32) throws {
+        let node = Node(path: path)
+        if case .scratch(let id, let relative) = node {
+            guard chmod(scratchPath(id, relative), mode_t(mode)) == 0 else { throw FileSystemError(errno) }
+            return
+        }
+        let kind = try attributes(of: path).kind
+        // Modes of attachments and their folders are kept; others are fixed, and the call is accepted.
+        guard case .attachment(let id, let name) = node else { return }
+        guard !readOnly else { throw FileSystemError(EROFS) }
+        let bits = mode & 0o7777
+        if kind == .regularFile, let pending = pendingFile(at: path) {
+            pending.lock.withLock { pending.given.mode = bits }
+        }
+        let row = kind == .directory ? LocalAttributes.folderName(name) : name
+        let standard = kind == .directory ? Self.defaultFolderMode : Self.defaultFileMode
+        if kind == .regularFile {
+            guard try liveRevision(id) != nil, try visibleAttachment(name, in: id) != nil else { return }  // not saved yet
+        }
+        try database.updateLocalAttributes(docID: id, name: row) { $0.mode = bits == standard ? nil : bits }
+        let local = try database.localAttributes(ofDocument: id)[row]
+        cache.update(id) { $0.local[row] = local }
+    }
+
+    /// The times and mode a file being written was given, recorded with the body it saved.
+    func recordGiven(_ given: LocalAttributes, of name: String, in id: String, digest: String) throws {
+        guard given != LocalAttributes() else { return }
+        try database.updateLocalAttributes(docID: id, name: name) { attributes in
+            if attributes.digest != digest { (attributes.digest, attributes.modified, attributes.accessed) = (digest, nil, nil) }
+            if let modified = given.modified { attributes.modified = modified }
+            if let accessed = given.accessed { attributes.accessed = accessed }
+            if let mode = given.mode { attributes.mode = mode == Self.defaultFileMode ? nil : mode }
+        }
+        let local = try database.localAttributes(ofDocument: id)[name]
+        cache.update(id) { $0.local[name] = local }
+    }
+
+    /// Renamed files and folders take their times and modes along; those of a file or empty
+    /// folder replaced go. `moved` are the attachment names that moved (`from` → `to`).
+    func moveLocalAttributes(_ fromID: String, _ fromName: String, to toID: String, _ toName: String, folder: Bool) throws {
+        let local = try cached(fromID).local
+        var moves: [(from: String, to: String)] = []
+        if folder {
+            let prefix = fromName + "/"
+            for row in local.keys where row.hasPrefix(prefix) {
+                moves.append((row, toName + "/" + row.dropFirst(prefix.count)))
+            }
+        } else if local[fromName] != nil {
+            moves.append((fromName, toName))
+        }
+        let replaced = folder ? LocalAttributes.folderName(toName) : toName
+        if fromID == toID {
+            try database.moveLocalAttributes(docID: fromID, moves: moves, removing: [replaced])
+        } else {
+            try database.moveLocalAttributes(docID: toID, moves: [], removing: [replaced])
+            try database.moveLocalAttributes(docID: fromID, moves: moves, toDocument: toID)
+        }
+        documentChanged(fromID)
+        if toID != fromID { documentChanged(toID) }
+    }
+
+    /// A removed file's mode and times go with it (a new file of the same name starts afresh).
+    func forgetLocalAttributes(of name: String, in id: String) throws {
+        guard try cached(id).local[name] != nil else { return }
+        try database.moveLocalAttributes(docID: id, moves: [], removing: [name])
+        cache.update(id) { $0.local[name] = nil }
+    }
+
+    static let utimeNow = (1 << 30) - 1
+    static let utimeOmit = (1 << 30) - 2
+}
