@@ -77,20 +77,50 @@ extension DocumentFileSystem {
         let staged = try database.stage(StagedAttachment.Draft(docID: id, attachment: attachment,
                                                               expectedDigest: entry.byName[name]?.digest,
                                                               base: live.revID, given: local))
-        let shown = try database.localAttributes(ofDocument: id)[name]
-        cache.update(id) { $0.local[name] = shown }
+        let shown = try database.localAttributes(docID: id, name: name)
+        cache.update(id) { $0.setLocal(name, shown) }
+        track(staged, in: id, base: live)
+        return live.revID
+    }
+
+    /// Adds a staged file to its document's burst (begun now if there is none: the first file,
+    /// or one staged while the burst before it was folded), in place of `replacing`.
+    private func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment? = nil) {
+        let now = Date().timeIntervalSince1970
         let timer = withState { () -> Int? in
             let isNew = bursts[id] == nil
             var burst = bursts[id] ?? Burst(base: live, first: now, last: now)
-            if (burst.staged[name]?.seq ?? 0) < staged.seq { burst.staged[name] = staged }
-            burst.folders.formUnion(DocumentCache.Entry.folders(of: name))
+            if let replacing, burst.staged[replacing.name]?.seq == replacing.seq { burst.staged[replacing.name] = nil }
+            if (burst.staged[staged.name]?.seq ?? 0) < staged.seq { burst.staged[staged.name] = staged }
+            burst.folders.formUnion(DocumentCache.Entry.folders(of: staged.name))
             burst.last = now
             if isNew { burst.timer += 1 }
             bursts[id] = burst
             return isNew ? burst.timer : nil
         }
         if let timer { scheduleBurstCheck(id, timer: timer, after: Tuning.burstQuietWindow) }
-        return live.revID
+    }
+
+    /// A staged file renamed in its document (rsync's temporary file taking its name, an
+    /// editor's backup dance) is staged under its new name: no revision for the rename. False
+    /// when the file is not only staged (it is in the revision too), or was folded meanwhile.
+    func restageIfStaged(_ id: String, _ fromName: String, as toName: String) throws -> Bool {
+        guard let staged = withState({ bursts[id]?.staged[fromName] }), removal(id) == nil else { return false }
+        let entry = try cached(id)
+        guard let live = entry.revision, entry.byName[fromName] == nil, !Blobs.isStandInName(toName) else { return false }
+        let moved: StagedAttachment
+        do {
+            moved = try database.restage(staged, as: toName, expectedDigest: entry.byName[toName]?.digest)
+        } catch SofaError.conflict {
+            return false  // folded meanwhile: renamed in a revision
+        }
+        let local = try database.localAttributes(docID: id, name: toName)
+        cache.update(id) {
+            $0.setLocal(fromName, nil)
+            $0.setLocal(toName, local)
+        }
+        track(moved, in: id, base: live, replacing: staged)
+        return true
     }
 
     private func scheduleBurstCheck(_ id: String, timer: Int, after delay: Double) {

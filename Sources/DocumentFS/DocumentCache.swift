@@ -18,7 +18,9 @@ final class DocumentCache: @unchecked Sendable {
         /// When the revision that last changed each attachment was saved (seconds since 1970).
         let revisionTimes: [String: Double]
         /// Times and modes given to its files and folders (`Database.localAttributes`), by row name.
-        var local: [String: LocalAttributes]
+        private(set) var local: [String: LocalAttributes]
+        /// The folders that have a row there (made with mkdir, or given a time or mode).
+        private(set) var recordedFolders: Set<String> = []
         /// The revision's attachments by name, and every folder their names make
         /// (`a/b/c` makes `a` and `a/b`): a lookup in a folder of 10,000 files costs what
         /// one in a folder of ten does.
@@ -34,6 +36,7 @@ final class DocumentCache: @unchecked Sendable {
             self.hasConflicts = hasConflicts
             self.revisionTimes = revisionTimes
             self.local = local
+            for row in local.keys { if let folder = Entry.folder(ofRow: row) { recordedFolders.insert(folder) } }
             let attachments = revision?.attachments ?? []
             byName = Dictionary(attachments.map { ($0.name, $0) }, uniquingKeysWith: { $1 })
             var folders = Set<String>()
@@ -42,6 +45,19 @@ final class DocumentCache: @unchecked Sendable {
             var subfolders: [String: Set<String>] = [:]
             for folder in folders { subfolders[Entry.parent(of: folder), default: []].insert(folder) }
             self.subfolders = subfolders
+        }
+
+        /// Changes the row of a file or folder (in place, after the database's).
+        mutating func setLocal(_ row: String, _ attributes: LocalAttributes?) {
+            local[row] = attributes
+            if let folder = Entry.folder(ofRow: row) {
+                if attributes == nil { recordedFolders.remove(folder) } else { recordedFolders.insert(folder) }
+            }
+        }
+
+        /// The folder a row of `local` is about (not attachments/ itself); nil for a file's.
+        static func folder(ofRow row: String) -> String? {
+            row.count > 1 && row.hasSuffix("/") ? String(row.dropLast()) : nil
         }
 
         /// The folder a name lies in ("" for attachments/ itself).

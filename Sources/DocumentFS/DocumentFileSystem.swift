@@ -406,7 +406,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             var names = attachments.map { ($0.name, Optional($0), false) }
             names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil, false) } }
             names += withState { keptFolders.filter { $0.docID == id }.map { ($0.folder, nil, true) } }
-            names += try cached(id).local.keys.filter { $0.count > 1 && $0.hasSuffix("/") }.map { (String($0.dropLast()), nil, true) }
+            names += try cached(id).recordedFolders.map { ($0, nil, true) }
             let prefix = folder.isEmpty ? "" : folder + "/"
             for (name, attachment, isFolder) in names where Node.lies(name, below: folder) {
                 let components = FileNames.attachmentComponents(String(name.dropFirst(prefix.count)))

@@ -76,7 +76,7 @@ extension DocumentFileSystem {
             }
         }
         for case let pending as AttachmentWriteHandle in pendingFiles(inDocument: id) { add(pending.name) }
-        for row in entry.local.keys where row.count > 1 && row.hasSuffix("/") { add(row) }
+        for recorded in entry.recordedFolders { add(recorded + "/") }
         return found
     }
 
@@ -109,7 +109,7 @@ extension DocumentFileSystem {
         guard newModified != nil || newAccessed != nil else { return }
         if kind == .directory {
             let row = LocalAttributes.folderName(name)
-            try database.updateLocalAttributes(docID: id, name: row) { attributes in
+            let local = try database.updateLocalAttributes(docID: id, name: row) { attributes in
                 let before = attributes.modified
                 if let newModified { attributes.modified = newModified }
                 if let newAccessed { attributes.accessed = newAccessed }
@@ -118,9 +118,8 @@ extension DocumentFileSystem {
                     attributes.modified = withState { folderChanges[FolderKey(docID: id, folder: name)] }?.nanoseconds
                 }
             }
-            let local = try database.localAttributes(ofDocument: id)[row]
             withState { folderChanges[FolderKey(docID: id, folder: name)] = nil }
-            cache.update(id) { $0.local[row] = local }
+            cache.update(id) { $0.setLocal(row, local) }
             return
         }
         if let pending = pendingFile(at: path) {
@@ -135,7 +134,7 @@ extension DocumentFileSystem {
         }
         guard try liveRevision(id) != nil, let attachment = try visibleAttachment(name, in: id) else { return }
         let shown = try attachmentAttributes(attachment, in: id)
-        try database.updateLocalAttributes(docID: id, name: name) { attributes in
+        let local = try database.updateLocalAttributes(docID: id, name: name) { attributes in
             if attributes.digest != attachment.digest {
                 (attributes.digest, attributes.modified, attributes.accessed) = (attachment.digest, nil, nil)
             }
@@ -143,8 +142,7 @@ extension DocumentFileSystem {
             attributes.accessed = newAccessed ?? attributes.accessed
         }
         // In place: a forget would reload the whole document for each file `cp -a` or `rsync -a` touches.
-        let local = try database.localAttributes(ofDocument: id)[name]
-        cache.update(id) { $0.local[name] = local }
+        cache.update(id) { $0.setLocal(name, local) }
     }
 
     public func setPermissions(_ path: String, _ mode: UInt32) throws {
@@ -166,22 +164,20 @@ extension DocumentFileSystem {
         if kind == .regularFile {
             guard try liveRevision(id) != nil, try visibleAttachment(name, in: id) != nil else { return }  // not saved yet
         }
-        try database.updateLocalAttributes(docID: id, name: row) { $0.mode = bits == standard ? nil : bits }
-        let local = try database.localAttributes(ofDocument: id)[row]
-        cache.update(id) { $0.local[row] = local }
+        let local = try database.updateLocalAttributes(docID: id, name: row) { $0.mode = bits == standard ? nil : bits }
+        cache.update(id) { $0.setLocal(row, local) }
     }
 
     /// The times and mode a file being written was given, recorded with the body it saved.
     func recordGiven(_ given: LocalAttributes, of name: String, in id: String, digest: String) throws {
         guard given != LocalAttributes() else { return }
-        try database.updateLocalAttributes(docID: id, name: name) { attributes in
+        let local = try database.updateLocalAttributes(docID: id, name: name) { attributes in
             if attributes.digest != digest { (attributes.digest, attributes.modified, attributes.accessed) = (digest, nil, nil) }
             if let modified = given.modified { attributes.modified = modified }
             if let accessed = given.accessed { attributes.accessed = accessed }
             if let mode = given.mode { attributes.mode = mode == Self.defaultFileMode ? nil : mode }
         }
-        let local = try database.localAttributes(ofDocument: id)[name]
-        cache.update(id) { $0.local[name] = local }
+        cache.update(id) { $0.setLocal(name, local) }
     }
 
     /// Renamed files and folders take their times and modes along; those of a file or empty
@@ -212,7 +208,7 @@ extension DocumentFileSystem {
     func forgetLocalAttributes(of name: String, in id: String) throws {
         guard try cached(id).local[name] != nil else { return }
         try database.moveLocalAttributes(docID: id, moves: [], removing: [name])
-        cache.update(id) { $0.local[name] = nil }
+        cache.update(id) { $0.setLocal(name, nil) }
     }
 
     static let utimeNow = (1 << 30) - 1

@@ -687,9 +687,8 @@ extension DocumentFileSystem {
             _ = withState { keptFolders.insert(FolderKey(docID: id, folder: folder)) }
             // Recorded, so that the empty folder is there at the next mount too.
             let row = LocalAttributes.folderName(folder)
-            try database.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
-            let local = try database.localAttributes(ofDocument: id)[row]
-            cache.update(id) { $0.local[row] = local }
+            let local = try database.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
+            cache.update(id) { $0.setLocal(row, local) }
             noteEntryChange(folder, in: id)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
@@ -730,9 +729,9 @@ extension DocumentFileSystem {
             let attachments = visibleAttachments(revision)
             guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
             func within(_ name: String) -> Bool { Node.lies(name, below: folder) }
-            let rows = try cached(id).local.keys
+            let recorded = try cached(id).recordedFolders
             let holdsFolders = withState { keptFolders.contains { $0.docID == id && within($0.folder) && $0.folder != folder } }
-                || rows.contains { $0.count > 1 && $0.hasSuffix("/") && $0.dropLast() != folder && within(String($0.dropLast())) }
+                || recorded.contains { $0 != folder && within($0) }
             let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { within($0.name) } == true }
             let scratch = folder.isEmpty ? Node.attachmentsDirectoryName : folder == Node.blobsFolder ? Node.blobsDirectoryName : nil
             guard !attachments.contains(where: { within($0.name) }), !holdsFolders, !holdsPending,
@@ -744,7 +743,7 @@ extension DocumentFileSystem {
                 folderChanges[FolderKey(docID: id, folder: folder)] = nil
             }
             try database.moveLocalAttributes(docID: id, moves: [], removing: [LocalAttributes.folderName(folder)])
-            cache.update(id) { $0.local[LocalAttributes.folderName(folder)] = nil }
+            cache.update(id) { $0.setLocal(LocalAttributes.folderName(folder), nil) }
             noteEntryChange(folder, in: id)
         case .conflict(let id, let rev):
             // `rm -r conflicts/<rev>`: resolve by deleting that branch.
@@ -1010,6 +1009,11 @@ extension DocumentFileSystem {
                     keptFolders.insert(FolderKey(docID: toID, folder: toName + key.folder.dropFirst(fromName.count)))
                 }
             }
+        }
+        if fromID == toID, sourceKind == .regularFile, try restageIfStaged(fromID, fromName, as: toName) {
+            noteEntryChange(fromName, in: fromID)
+            noteEntryChange(toName, in: toID)
+            return
         }
         guard let source = try liveRevision(fromID) else { throw FileSystemError(ENOENT) }
         let attachments = visibleAttachments(source)

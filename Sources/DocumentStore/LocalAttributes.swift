@@ -53,14 +53,21 @@ extension Database {
         }
     }
 
+    /// The local attributes of one file or folder (`name`, or a folder's row name).
+    public func localAttributes(docID: String, name: String) throws -> LocalAttributes? {
+        guard hasLocalAttributes else { return try localAttributes(ofDocument: docID)[name] }
+        return try read { try Database.localAttributes(docID, name, in: $0) }
+    }
+
     /// Changes the local attributes of one file or folder (`name`, or a folder's row name);
-    /// a row left with nothing in it goes.
-    public func updateLocalAttributes(docID: String, name: String, _ change: (inout LocalAttributes) -> Void) throws {
+    /// a row left with nothing in it goes. Returns what the row now holds.
+    @discardableResult
+    public func updateLocalAttributes(docID: String, name: String, _ change: (inout LocalAttributes) -> Void) throws -> LocalAttributes? {
         guard hasLocalAttributes else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
-        try write { connection in
+        return try write { connection in
             var attributes = try Database.localAttributes(docID, name, in: connection) ?? LocalAttributes()
             change(&attributes)
-            try Database.store(attributes, docID: docID, name: name, in: connection)
+            return try Database.store(attributes, docID: docID, name: name, in: connection)
         }
     }
 
@@ -91,14 +98,17 @@ extension Database {
         }.first
     }
 
-    static func store(_ attributes: LocalAttributes, docID: String, name: String, in connection: SQLiteConnection) throws {
-        if attributes == LocalAttributes() || attributes == LocalAttributes(digest: attributes.digest) {
+    /// Writes a row (or deletes it when it holds nothing but a digest); returns what it holds.
+    @discardableResult
+    static func store(_ attributes: LocalAttributes, docID: String, name: String, in connection: SQLiteConnection) throws -> LocalAttributes? {
+        if attributes == LocalAttributes(digest: attributes.digest) {
             try connection.run("DELETE FROM local_attributes WHERE doc_id = ? AND name = ?", .text(docID), .text(name))
-            return
+            return nil
         }
         try connection.run("INSERT OR REPLACE INTO local_attributes (doc_id, name, digest, modified, accessed, mode) VALUES (?, ?, ?, ?, ?, ?)",
                            .text(docID), .text(name), SQLValue(attributes.digest), SQLValue(attributes.modified),
                            SQLValue(attributes.accessed), SQLValue(attributes.mode.map { Int64($0) }))
+        return attributes
     }
 
     /// When the revision that last changed each attachment of `revision` (its revpos) was saved

@@ -84,6 +84,39 @@ extension Database {
                                 expectedDigest: draft.expectedDigest, base: draft.base)
     }
 
+    /// Stages a staged attachment under another name of its document (rsync's temporary file
+    /// renamed to its own name), in one transaction: the old row goes, and its local attributes
+    /// go along, replacing those of the name it takes.
+    public func restage(_ staged: StagedAttachment, as name: String, expectedDigest: String?) throws -> StagedAttachment {
+        guard hasStaging, let key = staged.attachment.blobKey else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        try AttachmentName.validate(name)
+        let pid = getpid()
+        let seq = try write { connection -> Int64 in
+            try connection.run("""
+                INSERT INTO staged_attachments (pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """, .integer(Int64(pid)), .text(staged.docID), .text(name), .text(staged.attachment.contentType),
+                .integer(staged.attachment.length), .text(key.hex), SQLValue(expectedDigest), SQLValue(staged.base?.description))
+            let seq = try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
+            try connection.run("DELETE FROM staged_attachments WHERE doc_id = ? AND name = ? AND pid = ? AND seq < ?",
+                               .text(staged.docID), .text(name), .integer(Int64(pid)), .integer(seq))
+            try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(staged.seq))
+            // Folded meanwhile: the file is in a revision now, and the rename is the revision's to make.
+            guard try connection.query("SELECT changes()") { $0.int(0) }[0] == 1 else {
+                throw SofaError.conflict(docID: staged.docID, revID: staged.base?.description, current: "(folded)")
+            }
+            if hasLocalAttributes {
+                let moved = try Database.localAttributes(staged.docID, staged.name, in: connection)
+                try connection.run("DELETE FROM local_attributes WHERE doc_id = ? AND name IN (?, ?)",
+                                   .text(staged.docID), .text(staged.name), .text(name))
+                if let moved { try Database.store(moved, docID: staged.docID, name: name, in: connection) }
+            }
+            return seq
+        }
+        return StagedAttachment(seq: seq, pid: pid, docID: staged.docID, attachment: staged.attachment.with(name: name, revpos: 0),
+                                expectedDigest: expectedDigest, base: staged.base)
+    }
+
     /// Every staged attachment, oldest first (a mount's start folds those of mounts that stopped).
     public func stagedAttachments() throws -> [StagedAttachment] {
         guard hasStaging else { return [] }
@@ -117,7 +150,13 @@ extension Database {
         try write { connection in
             let revisions = try drafts.map { try save($0.0, allowConflict: $0.allowConflict, in: connection) }
             if hasStaging {
-                for seq in seqs { try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq)) }
+                for seq in seqs {
+                    try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq))
+                    // Restaged (renamed) or replaced meanwhile: the caller looks again.
+                    guard try connection.query("SELECT changes()") { $0.int(0) }[0] == 1 else {
+                        throw SofaError.conflict(docID: drafts.first?.0.docID ?? "", revID: nil, current: "(staged file \(seq) gone)")
+                    }
+                }
             }
             return revisions
         }

@@ -62,6 +62,26 @@ import TestSupport
         #expect(try db.stagedAttachments().isEmpty)
     }
 
+    @Test func rsyncRenamingItsTemporaryFilesMakesFewRevisionsAndLeavesNoTemporaryName() throws {
+        let mount = try MountedDatabase(db.path)
+        let tree = directory.appending("tree")
+        try makeTree(tree, count: 500)
+        // rsync writes each file as .NAME.XXXXXX, gives it its time, and renames it.
+        try sh("rsync -a \(tree)/ \(mount.path("docs/doc/attachments/"))")
+        #expect(try sh("rsync -ai \(tree)/ \(mount.path("docs/doc/attachments/"))").isEmpty)
+        try settled(db)
+        let revision = try #require(try db.document(withID: "doc"))
+        #expect(revision.attachments.count == 501)
+        #expect(!revision.attachments.contains { $0.name.split(separator: "/").last?.hasPrefix(".") == true }, "a temporary name was saved")
+        #expect(revision.revID.generation < 50, "one revision per file renamed: \(revision.revID)")
+        #expect(try db.blobs.contents(of: try #require(revision.attachment(named: "d9/f499.txt")?.blobKey)) == Array("file 499\n".utf8))
+        // The temporary files' times went with their names.
+        let given = try db.localAttributes(ofDocument: "doc")
+        #expect(given.count >= 500 && !given.keys.contains { $0.contains("/.") }, "\(given.count) rows")
+        #expect(mount.unmount().succeeded)
+        #expect(try db.stagedAttachments().isEmpty)
+    }
+
     @Test func aKilledMountLosesNoClosedFileOfABurst() throws {
         let tree = directory.appending("tree")
         try makeTree(tree, count: 300)
