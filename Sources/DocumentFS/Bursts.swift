@@ -36,11 +36,15 @@ extension DocumentFileSystem {
     /// (see above), else a revision at once. `seen` is the digest the name had when the
     /// writer began (nil: absent), to tell a change made meanwhile. Returns the revision the
     /// document is now shown from.
+    /// `synced` is false for a body stored without its fsync (`mayStage`): synced now if it is
+    /// saved now, else by the fold.
     func saveAttachment(_ id: String, _ name: String, blob: StoredBlob, contentType: String, base: RevisionID?,
-                        seen: String?, given: LocalAttributes) throws -> RevisionID? {
+                        seen: String?, given: LocalAttributes, synced: Bool = true) throws -> RevisionID? {
+        if !synced { withState { _ = unsyncedBodies.insert(blob.key) } }
         if let staged = try stageIfBusy(id, name, blob: blob, contentType: contentType, seen: seen, given: given) {
             return staged
         }
+        try syncBodies([blob.key])
         let revision = try commit(id, base: base, change: .attachment(name), seen: .attachment(seen)) { draft in
             try draft.setAttachment(name, blob: blob, contentType: contentType)
         }
@@ -48,6 +52,21 @@ extension DocumentFileSystem {
             try recordGiven(given, of: name, in: id, digest: saved.digest)
         }
         return revision.revID
+    }
+
+    /// Whether a file closed in document `id` now would likely be staged (it saved something
+    /// less than the quiet window ago).
+    func mayStage(_ id: String) -> Bool {
+        let now = Date().timeIntervalSince1970
+        return Tuning.burstQuietWindow > 0 && withState { bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow }
+    }
+
+    /// Syncs those of `keys` stored without their fsync, before a revision refers to them.
+    func syncBodies(_ keys: some Collection<BlobKey>) throws {
+        let unsynced = withState { keys.filter { unsyncedBodies.contains($0) } }
+        guard !unsynced.isEmpty else { return }
+        try database.blobs.sync(Set(unsynced))
+        withState { unsyncedBodies.subtract(unsynced) }
     }
 
     /// Stages the attachment when its document saved something less than the quiet window ago;
@@ -89,14 +108,13 @@ extension DocumentFileSystem {
         let now = Date().timeIntervalSince1970
         let timer = withState { () -> Int? in
             let isNew = bursts[id] == nil
-            var burst = bursts[id] ?? Burst(base: live, first: now, last: now)
-            if let replacing, burst.staged[replacing.name]?.seq == replacing.seq { burst.staged[replacing.name] = nil }
-            if (burst.staged[staged.name]?.seq ?? 0) < staged.seq { burst.staged[staged.name] = staged }
-            burst.folders.formUnion(DocumentCache.Entry.folders(of: staged.name))
-            burst.last = now
-            if isNew { burst.timer += 1 }
-            bursts[id] = burst
-            return isNew ? burst.timer : nil
+            if isNew { bursts[id] = Burst(base: live, first: now, last: now, timer: 1) }
+            // In place: a copy of the burst would copy its staged files, each time one more.
+            if let replacing, bursts[id]!.staged[replacing.name]?.seq == replacing.seq { bursts[id]!.staged[replacing.name] = nil }
+            if (bursts[id]!.staged[staged.name]?.seq ?? 0) < staged.seq { bursts[id]!.staged[staged.name] = staged }
+            for folder in DocumentCache.Entry.folders(of: staged.name) { bursts[id]!.folders.insert(folder) }
+            bursts[id]!.last = now
+            return isNew ? bursts[id]!.timer : nil
         }
         if let timer { scheduleBurstCheck(id, timer: timer, after: Tuning.burstQuietWindow) }
     }
@@ -182,7 +200,29 @@ extension DocumentFileSystem {
         let orphans = try database.stagedAttachments().filter { staged in
             staged.pid != getpid() && kill(staged.pid, 0) != 0 && errno == ESRCH
         }
-        for (id, files) in Dictionary(grouping: orphans, by: \.docID) {
+        // A power loss can leave a row whose body never reached the disk (it was synced by the
+        // fold): that file is lost, as the last window may be, and said so.
+        var lost: [StagedAttachment] = []
+        let intact = try orphans.filter { staged in
+            guard let key = staged.attachment.blobKey, database.blobs.contains(key) else {
+                lost.append(staged)
+                return false
+            }
+            do {
+                try database.blobs.verify(key)
+                return true
+            } catch SofaError.blobCorrupted {
+                lost.append(staged)
+                return false
+            }  // another error (a disk that cannot be read now) is passed up: the rows wait for the next mount
+        }
+        if !lost.isEmpty {
+            for file in lost {
+                log.error("docs/\(FileNames.escape(file.docID))/attachments/\(file.name): written before the mount stopped, but its bytes did not reach the disk (a power loss?); it is not saved")
+            }
+            try database.save(nil, unstaging: lost.map(\.seq))
+        }
+        for (id, files) in Dictionary(grouping: intact, by: \.docID) {
             guard let live = try database.document(withID: id) else {
                 // Deleted since: the files become a branch of their own rather than disappear.
                 var branch = try database.newDocument(id)

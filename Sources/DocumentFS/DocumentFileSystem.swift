@@ -61,6 +61,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var folderChanges: [FolderKey: FileTime] = [:]
     /// When each document last saved an attachment (a close, a move into it). Guarded by `stateLock`.
     var recentSaves: [String: Double] = [:]
+    /// Bodies of staged files not synced to disk yet: the fold that saves them syncs them
+    /// first (a power loss can cost the files of the last window, never a revision's body).
+    /// Guarded by `stateLock`.
+    var unsyncedBodies: Set<BlobKey> = []
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
     /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).

@@ -294,9 +294,10 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     /// Moves the written bytes into the blob store.
-    func commitBody() throws -> StoredBlob {
+    /// `durable: false` leaves the body's fsync to the fold that saves it (a staged file).
+    func commitBody(durable: Bool = true) throws -> StoredBlob {
         guard let file else { return saved! }
-        let blob = try file.commit()
+        let blob = try file.commit(durable: durable)
         self.file = nil
         saved = blob
         return blob
@@ -312,10 +313,13 @@ final class WriterDescriptor: Handle, @unchecked Sendable {
     let file: WriteHandle
     /// The thread group (process) that opened it.
     let opener: pid_t
+    /// The thread that opened it: its own close needs no look at /proc.
+    let openerThread: pid_t
 
-    init(file: WriteHandle, opener: pid_t) {
+    init(file: WriteHandle, opener: pid_t, openerThread: pid_t) {
         self.file = file
         self.opener = opener
+        self.openerThread = openerThread
         super.init(path: file.path)
     }
 
@@ -332,11 +336,31 @@ final class WriterDescriptor: Handle, @unchecked Sendable {
 }
 
 /// The thread group (process) of a thread id, as the kernel names callers by thread.
+/// (Read with plain system calls: every open and close of a file being written asks.)
 func processOf(_ thread: pid_t) -> pid_t {
-    guard thread > 0, let status = try? String(contentsOfFile: "/proc/\(thread)/status", encoding: .utf8),
-          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("Tgid:") }),
-          let group = pid_t(line.dropFirst(5).trimmingCharacters(in: .whitespaces)) else { return thread }
-    return group
+    guard thread > 0 else { return thread }
+    let fd = open("/proc/\(thread)/status", O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return thread }
+    defer { close(fd) }
+    var buffer = [UInt8](repeating: 0, count: 512)  // Tgid: is on the fourth line
+    let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+    guard count > 0 else { return thread }
+    let key = Array("\nTgid:".utf8)
+    var index = 0
+    while index + key.count <= count {
+        if buffer[index] == key[0], Array(buffer[index..<index + key.count]) == key { break }
+        index += 1
+    }
+    index += key.count
+    var group: pid_t = 0
+    var digits = 0
+    while index < count, buffer[index] == UInt8(ascii: "\t") || buffer[index] == UInt8(ascii: " ") { index += 1 }
+    while index < count, buffer[index] >= UInt8(ascii: "0"), buffer[index] <= UInt8(ascii: "9") {
+        group = group * 10 + pid_t(buffer[index] - UInt8(ascii: "0"))
+        digits += 1
+        index += 1
+    }
+    return digits > 0 ? group : thread
 }
 
 /// A scratch file: a real file beside the database.

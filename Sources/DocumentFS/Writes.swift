@@ -185,7 +185,7 @@ extension DocumentFileSystem {
 
     /// A new descriptor on a pending file the caller claimed; `O_TRUNC` empties it.
     func attach(_ file: WriteHandle, flags: Int32, caller: pid_t) throws -> OpenFile {
-        let descriptor = WriterDescriptor(file: file, opener: processOf(caller))
+        let descriptor = WriterDescriptor(file: file, opener: processOf(caller), openerThread: caller)
         if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY {
             do {
                 try file.lock.withLock {
@@ -267,7 +267,7 @@ extension DocumentFileSystem {
     /// that nothing was written to waits for the last close (shells close a duplicate first).
     public func flush(_ number: UInt64, caller: pid_t) throws {
         guard let descriptor = try handles.get(number) as? WriterDescriptor else { return }
-        guard caller == 0 || processOf(caller) == descriptor.opener else { return }
+        guard caller == 0 || caller == descriptor.openerThread || processOf(caller) == descriptor.opener else { return }
         let file = descriptor.file
         try file.lock.withLock {
             guard !file.unlinked else { return }
@@ -423,9 +423,11 @@ extension DocumentFileSystem {
                 clearRejected(of: handle.docID)
                 properties.seenProperties = object
             case let attachment as AttachmentWriteHandle:
-                let blob = try attachment.commitBody()
+                // A file closed in a busy document is staged: its body is synced with the fold that saves it.
+                let durable = !mayStage(handle.docID)
+                let blob = try attachment.commitBody(durable: durable)
                 let base = try saveAttachment(handle.docID, attachment.name, blob: blob, contentType: attachment.contentType,
-                                              base: handle.base, seen: attachment.seenDigest, given: handle.given)
+                                              base: handle.base, seen: attachment.seenDigest, given: handle.given, synced: durable)
                 attachment.seenDigest = blob.key.digestString
                 withState { openedDigests[handle.path] = nil }
                 handle.given = LocalAttributes()
@@ -555,6 +557,7 @@ extension DocumentFileSystem {
             }
             do {
                 defer { if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) } }
+                try syncBodies(staged.compactMap(\.attachment.blobKey))
                 let saved = try database.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged.map(\.seq))
                 for (index, draft) in drafts.enumerated() where draft.allowConflict {
                     log.warning("docs/\(FileNames.escape(id)): changed since it was written; saved as conflicting revision \(saved[index].revID)")

@@ -170,6 +170,18 @@ public final class BlobStore: Sendable {
         while try reader.read(into: chunk) > 0 {}
     }
 
+    /// Makes blobs stored without `durable` durable: each file, then the folder once.
+    public func sync(_ keys: some Collection<BlobKey>) throws {
+        guard !keys.isEmpty else { return }
+        for key in keys {
+            let fd = open(path(for: key), O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { throw SofaError.system("open", path: path(for: key), errno: errno) }
+            defer { close(fd) }
+            guard fsync(fd) == 0 else { throw SofaError.system("fsync", path: path(for: key), errno: errno) }
+        }
+        try syncDirectory()
+    }
+
     /// Deletes a blob; a missing one is not an error.
     func remove(_ key: BlobKey) throws {
         guard unlink(path(for: key)) == 0 || errno == ENOENT else {
@@ -532,8 +544,9 @@ public final class TemporaryBlobFile {
         guard fdatasync(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
     }
 
-    /// Makes the file a blob; the file is gone afterwards.
-    public func commit() throws -> StoredBlob {
+    /// Makes the file a blob; the file is gone afterwards. Without `durable`, the caller syncs
+    /// it later (`BlobStore.sync(_:)`) before a revision refers to it.
+    public func commit(durable: Bool = true) throws -> StoredBlob {
         precondition(fd >= 0, "commit after commit or discard")
         let finished: MessageDigest
         hasher.sync {}  // every queued piece is hashed
@@ -547,7 +560,7 @@ public final class TemporaryBlobFile {
         let descriptor = fd
         fd = -1
         do {
-            try store.install(descriptor, at: path, as: key)
+            try store.install(descriptor, at: path, as: key, durable: durable)
         } catch {
             unlink(path)
             throw error
