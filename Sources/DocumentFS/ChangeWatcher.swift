@@ -12,6 +12,7 @@ public final class ChangeWatcher: @unchecked Sendable {
     private let database: Database
     private let invalidate: @Sendable (_ path: String, _ descendants: Bool) -> Void
     private let documentChanged: @Sendable (String) -> Void
+    private let madeHere: @Sendable (DocumentStore.Change) -> Bool
     private let interval: Double
     private var lastSequence: Int64
     private var lastBodyEvent: Int64
@@ -19,11 +20,14 @@ public final class ChangeWatcher: @unchecked Sendable {
     private let lock = NSLock()
 
     /// `documentChanged` receives each changed document's id first (to drop what the
-    /// file system caches), then `invalidate` the mount path that shows it.
+    /// file system caches), then `invalidate` the mount path that shows it. Changes
+    /// `madeHere` (the mount's own saves, which the kernel has seen made) are passed over.
     public init(database: Database, interval: Double = Tuning.changePollInterval,
+                madeHere: @escaping @Sendable (DocumentStore.Change) -> Bool = { _ in false },
                 documentChanged: @escaping @Sendable (String) -> Void,
                 invalidate: @escaping @Sendable (_ path: String, _ descendants: Bool) -> Void) throws {
         self.database = database
+        self.madeHere = madeHere
         self.documentChanged = documentChanged
         self.invalidate = invalidate
         self.interval = interval
@@ -66,10 +70,11 @@ public final class ChangeWatcher: @unchecked Sendable {
         }
         guard let changes = try? database.changes(since: lastSequence), let last = changes.last else { return }
         lastSequence = last.sequence
-        for change in changes {
+        let foreign = changes.filter { !madeHere($0) }
+        for change in foreign {
             documentChanged(change.docID)
             invalidate(String.documentPath(change.docID), true)
         }
-        invalidate("/docs", false)
+        if !foreign.isEmpty { invalidate("/docs", false) }
     }
 }

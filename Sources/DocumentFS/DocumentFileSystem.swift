@@ -65,6 +65,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// first (a power loss can cost the files of the last window, never a revision's body).
     /// Guarded by `stateLock`.
     var unsyncedBodies: Set<BlobKey> = []
+    /// The revision each document's last save here made current: the change watcher passes
+    /// over the changes the kernel saw made (a fold would otherwise drop every name it holds
+    /// of a document being filled, and this cache reload its whole list). Guarded by `stateLock`.
+    var ownSaves: [String: RevisionID] = [:]
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
     /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).
@@ -138,6 +142,15 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// The live current revision (from the cache).
     func liveRevision(_ id: String) throws -> Revision? {
         try cached(id).revision
+    }
+
+    /// Whether a change is one this mount made (see `ownSaves`); each is recognised once.
+    public func madeHere(_ change: DocumentStore.Change) -> Bool {
+        withState {
+            guard ownSaves[change.docID] == change.revID else { return false }
+            ownSaves[change.docID] = nil
+            return true
+        }
     }
 
     /// Forgets what is cached about a document that changed (saved here, or seen by the watcher).

@@ -564,6 +564,11 @@ extension DocumentFileSystem {
                 }
                 endSetAside(aside.keys, of: id)
                 withState {
+                    // What the mount showed is what the revision holds: nothing for the watcher to undo.
+                    if clashes.isEmpty, drafts.count == 1, !drafts[0].allowConflict {
+                        ownSaves[id] = saved[0].revID
+                        if ownSaves.count > 10_000 { ownSaves.removeAll() }
+                    }
                     if !drafts.isEmpty { removals[id] = nil }
                     if var burst = bursts[id] {
                         for file in staged where burst.staged[file.name]?.seq == file.seq {
