@@ -133,7 +133,7 @@ extension CouchServer {
         case "_bulk_get": try await bulkGet(request, db)
         case "_ensure_full_commit":
             guard request.method == .POST else { throw HTTPError.methodNotAllowed }
-            try await request.response.sendJSON(.created, ["ok": true, "instance_start_time": .string(instanceStartTime(db))])
+            try await request.response.sendJSON(.created, ["ok": true, "instance_start_time": .string(try await instanceStartTime(db))])
         case "_local":
             guard rest.count >= 2 else { throw HTTPError.notFound }
             try await localDocument(request, db, id: "_local/" + rest.dropFirst().joined(separator: "/"))
@@ -329,11 +329,10 @@ extension CouchServer {
         try await blocking { try self.registry.database(name) }
     }
 
-    /// CouchDB's `instance_start_time`: when the database was created, in seconds.
-    func instanceStartTime(_ db: Database) -> String {
-        var info = stat()
-        guard stat(db.databaseFilePath, &info) == 0 else { return "0" }
-        return String(info.st_ctim.tv_sec)
+    /// CouchDB's `instance_start_time`: when the database was created, in seconds; constant
+    /// for its life (CouchDB's replicator fails a checkpoint when it moves).
+    func instanceStartTime(_ db: Database) async throws -> String {
+        try await blocking { String(try db.instanceStartTime) }
     }
 
     private func databaseInfo(_ request: Request, name: String) async throws {
@@ -372,7 +371,7 @@ extension CouchServer {
         let counts = try await blocking { try db.counts() }
         var file = stat()
         let fileSize = stat(db.databaseFilePath, &file) == 0 ? Int64(file.st_size) : 0
-        let start = instanceStartTime(db)
+        let start = try await instanceStartTime(db)
         return [
             "db_name": .string(name),
             "update_seq": CouchJSON.sequence(counts.lastSequence),

@@ -63,6 +63,25 @@ extension Database {
         try setMetaValue("purged_infos_limit", SQLValue(limit))
     }
 
+    /// CouchDB's `instance_start_time`: when the database was created (seconds since 1970), the
+    /// same for its whole life, which replicators compare at each checkpoint. A database made
+    /// before it was recorded gets the time of the first ask, kept from then on; read-only, it
+    /// is the time its file last changed status.
+    public var instanceStartTime: Int64 {
+        get throws {
+            if let recorded = try metaValue("instance_start_time", { $0.int64(0) }) { return recorded }
+            guard !isReadOnly else {
+                var info = stat()
+                return stat(databaseFilePath, &info) == 0 ? Int64(info.st_ctim.tv_sec) : 0
+            }
+            return try write { connection in
+                try connection.run("INSERT OR IGNORE INTO meta (key, value) VALUES ('instance_start_time', ?)",
+                                   .integer(Int64(Date().timeIntervalSince1970)))
+                return try connection.query("SELECT value FROM meta WHERE key = 'instance_start_time'") { $0.int64(0) }[0]
+            }
+        }
+    }
+
     /// The `meta` row `key`, read by `column`; nil when there is none.
     func metaValue<T>(_ key: String, _ column: (SQLiteRow) throws -> T) throws -> T? {
         try read { try $0.query("SELECT value FROM meta WHERE key = ?", .text(key), row: column).first }

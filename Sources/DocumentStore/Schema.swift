@@ -175,8 +175,8 @@ enum Schema {
                 CREATE TABLE local_docs (doc_id TEXT PRIMARY KEY, rev TEXT NOT NULL, body TEXT NOT NULL) WITHOUT ROWID;
                 """ + bodyDigestsTable + version3Tables + version4Tables + version5Tables + version6Tables + version7Tables)
             try connection.run("INSERT INTO meta (key, value) VALUES ('public_uuid', ?), ('private_uuid', ?), " +
-                               "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?)",
-                               .text(newUUID()), .text(newUUID()), SQLValue(revsLimit))
+                               "('previous_private_uuids', '[]'), ('last_sequence', 0), ('revs_limit', ?), ('instance_start_time', ?)",
+                               .text(newUUID()), .text(newUUID()), SQLValue(revsLimit), .integer(Int64(Date().timeIntervalSince1970)))
             try connection.execute("PRAGMA user_version = \(version)")
             try connection.execute("COMMIT")
         } catch {
