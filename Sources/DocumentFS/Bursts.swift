@@ -58,7 +58,13 @@ extension DocumentFileSystem {
     /// less than the quiet window ago).
     func mayStage(_ id: String) -> Bool {
         let now = Date().timeIntervalSince1970
-        return Tuning.burstQuietWindow > 0 && withState { bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow }
+        return Tuning.burstQuietWindow > 0 && withState { isBusy(id, at: now) }
+    }
+
+    /// Whether document `id` has a burst, or saved an attachment less than the quiet window
+    /// before `now`. Caller holds the state lock.
+    private func isBusy(_ id: String, at now: Double) -> Bool {
+        bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow
     }
 
     /// Syncs those of `keys` stored without their fsync, before a revision refers to them.
@@ -77,7 +83,7 @@ extension DocumentFileSystem {
         let now = Date().timeIntervalSince1970
         guard Tuning.burstQuietWindow > 0, !Blobs.isStandInName(name) else { return nil }
         let busy = withState { () -> Bool in
-            let busy = bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow
+            let busy = isBusy(id, at: now)
             if recentSaves.count > 10_000 { recentSaves = recentSaves.filter { now - $0.value < Tuning.burstQuietWindow } }
             recentSaves[id] = now
             return busy
@@ -92,11 +98,12 @@ extension DocumentFileSystem {
         // make and rsync think it changed.
         var local = given
         local.modified = given.modified ?? LocalAttributes.nanoseconds(now)
-        local.mode = given.mode == Self.defaultFileMode ? nil : given.mode
         let staged = try database.stage(StagedAttachment.Draft(docID: id, attachment: attachment,
                                                               expectedDigest: entry.byName[name]?.digest,
                                                               base: live.revID, given: local))
-        let shown = try database.localAttributes(docID: id, name: name)
+        // What the row now holds, as the stage wrote it (no read back: this is every file's close).
+        var shown = entry.local[name] ?? LocalAttributes()
+        shown.take(local, forBody: attachment.digest)
         cache.update(id) { $0.setLocal(name, shown) }
         track(staged, in: id, base: live)
         return live.revID
@@ -132,10 +139,9 @@ extension DocumentFileSystem {
         } catch SofaError.conflict {
             return false  // folded meanwhile: renamed in a revision
         }
-        let local = try database.localAttributes(docID: id, name: toName)
         cache.update(id) {
+            $0.setLocal(toName, $0.local[fromName])  // as the restage moved it
             $0.setLocal(fromName, nil)
-            $0.setLocal(toName, local)
         }
         track(moved, in: id, base: live, replacing: staged)
         return true

@@ -18,9 +18,6 @@ import FuseKit
 /// Given times and modes are `LocalAttributes` in the database: kept across mounts, never
 /// replicated.
 extension DocumentFileSystem {
-    static let defaultFileMode: UInt32 = 0o644
-    static let defaultFolderMode: UInt32 = 0o755
-
     /// An attachment as `stat` shows it.
     func attachmentAttributes(_ attachment: Attachment, in id: String) throws -> FileAttributes {
         let entry = try cached(id)
@@ -34,7 +31,7 @@ extension DocumentFileSystem {
         if let local, local.digest == attachment.digest, let accessed = local.accessed {
             attributes.accessed = FileTime(nanoseconds: accessed)
         }
-        attributes.permissions = permissions(local?.mode ?? Self.defaultFileMode)
+        attributes.permissions = permissions(local?.mode ?? LocalAttributes.defaultFileMode)
         return attributes
     }
 
@@ -50,7 +47,7 @@ extension DocumentFileSystem {
             attributes.modified = FileTime(nanoseconds: modified)
             attributes.accessed = local?.accessed.map(FileTime.init(nanoseconds:))
         }
-        if writable { attributes.permissions = permissions(local?.mode ?? Self.defaultFolderMode) }
+        if writable { attributes.permissions = permissions(local?.mode ?? LocalAttributes.defaultFolderMode) }
         attributes.linkCount = 2 + UInt32(try subfolders(of: folder, in: id, entry: entry).count)
         return attributes
     }
@@ -101,24 +98,21 @@ extension DocumentFileSystem {
         // Times of attachments and their folders are kept; other times come from revisions, and the call is accepted.
         guard case .attachment(let id, let name) = node, !readOnly else { return }
         let now = FileTime.now
-        func given(_ time: timespec?) -> Int64?? {
-            guard let time, time.tv_nsec != Self.utimeOmit else { return .none }
-            return .some(time.tv_nsec == Self.utimeNow ? now.nanoseconds : FileTime(time).nanoseconds)
+        /// nil: left as it is (UTIME_OMIT).
+        func given(_ time: timespec?) -> Int64? {
+            guard let time, time.tv_nsec != Self.utimeOmit else { return nil }
+            return time.tv_nsec == Self.utimeNow ? now.nanoseconds : FileTime(time).nanoseconds
         }
         let (newModified, newAccessed) = (given(modified), given(accessed))
         guard newModified != nil || newAccessed != nil else { return }
         if kind == .directory {
             let row = LocalAttributes.folderName(name)
+            // A folder given only an atime keeps the mtime it shows (read first: the state lock comes before the database's).
+            let changed = withState { folderChanges.removeValue(forKey: FolderKey(docID: id, folder: name)) }
             let local = try database.updateLocalAttributes(docID: id, name: row) { attributes in
-                let before = attributes.modified
-                if let newModified { attributes.modified = newModified }
+                if let modified = newModified ?? changed?.nanoseconds { attributes.modified = modified }
                 if let newAccessed { attributes.accessed = newAccessed }
-                // A folder given only an atime keeps the mtime it shows.
-                if attributes.modified == nil || (newModified == nil && before == nil) {
-                    attributes.modified = withState { folderChanges[FolderKey(docID: id, folder: name)] }?.nanoseconds
-                }
             }
-            withState { folderChanges[FolderKey(docID: id, folder: name)] = nil }
             cache.update(id) { $0.setLocal(row, local) }
             return
         }
@@ -133,16 +127,10 @@ extension DocumentFileSystem {
             if waiting { return }
         }
         guard try liveRevision(id) != nil, let attachment = try visibleAttachment(name, in: id) else { return }
+        // Given only an atime, it keeps the mtime it shows.
         let shown = try attachmentAttributes(attachment, in: id)
-        let local = try database.updateLocalAttributes(docID: id, name: name) { attributes in
-            if attributes.digest != attachment.digest {
-                (attributes.digest, attributes.modified, attributes.accessed) = (attachment.digest, nil, nil)
-            }
-            attributes.modified = newModified ?? shown.modified.nanoseconds
-            attributes.accessed = newAccessed ?? attributes.accessed
-        }
-        // In place: a forget would reload the whole document for each file `cp -a` or `rsync -a` touches.
-        cache.update(id) { $0.setLocal(name, local) }
+        try recordGiven(LocalAttributes(modified: newModified ?? shown.modified.nanoseconds, accessed: newAccessed),
+                        of: name, in: id, digest: attachment.digest)
     }
 
     public func setPermissions(_ path: String, _ mode: UInt32) throws {
@@ -160,7 +148,7 @@ extension DocumentFileSystem {
             pending.lock.withLock { pending.given.mode = bits }
         }
         let row = kind == .directory ? LocalAttributes.folderName(name) : name
-        let standard = kind == .directory ? Self.defaultFolderMode : Self.defaultFileMode
+        let standard = kind == .directory ? LocalAttributes.defaultFolderMode : LocalAttributes.defaultFileMode
         if kind == .regularFile {
             guard try liveRevision(id) != nil, try visibleAttachment(name, in: id) != nil else { return }  // not saved yet
         }
@@ -168,20 +156,17 @@ extension DocumentFileSystem {
         cache.update(id) { $0.setLocal(row, local) }
     }
 
-    /// The times and mode a file being written was given, recorded with the body it saved.
+    /// Records times and a mode given to an attachment whose body is `digest` (a file being
+    /// written had them given before its save). The cache changes in place: a forget would
+    /// reload the whole document for each file `cp -a` or `rsync -a` touches.
     func recordGiven(_ given: LocalAttributes, of name: String, in id: String, digest: String) throws {
         guard given != LocalAttributes() else { return }
-        let local = try database.updateLocalAttributes(docID: id, name: name) { attributes in
-            if attributes.digest != digest { (attributes.digest, attributes.modified, attributes.accessed) = (digest, nil, nil) }
-            if let modified = given.modified { attributes.modified = modified }
-            if let accessed = given.accessed { attributes.accessed = accessed }
-            if let mode = given.mode { attributes.mode = mode == Self.defaultFileMode ? nil : mode }
-        }
+        let local = try database.updateLocalAttributes(docID: id, name: name) { $0.take(given, forBody: digest) }
         cache.update(id) { $0.setLocal(name, local) }
     }
 
     /// Renamed files and folders take their times and modes along; those of a file or empty
-    /// folder replaced go. `moved` are the attachment names that moved (`from` → `to`).
+    /// folder replaced go.
     func moveLocalAttributes(_ fromID: String, _ fromName: String, to toID: String, _ toName: String, folder: Bool) throws {
         let local = try cached(fromID).local
         var moves: [(from: String, to: String)] = []

@@ -133,7 +133,7 @@ extension DocumentFileSystem {
             handle.seenDigest = existing?.digest
             handle.emptiedAtOpen = true
             // The mode it is made with (a linker's 0755) is kept; the default needs no record.
-            if permissions & 0o7777 != Self.defaultFileMode { handle.given.mode = permissions & 0o7777 }
+            if permissions & 0o7777 != LocalAttributes.defaultFileMode { handle.given.mode = permissions & 0o7777 }
             let file = try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
             noteEntryChange(name, in: id)
             return file
@@ -750,8 +750,7 @@ extension DocumentFileSystem {
                 keptFolders.remove(FolderKey(docID: id, folder: folder))
                 folderChanges[FolderKey(docID: id, folder: folder)] = nil
             }
-            try database.moveLocalAttributes(docID: id, moves: [], removing: [LocalAttributes.folderName(folder)])
-            cache.update(id) { $0.setLocal(LocalAttributes.folderName(folder), nil) }
+            try forgetLocalAttributes(of: LocalAttributes.folderName(folder), in: id)
             noteEntryChange(folder, in: id)
         case .conflict(let id, let rev):
             // `rm -r conflicts/<rev>`: resolve by deleting that branch.

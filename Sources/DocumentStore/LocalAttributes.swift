@@ -26,6 +26,19 @@ public struct LocalAttributes: Sendable, Equatable {
         (self.digest, self.modified, self.accessed, self.mode) = (digest, modified, accessed, mode)
     }
 
+    /// The permission bits a file or folder has when none were given.
+    public static let defaultFileMode: UInt32 = 0o644
+    public static let defaultFolderMode: UInt32 = 0o755
+
+    /// Takes what was given to a file whose body is now `digest`: times given to another body
+    /// go first; a mode given that is the default is no mode of its own.
+    public mutating func take(_ given: LocalAttributes, forBody digest: String) {
+        if self.digest != digest { (self.digest, modified, accessed) = (digest, nil, nil) }
+        if let time = given.modified { modified = time }
+        if let time = given.accessed { accessed = time }
+        if let mode = given.mode { self.mode = mode == Self.defaultFileMode ? nil : mode }
+    }
+
     /// The row name of a folder of attachments (`""` is `attachments/` itself).
     public static func folderName(_ folder: String) -> String { folder + "/" }
 

@@ -63,19 +63,11 @@ extension Database {
         }
         let pid = getpid()
         let seq = try write { connection -> Int64 in
-            try connection.run("""
-                INSERT INTO staged_attachments (pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                """, .integer(Int64(pid)), .text(draft.docID), .text(draft.attachment.name), .text(draft.attachment.contentType),
-                .integer(draft.attachment.length), .text(key.hex), SQLValue(draft.expectedDigest), SQLValue(draft.base?.description))
-            let seq = try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
-            // A file saved again before its fold replaces what it staged before.
-            try connection.run("DELETE FROM staged_attachments WHERE doc_id = ? AND name = ? AND pid = ? AND seq < ?",
-                               .text(draft.docID), .text(draft.attachment.name), .integer(Int64(pid)), .integer(seq))
+            let seq = try Database.insertStaged(draft.attachment, key: key, docID: draft.docID, expectedDigest: draft.expectedDigest,
+                                                base: draft.base, pid: pid, in: connection)
             if draft.given != LocalAttributes(), hasLocalAttributes {
                 var attributes = try Database.localAttributes(draft.docID, draft.attachment.name, in: connection) ?? LocalAttributes()
-                (attributes.digest, attributes.modified, attributes.accessed) = (draft.attachment.digest, draft.given.modified, draft.given.accessed)
-                if let mode = draft.given.mode { attributes.mode = mode }
+                attributes.take(draft.given, forBody: draft.attachment.digest)
                 try Database.store(attributes, docID: draft.docID, name: draft.attachment.name, in: connection)
             }
             return seq
@@ -92,17 +84,11 @@ extension Database {
         try AttachmentName.validate(name)
         let pid = getpid()
         let seq = try write { connection -> Int64 in
-            try connection.run("""
-                INSERT INTO staged_attachments (pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                """, .integer(Int64(pid)), .text(staged.docID), .text(name), .text(staged.attachment.contentType),
-                .integer(staged.attachment.length), .text(key.hex), SQLValue(expectedDigest), SQLValue(staged.base?.description))
-            let seq = try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
-            try connection.run("DELETE FROM staged_attachments WHERE doc_id = ? AND name = ? AND pid = ? AND seq < ?",
-                               .text(staged.docID), .text(name), .integer(Int64(pid)), .integer(seq))
+            let seq = try Database.insertStaged(staged.attachment.with(name: name), key: key, docID: staged.docID,
+                                                expectedDigest: expectedDigest, base: staged.base, pid: pid, in: connection)
             try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(staged.seq))
             // Folded meanwhile: the file is in a revision now, and the rename is the revision's to make.
-            guard try connection.query("SELECT changes()") { $0.int(0) }[0] == 1 else {
+            guard connection.changes == 1 else {
                 throw SofaError.conflict(docID: staged.docID, revID: staged.base?.description, current: "(folded)")
             }
             if hasLocalAttributes {
@@ -115,6 +101,21 @@ extension Database {
         }
         return StagedAttachment(seq: seq, pid: pid, docID: staged.docID, attachment: staged.attachment.with(name: name, revpos: 0),
                                 expectedDigest: expectedDigest, base: staged.base)
+    }
+
+    /// Inserts a staged row and drops the older ones of the same name this process staged (a
+    /// file saved again before its fold replaces what it staged before); returns its seq.
+    static func insertStaged(_ attachment: Attachment, key: BlobKey, docID: String, expectedDigest: String?, base: RevisionID?,
+                             pid: pid_t, in connection: SQLiteConnection) throws -> Int64 {
+        try connection.run("""
+            INSERT INTO staged_attachments (pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            """, .integer(Int64(pid)), .text(docID), .text(attachment.name), .text(attachment.contentType),
+            .integer(attachment.length), .text(key.hex), SQLValue(expectedDigest), SQLValue(base?.description))
+        let seq = try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
+        try connection.run("DELETE FROM staged_attachments WHERE doc_id = ? AND name = ? AND pid = ? AND seq < ?",
+                           .text(docID), .text(attachment.name), .integer(Int64(pid)), .integer(seq))
+        return seq
     }
 
     /// Every staged attachment, oldest first (a mount's start folds those of mounts that stopped).
@@ -153,7 +154,7 @@ extension Database {
                 for seq in seqs {
                     try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq))
                     // Restaged (renamed) or replaced meanwhile: the caller looks again.
-                    guard try connection.query("SELECT changes()") { $0.int(0) }[0] == 1 else {
+                    guard connection.changes == 1 else {
                         throw SofaError.conflict(docID: drafts.first?.0.docID ?? "", revID: nil, current: "(staged file \(seq) gone)")
                     }
                 }
