@@ -347,4 +347,85 @@ import TestSupport
         let server = try ServedDatabases([local])
         expectSame(try describe(port: couch.port, remote), try describe(port: server.port, "sync"), "after sync")
     }
+
+    /// Fills CouchDB database `db` with `count` small documents named `prefix-N`.
+    func fill(_ db: String, count: Int, prefix: String) throws {
+        for start in stride(from: 0, to: count, by: 5_000) {
+            let docs = (start..<min(count, start + 5_000)).map { n -> JSONValue in
+                ["_id": .string("\(prefix)-\(n)"), "n": .integer(Int64(n)), "text": "a small document"]
+            }
+            let answer = try couch.request("POST", "/\(db)/_bulk_docs", ["docs": .array(docs)])
+            guard answer.status == 201 else { throw TestFailure("_bulk_docs: \(answer.status) \(answer.text)") }
+        }
+    }
+
+    /// #28 item 1: CouchDB's replicator checkpoints against a database it is writing (its
+    /// `instance_start_time` must not move), one-shot both ways and continuous both ways.
+    @Test func couchDBsReplicatorCheckpointsAgainstSofaServeAndResumesFromThem() throws {
+        let source = try couch.newDatabase("many")
+        try fill(source, count: 20_000, prefix: "doc")
+        let served = directory.appending("checkpointed.sofa")
+        #expect(try sofa("create", served).succeeded)
+        let passwordFile = directory.appending("serve-password")
+        try "pw".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases([served, "--user", "admin", "--password-file", passwordFile])
+        let sofaURL = "http://admin:pw@127.0.0.1:\(server.port)/checkpointed"
+        let auth = "http://\(couch.user):\(couch.password)@127.0.0.1:\(couch.port)"
+
+        // One-shot into sofa serve: every document, a checkpoint, and nothing to do the second time.
+        let push = try couch.request("POST", "/_replicate", ["source": .string("\(auth)/\(source)"), "target": .string(sofaURL)])
+        #expect(push.status == 200 && push.json?["ok"]?.boolValue == true, "\(push.text.prefix(400))")
+        #expect(push.json?["history"]?[0]?["docs_written"]?.int64Value == 20_000, "\(push.text.prefix(400))")
+        #expect(push.json?["history"]?[0]?["recorded_seq"]?.stringValue != nil, "\(push.text.prefix(400))")
+        let again = try couch.request("POST", "/_replicate", ["source": .string("\(auth)/\(source)"), "target": .string(sofaURL)])
+        #expect(again.json?["no_changes"]?.boolValue == true, "\(again.text.prefix(400))")
+
+        // One-shot out of sofa serve, then nothing to do the second time.
+        let back = "back-\(UUID().uuidString.prefix(8).lowercased())"
+        let pull = try couch.request("POST", "/_replicate", ["source": .string(sofaURL), "target": .string("\(auth)/\(back)"),
+                                                              "create_target": true])
+        #expect(pull.status == 200 && pull.json?["history"]?[0]?["docs_written"]?.int64Value == 20_000, "\(pull.text.prefix(400))")
+        let pullAgain = try couch.request("POST", "/_replicate", ["source": .string(sofaURL), "target": .string("\(auth)/\(back)")])
+        #expect(pullAgain.json?["no_changes"]?.boolValue == true, "\(pullAgain.text.prefix(400))")
+
+        // Continuous both ways (_replicator documents, a checkpoint every second) while both sides are written.
+        #expect(try couch.request("PUT", "/_replicator").status < 500)
+        let jobs = ["to-sofa-\(UUID().uuidString.prefix(8).lowercased())": (source: "\(auth)/\(source)", target: sofaURL),
+                    "from-sofa-\(UUID().uuidString.prefix(8).lowercased())": (source: sofaURL, target: "\(auth)/\(source)")]
+        for (id, job) in jobs {
+            let made = try couch.request("PUT", "/_replicator/\(id)", ["source": .string(job.source), "target": .string(job.target),
+                                                                       "continuous": true, "checkpoint_interval": 1000])
+            #expect(made.status == 201, "\(made.text)")
+        }
+        defer {
+            for id in jobs.keys {
+                if let rev = try? couch.request("GET", "/_replicator/\(id)").json?["_rev"]?.stringValue {
+                    _ = try? couch.request("DELETE", "/_replicator/\(id)?rev=\(rev)")
+                }
+            }
+        }
+        let connection = try server.connect()
+        let auth64 = Data("admin:pw".utf8).base64EncodedString()
+        for round in 0..<8 {
+            #expect(try connection.json("PUT", "/checkpointed/sofa-\(round)", ["round": .integer(Int64(round))],
+                                        headers: [("Authorization", "Basic \(auth64)")]).status == 201)
+            #expect(try couch.request("PUT", "/\(source)/couch-\(round)", ["round": .integer(Int64(round))]).status == 201)
+            usleep(500_000)
+        }
+        // Both arrive on the other side, and each job has checkpointed past them without crashing.
+        #expect(try waitUntil(30) {
+            try couch.request("GET", "/\(source)/sofa-7").status == 200
+                && connection.json("GET", "/checkpointed/couch-7", headers: [("Authorization", "Basic \(auth64)")]).status == 200
+        })
+        usleep(3_000_000)
+        for id in jobs.keys {
+            let state = try couch.request("GET", "/_scheduler/docs/_replicator/\(id)")
+            #expect(state.json?["state"]?.stringValue == "running", "\(id): \(state.text)")
+            #expect(state.json?["error_count"]?.int64Value ?? 0 == 0, "\(id): \(state.text)")
+            #expect(state.json?["info"]?["checkpointed_source_seq"]?.stringValue != nil, "\(id): \(state.text)")
+        }
+        let couchCount = try couch.request("GET", "/\(source)").json?["doc_count"]?.int64Value
+        let sofaCount = try connection.json("GET", "/checkpointed", headers: [("Authorization", "Basic \(auth64)")]).json?["doc_count"]?.int64Value
+        #expect(couchCount == 20_016 && sofaCount == 20_016, "CouchDB \(String(describing: couchCount)), Sofa \(String(describing: sofaCount))")
+    }
 }
