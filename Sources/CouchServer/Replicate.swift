@@ -98,14 +98,36 @@ extension CouchServer {
                                                   "replication_id_version": 4, "history": [.object(entry)]])
     }
 
-    /// `source` or `target` of a replication: a database name, a URL, or `{"url": …}`.
+    /// `source` or `target` of a replication: a database name, a URL, or `{"url": …}` with
+    /// credentials as CouchDB takes them (`"headers": {"Authorization": "Basic …"}` or
+    /// `"auth": {"basic": {"username", "password"}}`), which are put in the URL.
     static func endpoint(_ key: String, _ body: JSONObject) throws -> String {
         switch body[key] {
         case .string(let text)?: return text
-        case .object(let object)?: if let url = object["url"]?.stringValue { return url }
+        case .object(let object)?:
+            guard let url = object["url"]?.stringValue else { break }
+            guard let (user, password) = credentials(object), var components = URLComponents(string: url), components.user == nil else {
+                return url
+            }
+            components.user = user
+            components.password = password
+            return components.string ?? url
         default: break
         }
         throw HTTPError.badRequest("`\(key)` must be a database name, a URL or an object with a `url`")
+    }
+
+    /// The user and password an endpoint object carries, if any.
+    private static func credentials(_ endpoint: JSONObject) -> (String, String)? {
+        if let basic = endpoint["auth"]?["basic"], let user = basic["username"]?.stringValue {
+            return (user, basic["password"]?.stringValue ?? "")
+        }
+        let headers = endpoint["headers"]?.objectValue.map { Array($0) } ?? []
+        guard let authorization = headers.first(where: { $0.key.lowercased() == "authorization" })?.value.stringValue,
+              authorization.lowercased().hasPrefix("basic "),
+              let decoded = Data(base64Encoded: String(authorization.dropFirst(6)).trimmingCharacters(in: .whitespaces)),
+              let text = String(data: decoded, encoding: .utf8), let colon = text.firstIndex(of: ":") else { return nil }
+        return (String(text[..<colon]), String(text[text.index(after: colon)...]))
     }
 
     /// Starts the replication a `_replicate` body or a `_replicator` document describes: one
@@ -175,10 +197,8 @@ extension CouchServer {
 
     /// A URL of this server for database `name`, with its credentials.
     private func selfURL(_ name: String) -> String {
-        let credentials = configuration.user.map { user in
-            "\(user.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? user):" +
-                "\((configuration.password ?? "").addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""))@"
-        } ?? ""
+        func encoded(_ text: String) -> String { text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? text }
+        let credentials = configuration.user.map { "\(encoded($0)):\(encoded(configuration.password ?? ""))@" } ?? ""
         return "http://\(credentials)127.0.0.1:\(boundPort ?? configuration.port)/" +
             (name.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? name)
     }

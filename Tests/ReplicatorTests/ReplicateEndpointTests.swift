@@ -110,3 +110,50 @@ extension CouchDBInteropTests {
                 "\(failed ?? .null)")
     }
 }
+
+extension CouchDBInteropTests {
+    /// #28 item 2: replication inside a server that requires a login: between two of its own
+    /// databases by name and by URL with credentials, and to CouchDB with the credentials in a
+    /// `_replicator` document's `Authorization` header or `auth` object, as clients send them.
+    @Test func replicationInsideAServerThatRequiresALogin() throws {
+        let passwordFile = directory.appending("serve-password")
+        try "p@ss:word".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases(["--directory", directory.path, "--user", "admin", "--password-file", passwordFile])
+        let http = try server.connect()
+        let login = [("Authorization", "Basic \(Data("admin:p@ss:word".utf8).base64EncodedString())")]
+        for name in ["a", "b", "c"] { #expect(try http.json("PUT", "/\(name)", headers: login).status == 201) }
+        _ = try http.json("PUT", "/_replicator", headers: login)  // made already with --directory: 412, as CouchDB
+        for n in 0..<3 { #expect(try http.json("PUT", "/a/doc-\(n)", ["n": .integer(Int64(n))], headers: login).status == 201) }
+
+        let byName = try http.json("POST", "/_replicate", ["source": "a", "target": "b"], headers: login)
+        #expect(byName.status == 200 && byName.json?["history"]?[0]?["docs_written"] == 3, "\(byName.text)")
+        let withCredentials = "http://admin:p%40ss%3Aword@127.0.0.1:\(server.port)"
+        let byURL = try http.json("POST", "/_replicate", ["source": .string("\(withCredentials)/a"), "target": .string("\(withCredentials)/c")],
+                                  headers: login)
+        #expect(byURL.status == 200 && byURL.json?["history"]?[0]?["docs_written"] == 3, "\(byURL.text)")
+        // Without a login the server still says no.
+        #expect(try http.json("POST", "/_replicate", ["source": "a", "target": "b"]).status == 401)
+
+        // Credentials for CouchDB in an Authorization header, and in CouchDB 3's `auth` object.
+        let couchHeader = "Basic \(Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())"
+        let plain = "http://127.0.0.1:\(couch.port)"
+        let targets = ["hdr-\(UUID().uuidString.prefix(8).lowercased())", "auth-\(UUID().uuidString.prefix(8).lowercased())"]
+        let endpoints: [JSONValue] = [["url": .string("\(plain)/\(targets[0])"), "headers": ["Authorization": .string(couchHeader)]],
+                                      ["url": .string("\(plain)/\(targets[1])"),
+                                       "auth": ["basic": ["username": .string(couch.user), "password": .string(couch.password)]]]]
+        for (n, target) in endpoints.enumerated() {
+            #expect(try http.json("PUT", "/_replicator/job-\(n)", ["source": "a", "target": target, "create_target": true],
+                                  headers: login).status == 201)
+        }
+        for (n, name) in targets.enumerated() {
+            var state: JSONValue?
+            #expect(try waitUntil(60) {
+                state = try http.json("GET", "/_replicator/job-\(n)", headers: login).json?["_replication_state"]
+                return state != nil
+            })
+            let document = try http.json("GET", "/_replicator/job-\(n)", headers: login).text
+            #expect(state == "completed", "job-\(n): \(document)")
+            #expect(try couch.request("GET", "/\(name)").json?["doc_count"] == 3, "\(name)")
+        }
+    }
+}
