@@ -331,8 +331,13 @@ final class HTTPClient {
     }
 
     /// Logs in with `POST /_session` when credentials are known, so later requests carry
-    /// a cookie rather than the password. Servers without sessions keep basic auth.
+    /// a cookie rather than the password. Servers without sessions keep basic auth. A reset
+    /// or an empty reply is retried as any other request is.
     func logIn() throws {
+        try withRetry { try logInOnce() }
+    }
+
+    private func logInOnce() throws {
         guard let user = remote.user, cookie == nil else { return }
         guard let root = URLComponents(string: remote.url).map({ components -> String in
             var components = components

@@ -108,7 +108,7 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
         client.retry = retry
         client.cancellation = cancellation
         client.receiveBufferSize = 512 << 10
-        try client.withRetry { try client.logIn() }
+        try client.logIn()
         return client
     }
 

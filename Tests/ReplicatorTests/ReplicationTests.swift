@@ -199,6 +199,24 @@ import TestSupport
         #expect(try Database.open(at: target).check().isEmpty)
     }
 
+    /// #28 item 7: the login (`POST /_session`) is retried like any other request.
+    @Test func aLoginThatMeetsAResetOrAnEmptyReplyIsRetried() throws {
+        let source = try ReplicationTests().makeSource(in: directory)
+        let passwordFile = directory.appending("password")
+        try "pw".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases([source.path, "--user", "admin", "--password-file", passwordFile])
+        let proxy = try FaultProxy(upstreamPort: server.port)
+        let target = directory.appending("target.sofa")
+        #expect(try sofa("create", target).succeeded)
+        // The first two connections, the login's, are closed at once: an empty reply, twice.
+        proxy.refuseNext(2)
+        let result = try ChildProcess([sofaBinary, "pull", target, "http://admin:pw@127.0.0.1:\(proxy.port)/source",
+                                       "--retries", "4", "--retry-delay", "0.05"]).wait()
+        #expect(result.succeeded, "\(result.stderr)")
+        #expect(result.stderr.contains("retrying"), "\(result.stderr)")
+        #expect(try ReplicationTests().snapshot(Database.open(at: target)) == ReplicationTests().snapshot(source))
+    }
+
     @Test func aBodyThatFailsItsDigestIsNeverStored() throws {
         let (_, server, proxy, target) = try setUp()
         defer { withExtendedLifetime(server) {} }
