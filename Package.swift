@@ -32,8 +32,9 @@ let package = Package(
         .target(name: "CUnicode", linkerSettings: [.linkedLibrary("icui18n"), .linkedLibrary("icuuc")]),
 
         .target(name: "DocumentModel", dependencies: ["CCrypto", "CUnicode"]),
+        .target(name: "QueryServer", dependencies: ["DocumentModel", "CLinux"]),
         .target(name: "DocumentStore", dependencies: [
-            "DocumentModel", "CSQLite3", "CGzip", "CLinux",
+            "DocumentModel", "QueryServer", "CSQLite3", "CGzip", "CLinux",
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),
         ]),
         .target(name: "FuseKit", dependencies: ["CFuse3", .product(name: "Logging", package: "swift-log")]),
@@ -57,6 +58,12 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // The JavaScript query server: SpiderMonkey 102 (libmozjs-102-dev). Its pkg-config file
+        // is broken in Debian 12 (an unexpanded @NSPR_CFLAGS@), so the flags are given here; its
+        // headers refuse DEBUG, which SwiftPM defines in debug builds.
+        .executableTarget(name: "sofa-js",
+                          cxxSettings: [.unsafeFlags(["-isystem", "/usr/include/mozjs-102", "-UDEBUG", "-std=c++17", "-Wno-invalid-offsetof"])],
+                          linkerSettings: [.linkedLibrary("mozjs-102")]),
         .executableTarget(name: "sofa-bench", dependencies: ["DocumentModel", "DocumentStore"]),
 
         // Helpers shared by the test targets: temporary directories, subprocesses, fixtures.

@@ -8,3 +8,7 @@ extern int syncfs(int fd);
 // Starts writing a file's dirty pages in a range to disk without waiting (flags:
 // SYNC_FILE_RANGE_WRITE = 2), so that a later fsync finds little left to do.
 extern int sync_file_range(int fd, long long offset, long long count, unsigned int flags);
+
+// Makes a pipe whose two ends are closed on exec (flags: O_CLOEXEC), so that a child started
+// for one query server does not hold another's pipe open.
+extern int pipe2(int fds[2], int flags);

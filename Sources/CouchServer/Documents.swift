@@ -392,10 +392,18 @@ extension CouchServer {
             let revisions = try accepted.map { id, document in
                 try self.replicatedRevision(document, id: id, db: db, received: bodies[id] ?? [:])
             }
+            // A revision a validator refuses is reported and the others are stored, as CouchDB does.
             return try db.inBatch { batch in
                 try revisions.map { revision in
-                    _ = try batch.insert(revision)
-                    return .success(revision.revID)
+                    do {
+                        _ = try batch.insert(revision)
+                        return .success(revision.revID)
+                    } catch let error as SofaError {
+                        switch error {
+                        case .forbidden, .unauthorized, .designFunctionFailed: return .failure(HTTPError(error))
+                        default: throw error
+                        }
+                    }
                 }
             }
         }

@@ -11,6 +11,8 @@ struct HTTPError: Error, CustomStringConvertible {
     let reason: String
     /// Extra headers (e.g. `Connection: close` after a body that could not be read).
     var closeConnection = false
+    /// The reason when it is not text: a validator may refuse with any JSON value.
+    var reasonValue: JSONValue?
 
     init(_ status: HTTPResponseStatus, _ error: String, _ reason: String, closeConnection: Bool = false) {
         self.status = status
@@ -20,6 +22,15 @@ struct HTTPError: Error, CustomStringConvertible {
     }
 
     var description: String { "\(status.code) \(error): \(reason)" }
+
+    /// The `reason` member of the answer.
+    var reasonJSON: JSONValue { reasonValue ?? .string(reason) }
+
+    /// An answer whose reason is a JSON value (a validator's `{forbidden: …}` or `{unauthorized: …}`).
+    init(_ status: HTTPResponseStatus, _ error: String, reason: JSONValue) {
+        self.init(status, error, reason.stringValue ?? reason.jsonString())
+        reasonValue = reason
+    }
 
     static func badRequest(_ reason: String) -> HTTPError { HTTPError(.badRequest, "bad_request", reason) }
     static let notFound = HTTPError(.notFound, "not_found", "missing")
@@ -55,6 +66,9 @@ struct HTTPError: Error, CustomStringConvertible {
             self.init(.notFound, "not_found", "the body of attachment \(name) of \(id) was not downloaded to this server")
         case .invalidArgument(let message): self.init(.badRequest, "bad_request", message)
         case .invalidQuery(let error, let reason): self.init(.badRequest, error, reason)
+        case .forbidden(let reason): self.init(.forbidden, "forbidden", reason: reason)
+        case .unauthorized(let reason): self.init(.unauthorized, "unauthorized", reason: reason)
+        case .designFunctionFailed(let error, let reason): self.init(.internalServerError, error, reason)
         case .blobCorrupted, .sqlite, .io: self.init(.internalServerError, "internal_server_error", "\(error)")
         }
     }
@@ -258,7 +272,7 @@ final class ResponseWriter {
 
     func sendError(_ error: HTTPError) async throws {
         try await sendJSON(error.status == .notFound ? .couchNotFound : error.status,
-                           ["error": .string(error.error), "reason": .string(error.reason)])
+                           ["error": .string(error.error), "reason": error.reasonJSON])
     }
 
     /// Starts a response whose body follows in chunks (or with a known length, if given).

@@ -284,11 +284,19 @@ extension CouchServer {
             documents.append((id, document))
         }
         let results = try await storeDocuments(documents, received: [:], db: db, newEdits: newEdits)
-        if !newEdits { return try await request.response.sendJSON(.created, []) }
+        if !newEdits {
+            // As CouchDB: nothing for what was stored, an entry for each revision refused.
+            let refused: [JSONValue] = zip(documents, results).compactMap { entry, result in
+                guard case .failure(let error) = result else { return nil }
+                return ["id": .string(entry.id), "rev": entry.document.rev.map { .string($0.description) } ?? .null,
+                        "error": .string(error.error), "reason": error.reasonJSON]
+            }
+            return try await request.response.sendJSON(.created, .array(refused))
+        }
         let rows: [JSONValue] = zip(documents, results).map { entry, result in
             switch result {
             case .success(let rev): ["ok": true, "id": .string(entry.id), "rev": .string(rev.description)]
-            case .failure(let error): ["id": .string(entry.id), "error": .string(error.error), "reason": .string(error.reason)]
+            case .failure(let error): ["id": .string(entry.id), "error": .string(error.error), "reason": error.reasonJSON]
             }
         }
         try await request.response.sendJSON(.created, .array(rows))

@@ -321,7 +321,10 @@ public final class CouchServer: @unchecked Sendable {
 
     /// Runs blocking storage work off the event loops.
     func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await pool.runIfActive(work)
+        // Saves made by the work are the request's user's, as validate_doc_update sees them.
+        let user = CouchServer.user
+        let author = Author(name: user.name, roles: user.roles)
+        return try await pool.runIfActive { try Author.$current.withValue(author) { try work() } }
     }
 }
 

@@ -18,6 +18,8 @@ extension SofaError: ErrnoConvertible {
         case .readOnlyFileSystem: EROFS
         case .blobCorrupted: EIO
         case .bodyNotAvailable: ENODATA
+        case .forbidden, .unauthorized: EACCES
+        case .designFunctionFailed: EIO
         }
     }
 }

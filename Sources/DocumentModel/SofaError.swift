@@ -33,6 +33,12 @@ public enum SofaError: Error, Hashable, Sendable {
     case invalidArgument(String)
     /// A Mango query or index CouchDB would refuse: its error name and reason.
     case invalidQuery(error: String, reason: String)
+    /// A design document's `validate_doc_update` refused the change (`throw({forbidden: …})`).
+    case forbidden(reason: JSONValue)
+    /// A design document's `validate_doc_update` asked for a login (`throw({unauthorized: …})`).
+    case unauthorized(reason: JSONValue)
+    /// A design-document function failed (threw an exception, ran out of time or memory).
+    case designFunctionFailed(error: String, reason: String)
 
     /// The error for a failed system call on `path`, naming the common cases.
     public static func system(_ operation: String, path: String, errno code: Int32) -> SofaError {
@@ -70,6 +76,9 @@ extension SofaError: CustomStringConvertible, LocalizedError {
             "the body of attachment \(quoted(name)) of document \(quoted(id)) is not on this machine (not downloaded)"
         case .invalidArgument(let message): message
         case .invalidQuery(_, let reason): reason
+        case .forbidden(let reason): "refused by validate_doc_update: \(reason.stringValue ?? reason.jsonString())"
+        case .unauthorized(let reason): "validate_doc_update asks for a login: \(reason.stringValue ?? reason.jsonString())"
+        case .designFunctionFailed(let error, let reason): "a design document's function failed: \(error): \(reason)"
         }
     }
 

@@ -44,6 +44,8 @@ public final class Database: @unchecked Sendable {
     let hasLocalAttributes: Bool
     /// Signalled after each commit this process makes (see `ChangeSignal`).
     public let commits = ChangeSignal()
+    /// The design documents' `validate_doc_update` functions, read again when one changes.
+    let validators = Validators()
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
     var readNotes = ReadNotes()
     let readNotesLock = Lock()
@@ -599,6 +601,15 @@ public final class Database: @unchecked Sendable {
             return attachment.with(revpos: unchanged ? old!.revpos : generation)
         }
         let properties = draft.deleted ? JSONObject() : draft.properties
+        try validate(docID: draft.docID, newDocument: {
+            Database.validationJSON(docID: draft.docID, rev: parent, history: parent.map { [$0] } ?? [], deleted: draft.deleted,
+                                    properties: properties, attachments: attachments)
+        }, oldDocument: {
+            guard let parent, let key = row?.key, let old = try loadRevision(docKey: key, docID: draft.docID, revID: parent, in: connection),
+                  !old.deleted else { return nil }
+            return Database.validationJSON(docID: draft.docID, rev: parent, history: tree.history(of: parent), deleted: false,
+                                           properties: old.properties, attachments: old.attachments)
+        }, author: Author.current, in: connection)
         let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: properties,
                                       attachments: attachments.map { ($0.name, $0.digest) })
         let docKey = try row?.key ?? Database.insertDocumentRow(draft.docID, revID: revID, in: connection)
@@ -635,6 +646,16 @@ public final class Database: @unchecked Sendable {
         let row = try Database.documentRow(revision.docID, in: connection)
         let tree = try row.map { try Database.loadTree(docKey: $0.key, in: connection) } ?? RevisionTree([])
         if tree.contains(revision.revID) { return false }
+        try validate(docID: revision.docID, newDocument: {
+            Database.validationJSON(docID: revision.docID, rev: revision.revID, history: [revision.revID] + revision.ancestors,
+                                    deleted: revision.deleted, properties: revision.properties, attachments: revision.attachments)
+        }, oldDocument: {
+            // As CouchDB: the nearest ancestor this database has, when it has its body.
+            guard let key = row?.key, let ancestor = revision.ancestors.first(where: tree.contains),
+                  let old = try loadRevision(docKey: key, docID: revision.docID, revID: ancestor, in: connection), !old.deleted else { return nil }
+            return Database.validationJSON(docID: revision.docID, rev: ancestor, history: tree.history(of: ancestor), deleted: false,
+                                           properties: old.properties, attachments: old.attachments)
+        }, author: Author.current, in: connection)
         let docKey = try row?.key ?? Database.insertDocumentRow(revision.docID, revID: revision.revID, in: connection)
 
         // Graft: the ancestors we lack become body-less history revisions.

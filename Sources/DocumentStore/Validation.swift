@@ -1,0 +1,121 @@
+import DocumentModel
+import Foundation
+import QueryServer
+
+/// Who makes a change, as a design document's `validate_doc_update` sees it (CouchDB's
+/// `userCtx`). The owner of the file (the CLI, the mount, a replication run here) is an admin
+/// with no name, as CouchDB's own processes are.
+public struct Author: Sendable, Hashable {
+    public var name: String?
+    public var roles: [String]
+
+    public init(name: String?, roles: [String]) {
+        self.name = name
+        self.roles = roles
+    }
+
+    public static let owner = Author(name: nil, roles: ["_admin"])
+
+    /// The author of the saves made inside `Author.$current.withValue(…) { … }` on this thread
+    /// or task: `sofa serve` runs each request's storage work as the user who sent it.
+    @TaskLocal public static var current = Author.owner
+}
+
+/// A design document's `validate_doc_update`, known by the revision it came from.
+struct Validator {
+    let designID: String
+    let revision: String
+    let body: JSONObject
+}
+
+/// The validators of a database, read again only when a design document changed.
+final class Validators: @unchecked Sendable {
+    // Sendable invariant: `cached` is guarded by `lock`.
+    private let lock = NSLock()
+    private var cached: (signature: [String], validators: [Validator])?
+
+    /// The validators of the design documents live in `connection`'s view of the database.
+    func current(in connection: SQLiteConnection, load: (String, RevisionID) throws -> JSONObject?) throws -> [Validator] {
+        let rows = try connection.query("""
+            SELECT doc_id, current_rev FROM docs WHERE doc_id >= '_design/' AND doc_id < '_design0' AND deleted = 0 ORDER BY doc_id
+            """) { (id: $0.text(0), rev: $0.text(1)) }
+        let signature = rows.map { "\($0.id) \($0.rev)" }
+        if let cached = lock.withLock({ cached }), cached.signature == signature { return cached.validators }
+        var validators: [Validator] = []
+        for row in rows {
+            guard let body = try load(row.id, RevisionID.parse(row.rev)), body["validate_doc_update"]?.stringValue != nil else { continue }
+            var document = body
+            document["_id"] = .string(row.id)
+            document["_rev"] = .string(row.rev)
+            validators.append(Validator(designID: row.id, revision: row.rev, body: document))
+        }
+        lock.withLock { cached = (signature, validators) }
+        return validators
+    }
+}
+
+extension Database {
+    /// The database's name as `userCtx.db` shows it: the file's name without `.sofa`.
+    var validationName: String {
+        let file = (path as NSString).lastPathComponent
+        return file.hasSuffix(".sofa") ? String(file.dropLast(5)) : file
+    }
+
+    /// Runs every design document's `validate_doc_update` on a change, in the order of their
+    /// ids, as CouchDB does; throws `.forbidden` or `.unauthorized` when one refuses, and
+    /// `.designFunctionFailed` when one fails. Design documents themselves and `_local`
+    /// documents are not validated (CouchDB checks only that an admin writes them).
+    func validate(docID: String, newDocument: () -> JSONObject, oldDocument: () throws -> JSONObject?, author: Author,
+                  in connection: SQLiteConnection) throws {
+        guard !docID.hasPrefix("_design/"), !DocumentID.isLocal(docID) else { return }
+        let validators = try validators.current(in: connection) { id, rev in
+            guard let row = try Database.documentRow(id, in: connection) else { return nil }
+            return try loadRevision(docKey: row.key, docID: id, revID: rev, in: connection)?.properties
+        }
+        guard !validators.isEmpty else { return }
+        let arguments: [JSONValue] = [
+            .object(newDocument()), try oldDocument().map(JSONValue.object) ?? .null,
+            ["db": .string(validationName), "name": author.name.map(JSONValue.string) ?? .null, "roles": .array(author.roles.map(JSONValue.string))],
+            .object(try securityObject),
+        ]
+        for validator in validators {
+            let answer: JSONValue
+            do {
+                answer = try QueryServerPool.shared.run(designDocument: validator.designID, revision: validator.revision,
+                                                        body: .object(validator.body), path: ["validate_doc_update"], arguments: arguments)
+            } catch let error as QueryServerError {
+                switch error {
+                case .function(let name, let reason): throw SofaError.designFunctionFailed(error: name, reason: reason)
+                default: throw SofaError.designFunctionFailed(error: "os_process_error", reason: "\(validator.designID): \(error)")
+                }
+            }
+            switch answer {
+            case .integer(1): continue
+            case .object(let object) where object.count == 1:
+                let (key, value) = Array(object)[0]
+                switch key {
+                case "forbidden": throw SofaError.forbidden(reason: value)
+                case "unauthorized": throw SofaError.unauthorized(reason: value)
+                default: throw SofaError.designFunctionFailed(error: "unknown_error", reason: value.stringValue ?? value.jsonString())
+                }
+            case .string(let text): throw SofaError.designFunctionFailed(error: "unknown_error", reason: text)
+            default: throw SofaError.designFunctionFailed(error: "unknown_error", reason: answer.jsonString())
+            }
+        }
+    }
+
+    /// A revision as `validate_doc_update` sees it: `_id`, `_rev`, the properties, `_deleted`,
+    /// `_revisions` and attachment stubs, in CouchDB's order.
+    static func validationJSON(docID: String, rev: RevisionID?, history: [RevisionID], deleted: Bool, properties: JSONObject,
+                               attachments: [Attachment]) -> JSONObject {
+        var json: JSONObject = ["_id": .string(docID)]
+        if let rev { json["_rev"] = .string(rev.description) }
+        for (key, value) in properties where !key.hasPrefix("_") { json[key] = value }
+        if deleted { json["_deleted"] = true }
+        if !history.isEmpty { json["_revisions"] = CouchFormat.revisions(history) }
+        if !attachments.isEmpty {
+            json["_attachments"] = .object(JSONObject(attachments.sorted { $0.name < $1.name }.map { ($0.name, .object(CouchFormat.stub($0))) }))
+        }
+        return json
+    }
+}

@@ -1,0 +1,199 @@
+// The JavaScript half of sofa-js: CouchDB's query-server protocol, as CouchDB's
+// "Query Server Protocol" documentation describes it. Kept as a C++ raw string so the
+// binary carries it; edit it as JavaScript.
+extern const char sofaQueryServerScript[] = R"JS(
+"use strict";
+(function (global) {
+  // The host's two functions, taken away from design-document code.
+  const readLine = global.readline, printLine = global.print;
+  delete global.readline;
+  delete global.print;
+
+  let config = {}, mapFunctions = [], library = {}, emitted = null;
+  const designDocuments = new Map();   // id -> { body, compiled: Map(path -> function) }
+
+  function respond(value) { printLine(JSON.stringify(value)); }
+  function log(message) {
+    respond(["log", typeof message === "string" ? message : JSON.stringify(message)]);
+  }
+
+  class ProtocolError extends Error {
+    constructor(error, reason) { super(reason); this.error = error; this.reason = reason; }
+  }
+
+  // What design-document functions may call, as in CouchDB.
+  const helpers = {
+    emit(key, value) {
+      if (emitted === null) throw new ProtocolError("invalid_call", "emit() is only for map functions");
+      emitted.push([key === undefined ? null : key, value === undefined ? null : value]);
+    },
+    log,
+    sum(values) { let total = 0; for (const value of values) total += value; return total; },
+    isArray: Array.isArray,
+    toJSON: JSON.stringify,
+  };
+  for (const name of Object.keys(helpers)) global[name] = helpers[name];
+
+  // A function from its source text, evaluated where it sees the global helpers only.
+  function compile(source, designDocument) {
+    let fn;
+    try {
+      const make = new Function("require", "return (" + source + "\n);");
+      fn = make(designDocument ? requireFrom(designDocument) : undefined);
+    } catch (error) {
+      throw new ProtocolError("compilation_error", String(error) + " (" + String(source).slice(0, 200) + ")");
+    }
+    if (typeof fn !== "function") {
+      throw new ProtocolError("compilation_error", "Expression does not eval to a function. (" + String(source).slice(0, 200) + ")");
+    }
+    return fn;
+  }
+
+  // CommonJS `require` over a design document's string members (and `add_lib`'s library).
+  function requireFrom(root) {
+    const cache = new Map();
+    function load(path, parent) {
+      const parts = path.startsWith(".") && parent ? parent.slice(0, -1) : [];
+      for (const part of path.split("/")) {
+        if (part === "..") parts.pop(); else if (part !== "." && part !== "") parts.push(part);
+      }
+      const key = parts.join("/");
+      if (cache.has(key)) return cache.get(key).exports;
+      let node = root;
+      for (const part of parts) {
+        node = node == null ? undefined : node[part];
+        if (node === undefined) throw new ProtocolError("invalid_require_path", "Object has no property \"" + part + "\". " + key);
+      }
+      if (typeof node !== "string") throw new ProtocolError("invalid_require_path", "Must require a JavaScript string, not: " + typeof node);
+      const module = { id: key, exports: {} };
+      cache.set(key, module);
+      const body = new Function("module", "exports", "require", node);
+      body(module, module.exports, (next) => load(next, parts));
+      return module.exports;
+    }
+    return (path) => load(path, null);
+  }
+
+  function mapDocument(doc) {
+    return mapFunctions.map((fn) => {
+      emitted = [];
+      try {
+        fn(doc);
+        return emitted;
+      } catch (error) {
+        // As CouchDB: the document is left out of this view, and the reason is logged.
+        log("function raised exception (" + describe(error) + ") with doc._id " + (doc && doc._id));
+        return [];
+      } finally {
+        emitted = null;
+      }
+    });
+  }
+
+  function reduce(sources, keysAndValues) {
+    const keys = keysAndValues.map((pair) => pair[0]), values = keysAndValues.map((pair) => pair[1]);
+    return [true, sources.map((source) => compile(source, { lib: library })(keys, values, false))];
+  }
+
+  function rereduce(sources, values) {
+    return [true, sources.map((source) => compile(source, { lib: library })(null, values, true))];
+  }
+
+  function describe(error) {
+    if (error && typeof error === "object" && !(error instanceof Error)) return JSON.stringify(error);
+    return String(error);
+  }
+
+  function designFunction(id, path) {
+    const entry = designDocuments.get(id);
+    if (!entry) throw new ProtocolError("query_protocol_error", "uncached design doc: " + id);
+    const key = path.join("\u0000");
+    if (!entry.compiled.has(key)) {
+      let source = entry.body;
+      for (const part of path) source = source == null ? undefined : source[part];
+      if (typeof source !== "string") {
+        throw new ProtocolError("not_found", "missing function " + path.join(".") + " in " + id);
+      }
+      entry.compiled.set(key, compile(source, entry.body));
+    }
+    return entry.compiled.get(key);
+  }
+
+  function runDesignFunction(id, path, args) {
+    const fn = designFunction(id, path);
+    switch (path[0]) {
+      case "validate_doc_update":
+        try {
+          fn.apply(null, args);
+          return 1;
+        } catch (error) {
+          // A thrown value is the answer ({forbidden: …}, {unauthorized: …}, or anything
+          // else, which CouchDB reports as unknown_error); an exception is an error.
+          if (error instanceof Error || error instanceof ProtocolError) throw error;
+          if (error && typeof error === "object" && error.forbidden !== undefined) return { forbidden: error.forbidden };
+          if (error && typeof error === "object" && error.unauthorized !== undefined) return { unauthorized: error.unauthorized };
+          return error === undefined ? null : error;
+        }
+      case "filters": {
+        const [docs, request] = args;
+        return [true, docs.map((doc) => Boolean(fn(doc, request)))];
+      }
+      case "views": {
+        const [docs] = args;
+        return [true, docs.map((doc) => {
+          emitted = [];
+          try { fn(doc); return emitted.length > 0; } finally { emitted = null; }
+        })];
+      }
+      default:
+        throw new ProtocolError("unknown_command", "sofa-js does not run " + path[0] + " functions");
+    }
+  }
+
+  function handle(command) {
+    switch (command[0]) {
+      case "reset":
+        config = command[1] || {};
+        mapFunctions = [];
+        return true;
+      case "add_fun":
+        mapFunctions.push(compile(command[1], { lib: library }));
+        return true;
+      case "add_lib":
+        library = command[1] || {};
+        return true;
+      case "map_doc":
+        return mapDocument(command[1]);
+      case "reduce":
+        return reduce(command[1], command[2]);
+      case "rereduce":
+        return rereduce(command[1], command[2]);
+      case "ddoc":
+        if (command[1] === "new") {
+          designDocuments.set(command[2], { body: command[3], compiled: new Map() });
+          return true;
+        }
+        return runDesignFunction(command[1], command[2], command[3]);
+      default:
+        throw new ProtocolError("unknown_command", "unknown command '" + command[0] + "'");
+    }
+  }
+
+  for (let line = readLine(); line !== null; line = readLine()) {
+    if (line === "") continue;
+    let answer;
+    try {
+      answer = handle(JSON.parse(line));
+    } catch (error) {
+      if (error instanceof ProtocolError) {
+        answer = ["error", error.error, error.reason];
+      } else if (error && typeof error === "object" && error.error !== undefined && !(error instanceof Error)) {
+        answer = ["error", String(error.error), String(error.reason === undefined ? "" : error.reason)];
+      } else {
+        answer = ["error", error instanceof Error ? error.name : "error", describe(error)];
+      }
+    }
+    respond(answer);
+  }
+})(globalThis);
+)JS";
