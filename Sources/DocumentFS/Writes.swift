@@ -418,8 +418,17 @@ extension DocumentFileSystem {
                     keepRejected(properties.buffer, of: handle.docID, because: error)
                     throw error
                 }
-                revision = try commit(handle.docID, base: handle.base, change: handle.change,
-                                      seen: properties.seenProperties.map(Seen.properties) ?? .unknown) { $0.properties = object }
+                do {
+                    revision = try commit(handle.docID, base: handle.base, change: handle.change,
+                                          seen: properties.seenProperties.map(Seen.properties) ?? .unknown) { $0.properties = object }
+                } catch let error as SofaError {
+                    // A validator's refusal keeps the text and its reason, as invalid JSON does.
+                    switch error {
+                    case .forbidden, .unauthorized, .designFunctionFailed: keepRejected(properties.buffer, of: handle.docID, because: error)
+                    default: break
+                    }
+                    throw error
+                }
                 clearRejected(of: handle.docID)
                 properties.seenProperties = object
             case let attachment as AttachmentWriteHandle:

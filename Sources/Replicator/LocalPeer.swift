@@ -91,7 +91,7 @@ final class LocalPeer: ReplicationPeer {
                 do {
                     if try batch.insert(revision) { result.docsWritten += 1 }
                 } catch let error as SofaError where !error.isEnvironmental {
-                    failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: "invalid",
+                    failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: error.failureName,
                                                     reason: "\(error)"))
                 }
             }
@@ -156,6 +156,16 @@ extension Attachment {
 
 extension SofaError {
     /// Failures of the machine rather than of the document: worth stopping for.
+    /// The error name a refused revision is reported with, as CouchDB names it.
+    var failureName: String {
+        switch self {
+        case .forbidden: "forbidden"
+        case .unauthorized: "unauthorized"
+        case .designFunctionFailed(let error, _): error
+        default: "invalid"
+        }
+    }
+
     var isEnvironmental: Bool {
         switch self {
         case .diskFull, .readOnlyFileSystem, .io, .sqlite, .blobCorrupted: true

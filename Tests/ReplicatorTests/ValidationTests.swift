@@ -1,0 +1,121 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// `validate_doc_update` (#29), side by side with the live CouchDB: the same design document,
+/// the same writes from the admin, a user with a role and one without, the same answers; and
+/// the same validator on Sofa's own write paths (CLI, replication, the mount).
+extension CouchDBInteropTests {
+    static let validator = """
+        function(newDoc, oldDoc, userCtx, secObj) {
+          if (newDoc._deleted) {
+            if (userCtx.roles.indexOf('_admin') === -1) throw({unauthorized: 'Only admins delete.'});
+            return;
+          }
+          if (!newDoc.address) throw({forbidden: 'Document must have an address.'});
+          if (newDoc.owner && newDoc.owner !== userCtx.name && userCtx.roles.indexOf('_admin') === -1) {
+            throw({forbidden: 'Only ' + newDoc.owner + ' may write this.'});
+          }
+          if (newDoc.editorsOnly && userCtx.roles.indexOf('editor') === -1) throw({unauthorized: 'Editors only.'});
+          if (oldDoc && oldDoc.locked) throw({forbidden: {locked: true, by: oldDoc.lockedBy || null}});
+          if (newDoc._attachments && newDoc._attachments['forbidden.txt']) throw({forbidden: 'No forbidden.txt.'});
+          if (newDoc.db) { if (userCtx.db !== newDoc.db) throw({forbidden: 'Wrong db: ' + userCtx.db}); }
+          if (newDoc.security && !(secObj.members && secObj.admins)) throw({forbidden: 'No security object.'});
+          if (newDoc.crash) return newDoc.nothing.here;
+          if (newDoc.throwString) throw 'just a string';
+          const modern = [1, 2, 3].map((n) => n * 2).includes(6);
+          if (!modern) throw({forbidden: 'ES2015 missing'});
+        }
+        """
+
+    func validationScenario(_ send: (String, String, JSONValue?, [(String, String)]) throws -> HTTPResponse, db: String,
+                            tag: String) throws -> [String] {
+        var seen: [String] = []
+        let (editor, plain) = ("ed-\(tag)", "pat-\(tag)")
+        func request(_ method: String, _ path: String, _ body: JSONValue? = nil, as who: String?) throws -> HTTPResponse {
+            let pair = who.map { "\($0):pw-\($0)" } ?? "admin:secret"
+            return try send(method, path, body, [("Authorization", "Basic " + Data(pair.utf8).base64EncodedString())])
+        }
+        func record(_ label: String, _ response: HTTPResponse, keys: Set<String> = ["ok", "error", "reason", "id"]) {
+            var body = response.json ?? .null
+            if case .object(let object) = body { body = .object(object.filter { keys.contains($0) }) }
+            if case .array(let rows) = body {
+                body = .array(rows.map { row in .object((row.objectValue ?? [:]).filter { ["ok", "error", "reason", "id"].contains($0) }) })
+            }
+            seen.append("\(label): \(response.status) \(body.jsonString(.canonical))")
+        }
+        func rev(_ id: String) throws -> String { try request("GET", "/\(db)/\(id)", as: nil).json?["_rev"]?.stringValue ?? "" }
+
+        record("create db", try request("PUT", "/\(db)", as: nil))
+        for (name, roles) in [(editor, ["editor"]), (plain, [])] {
+            _ = try request("PUT", "/_users/org.couchdb.user:\(name)", ["name": .string(name), "password": .string("pw-\(name)"), "type": "user",
+                                                                          "roles": .array(roles.map { .string($0) })], as: nil)
+        }
+        record("public", try request("PUT", "/\(db)/_security", [:], as: nil))
+        record("design doc", try request("PUT", "/\(db)/_design/rules", ["validate_doc_update": .string(Self.validator)], as: nil))
+        record("no address", try request("PUT", "/\(db)/a", ["name": "x"], as: nil))
+        record("address", try request("PUT", "/\(db)/a", ["address": "here"], as: nil))
+        record("owner other user", try request("PUT", "/\(db)/b", ["address": "here", "owner": .string(editor)], as: plain))
+        record("owner self", try request("PUT", "/\(db)/b", ["address": "here", "owner": .string(plain)], as: plain))
+        record("editors only as plain", try request("PUT", "/\(db)/c", ["address": "here", "editorsOnly": true], as: plain))
+        record("editors only as editor", try request("PUT", "/\(db)/c", ["address": "here", "editorsOnly": true], as: editor))
+        record("db name", try request("PUT", "/\(db)/d", ["address": "here", "db": .string(db)], as: nil))
+        record("security", try request("PUT", "/\(db)/d2", ["address": "here", "security": true], as: nil))
+        record("lock", try request("PUT", "/\(db)/e", ["address": "here", "locked": true, "lockedBy": "me"], as: nil))
+        record("locked update", try request("PUT", "/\(db)/e?rev=\(try rev("e"))", ["address": "there"], as: nil))
+        // An exception: CouchDB's reason is "{[]}", Sofa's the exception's message; the status and error agree.
+        record("crash", try request("PUT", "/\(db)/f", ["address": "here", "crash": true], as: nil), keys: ["error"])
+        record("string thrown", try request("PUT", "/\(db)/g", ["address": "here", "throwString": true], as: nil))
+        record("delete as plain", try request("DELETE", "/\(db)/a?rev=\(try rev("a"))", as: plain))
+        record("delete as admin", try request("DELETE", "/\(db)/a?rev=\(try rev("a"))", as: nil))
+        record("bulk", try request("POST", "/\(db)/_bulk_docs", ["docs": [["_id": "h1", "address": "x"], ["_id": "h2"],
+                                                                          ["_id": "h3", "address": "y", "editorsOnly": true]]], as: plain))
+        record("replicated", try request("POST", "/\(db)/_bulk_docs", [
+            "new_edits": false,
+            "docs": [["_id": "r1", "_rev": "2-aaaa", "address": "x", "_revisions": ["start": 2, "ids": ["aaaa", "bbbb"]]],
+                     ["_id": "r2", "_rev": "1-cccc", "nothing": true]]], as: nil))
+        record("replicated stored", try request("GET", "/\(db)/r1", as: nil))
+        record("replicated refused", try request("GET", "/\(db)/r2", as: nil))
+        // Attachments: a standalone upload and an inline one go through the validator too.
+        let attached = try send("PUT", "/\(db)/b/forbidden.txt?rev=\(try rev("b"))", nil,
+                                [("Authorization", "Basic " + Data("admin:secret".utf8).base64EncodedString()), ("Content-Type", "text/plain")])
+        record("attachment refused", attached)
+        record("inline refused", try request("PUT", "/\(db)/i", ["address": "x", "_attachments": ["forbidden.txt": ["content_type": "text/plain", "data": "aGk="]]],
+                                             as: nil))
+        record("inline allowed", try request("PUT", "/\(db)/i", ["address": "x", "_attachments": ["fine.txt": ["content_type": "text/plain", "data": "aGk="]]],
+                                             as: nil))
+        // Design documents are not validated (only their author's rights are checked).
+        record("design doc update", try request("PUT", "/\(db)/_design/other", ["views": [:]], as: nil))
+        // A validator replaced takes effect at once.
+        record("replace validator", try request("PUT", "/\(db)/_design/rules?rev=\(try rev("_design/rules"))",
+                                                ["validate_doc_update": "function(n) { throw({forbidden: 'closed'}); }"], as: nil))
+        record("closed", try request("PUT", "/\(db)/j", ["address": "here"], as: nil))
+        record("remove validator", try request("DELETE", "/\(db)/_design/rules?rev=\(try rev("_design/rules"))", as: nil))
+        record("open again", try request("PUT", "/\(db)/j", ["nothing": true], as: nil))
+        return seen
+    }
+
+    @Test func validateDocUpdateAnswersAsCouchDBDoes() throws {
+        try waitForCouchDBUsersValidation()
+        let tag = UUID().uuidString.prefix(8).lowercased()
+        let name = "val-\(tag)"
+        let couchPort = couch.port
+        let expected = try validationScenario({ method, path, body, headers in
+            let connection = try HTTPConnection(port: couchPort)
+            defer { connection.close() }
+            return try connection.json(method, path, body, headers: headers)
+        }, db: name, tag: tag)
+        let passwordFile = directory.appending("password")
+        try "secret\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases(["--directory", directory.path, "--user", "admin", "--password-file", passwordFile])
+        let actual = try validationScenario({ method, path, body, headers in
+            let connection = try server.connect()
+            defer { connection.close() }
+            return try connection.json(method, path, body, headers: headers)
+        }, db: name, tag: tag)
+        #expect(actual.count == expected.count)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+    }
+}
