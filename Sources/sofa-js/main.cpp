@@ -2,7 +2,7 @@
 // speaks CouchDB's query-server protocol (one JSON command per line on stdin, one JSON answer
 // per line on stdout). The host gives the script two functions, `readline()` and `print()`,
 // and nothing else: design-document functions see the ECMAScript built-ins only, with no
-// file, network or process access. The heap is capped (--max-heap-mib, default 256); time is
+// file, network or process access. Memory is capped (--max-heap-mib, default 256); time is
 // limited by the caller, which kills a process that does not answer in time.
 #include <jsapi.h>
 #include <js/CompilationAndEvaluation.h>
@@ -11,6 +11,8 @@
 #include <js/Exception.h>
 #include <js/Initialization.h>
 #include <js/SourceText.h>
+
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +76,12 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
+    // The GC's limit does not cover everything a script can allocate (array elements are
+    // malloc'd); the data segment limit does, and an allocation past it is an "out of memory"
+    // exception in the script rather than a machine that swaps.
+    const rlim_t dataLimit = (static_cast<rlim_t>(maxHeapMiB) + 64) * 1024 * 1024;
+    struct rlimit limit = {dataLimit, dataLimit};
+    setrlimit(RLIMIT_DATA, &limit);
     if (!JS_Init()) return 1;
     JSContext* cx = JS_NewContext(JS::DefaultHeapMaxBytes);
     if (!cx) return 1;

@@ -537,3 +537,32 @@ import TestSupport
         #expect(try waitUntil(10) { !MountedDatabase.isMounted(mountPoint) })
     }
 }
+
+/// A design document's `validate_doc_update` guards the mount's saves as it guards the
+/// server's (#29): a refused save fails with EACCES, changes nothing, and keeps what was typed
+/// with the validator's reason beside properties.json.
+@Suite struct MountValidationTests {
+    let directory = TemporaryDirectory()
+
+    @Test func aValidatorsRefusalKeepsTheTextAndItsReason() throws {
+        let db = try directory.makeDatabase()
+        try db.put("_design/rules", ["validate_doc_update": "function(n) { if (!n._deleted && !n.address) throw({forbidden: 'Document must have an address.'}); }"])
+        try db.put("doc", ["address": "here"])
+        let mount = try MountedDatabase(db.path)
+        let file = mount.path("docs/doc/properties.json")
+        let fd = open(file, O_WRONLY | O_TRUNC)
+        #expect(fd >= 0)
+        let text = "{\"name\": \"no address\"}\n"
+        #expect(write(fd, text, text.utf8.count) == text.utf8.count)
+        #expect(close(fd) == -1 && errno == EACCES, "close reports the refusal")
+        #expect(try document(db, "doc")?.properties == ["address": "here"], "the document is unchanged")
+        #expect(try String(contentsOfFile: mount.path("docs/doc/properties.rejected.json"), encoding: .utf8) == text)
+        let reason = try String(contentsOfFile: mount.path("docs/doc/properties.rejected.txt"), encoding: .utf8)
+        #expect(reason.contains("Document must have an address."), "\(reason)")
+        #expect(mount.log.contains("Document must have an address."), "\(mount.log)")
+        // A save the validator allows goes through and clears them.
+        try sh("printf '{\"address\": \"there\"}' > \(file)")
+        #expect(try document(db, "doc")?.properties == ["address": "there"])
+        #expect(!FileManager.default.fileExists(atPath: mount.path("docs/doc/properties.rejected.json")))
+    }
+}
