@@ -39,6 +39,7 @@ extension CouchServer {
         var docIDs: Set<String>?
         var designOnly = false
         var selector: Selector?
+        var function: FilterFunction?
         var heartbeat: Double?
         var timeout: Double?
     }
@@ -85,8 +86,8 @@ extension CouchServer {
         case "_selector":
             guard let value = body?["selector"] else { throw HTTPError.badRequest("filter=_selector needs a selector in the body") }
             do { query.selector = try Selector(value) } catch { throw HTTPError(.badRequest, "bad_request", "\(error)") }
-        default:
-            throw HTTPError.badRequest("filter functions are not supported; use _doc_ids, _selector or _design")
+        case let name?:
+            query.function = try await filterFunction(name, request, db, body: body)
         }
         switch query.feed {
         case "continuous": try await continuousFeed(request, db, query)
@@ -94,12 +95,16 @@ extension CouchServer {
         }
     }
 
-    private func passes(_ change: Change, _ query: ChangesQuery, _ db: Database) -> Bool {
+    private func passes(_ change: Change, _ query: ChangesQuery, _ db: Database) throws -> Bool {
         if let ids = query.docIDs, !ids.contains(change.docID) { return false }
         if query.designOnly && !change.docID.hasPrefix(DocumentID.designPrefix) { return false }
         if let selector = query.selector {
             guard let revision = try? db.revision(change.revID, of: change.docID) else { return false }
             return selector.matches(revision.selectable)
+        }
+        if let function = query.function {
+            guard let revision = try? db.revision(change.revID, of: change.docID) else { return false }
+            return try function.passes(revision, in: db)
         }
         return true
     }
@@ -111,7 +116,7 @@ extension CouchServer {
         while rows.count < limit {
             let page = try db.changes(since: cursor, limit: 1000)
             guard let last = page.last else { break }
-            for change in page where passes(change, query, db) {
+            for change in page where try passes(change, query, db) {
                 rows.append(change)
                 if rows.count == limit { return (rows, change.sequence) }
             }
@@ -157,8 +162,15 @@ extension CouchServer {
             }
         }
         let response = request.response
-        try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
-        try await response.write("{\"results\":[\n")
+        // Started before the first rows are written: a filter function that fails on the first
+        // page is then an error answer (500), as CouchDB's, not a cut-off feed.
+        var started = false
+        func start() async throws {
+            guard !started else { return }
+            started = true
+            try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
+            try await response.write("{\"results\":[\n")
+        }
         var lastSeq = since
         var sent = 0
         if query.descending {
@@ -171,6 +183,7 @@ extension CouchServer {
                     bytes += try self.changeRow(entry.element, db, query).serialized()
                 }
             }
+            try await start()
             try await response.write(rows)
         } else {
             // Page by page, each page one chunk, so 100,000 changes never sit in memory at once.
@@ -187,12 +200,14 @@ extension CouchServer {
                 }
                 lastSeq = max(lastSeq, readTo)
                 if rows == 0 { break }
+                try await start()
                 try await response.write(bytes)
                 sent += rows
             }
         }
         let from = lastSeq
         let pending = query.descending ? 0 : try await blocking { try db.changeCount(since: from) }
+        try await start()
         try await response.write("\n],\n\"last_seq\":\"\(lastSeq)\",\"pending\":\(pending)}\n")
         try await response.finish()
     }

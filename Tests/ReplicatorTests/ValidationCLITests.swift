@@ -12,7 +12,7 @@ extension CouchDBInteropTests {
     @Test func theCLIAndAPullAreValidated() throws {
         let local = directory.appending("guarded.sofa")
         #expect(try sofa("create", local).succeeded)
-        #expect(try sofa("put", local, "_design/rules", try JSONValue.object(["validate_doc_update": .string(Self.addressRule)]).jsonString()).succeeded)
+        #expect(try sofa("put", local, "_design/rules", JSONValue.object(["validate_doc_update": .string(Self.addressRule)]).jsonString()).succeeded)
         let refused = try sofa("put", local, "a", #"{"name":"x"}"#)
         #expect(refused.status == 1 && refused.stderr.contains("Document must have an address."), "\(refused.stderr)")
         #expect(try sofa("cat", local, "a").status == 1)
@@ -38,7 +38,7 @@ extension CouchDBInteropTests {
               if (!n.address) throw({forbidden: 'Document must have an address.'});
             }
             """
-        #expect(try sofa("put", local, "_design/rules", try JSONValue.object(["validate_doc_update": .string(rule)]).jsonString()).succeeded)
+        #expect(try sofa("put", local, "_design/rules", JSONValue.object(["validate_doc_update": .string(rule)]).jsonString()).succeeded)
         let environment = ["SOFA_QUERY_SERVER_TIMEOUT": "1"]
         let started = Date()
         let looped = try ChildProcess([sofaBinary, "put", local, "a", #"{"address":"x","loop":true}"#], environment: environment).wait()
@@ -67,7 +67,7 @@ extension CouchDBInteropTests {
         #expect(try couch.request("PUT", "/\(guarded)/_design/rules", ["validate_doc_update": .string(Self.addressRule)]).status == 201)
         let local = directory.appending("guarded.sofa")
         #expect(try sofa("create", local).succeeded)
-        #expect(try sofa("put", local, "_design/rules", try JSONValue.object(["validate_doc_update": .string(Self.addressRule)]).jsonString()).succeeded)
+        #expect(try sofa("put", local, "_design/rules", JSONValue.object(["validate_doc_update": .string(Self.addressRule)]).jsonString()).succeeded)
         let server = try ServedDatabases([local])
         let auth = "http://\(couch.user):\(couch.password)@127.0.0.1:\(couch.port)"
         var outcomes: [String] = []

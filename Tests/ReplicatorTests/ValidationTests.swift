@@ -119,3 +119,79 @@ extension CouchDBInteropTests {
         for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
     }
 }
+
+extension CouchDBInteropTests {
+    static let filters: JSONObject = [
+        "typed": "function(doc, req) { return doc.type === req.query.type; }",
+        "mine": "function(doc, req) { return doc.owner === req.userCtx.name; }",
+        "deletedToo": "(doc) => doc._deleted === true || doc.type === 'a'",
+        "withAttachments": "function(doc) { return !!doc._attachments; }",
+        "broken": "function(doc) { return doc.missing.field; }",
+    ]
+
+    func filterScenario(_ send: (String, String, JSONValue?, [(String, String)]) throws -> HTTPResponse, db: String) throws -> [String] {
+        var seen: [String] = []
+        let admin = [("Authorization", "Basic " + Data("admin:secret".utf8).base64EncodedString())]
+        func request(_ method: String, _ path: String, _ body: JSONValue? = nil) throws -> HTTPResponse {
+            try send(method, path, body, admin)
+        }
+        func record(_ label: String, _ response: HTTPResponse) {
+            let ids = response.json?["results"]?.arrayValue?.compactMap { $0["id"]?.stringValue }
+            let error = response.json?["error"].map { "\($0.stringValue ?? "") \(response.json?["reason"]?.stringValue ?? "")" }
+            seen.append("\(label): \(response.status) \(ids.map { $0.joined(separator: ",") } ?? error ?? response.text)")
+        }
+        _ = try request("PUT", "/\(db)")
+        _ = try request("PUT", "/\(db)/_design/f", ["filters": .object(Self.filters)])
+        for (id, body) in [("a1", ["type": "a", "owner": "admin"]), ("b1", ["type": "b"]), ("a2", ["type": "a"]), ("gone", ["type": "c"])] as [(String, JSONObject)] {
+            _ = try request("PUT", "/\(db)/\(id)", .object(body))
+        }
+        let gone = try request("GET", "/\(db)/gone").json?["_rev"]?.stringValue ?? ""
+        _ = try request("DELETE", "/\(db)/gone?rev=\(gone)")
+        _ = try send("PUT", "/\(db)/files/x.txt", nil, admin + [("Content-Type", "text/plain")])
+        record("typed a", try request("GET", "/\(db)/_changes?filter=f/typed&type=a"))
+        record("typed b", try request("GET", "/\(db)/_changes?filter=f/typed&type=b"))
+        record("typed POST", try request("POST", "/\(db)/_changes?filter=f/typed&type=a", [:]))
+        record("typed longpoll", try request("GET", "/\(db)/_changes?filter=f/typed&type=b&feed=longpoll"))
+        record("typed limit", try request("GET", "/\(db)/_changes?filter=f/typed&type=a&limit=1"))
+        record("mine", try request("GET", "/\(db)/_changes?filter=f/mine"))
+        record("deleted too", try request("GET", "/\(db)/_changes?filter=f/deletedToo"))
+        record("attachments", try request("GET", "/\(db)/_changes?filter=f/withAttachments"))
+        record("missing design", try request("GET", "/\(db)/_changes?filter=nope/typed"))
+        record("missing function", try request("GET", "/\(db)/_changes?filter=f/nope"))
+        record("bad name", try request("GET", "/\(db)/_changes?filter=bogus"))
+        let broken = try request("GET", "/\(db)/_changes?filter=f/broken")
+        seen.append("broken: \(broken.status)")
+        return seen
+    }
+
+    @Test func filterFunctionsAnswerAsCouchDBDoes() throws {
+        let name = "filt-\(UUID().uuidString.prefix(8).lowercased())"
+        let couchPort = couch.port
+        let expected = try filterScenario({ method, path, body, headers in
+            let connection = try HTTPConnection(port: couchPort)
+            defer { connection.close() }
+            return try connection.json(method, path, body, headers: headers)
+        }, db: name)
+        let passwordFile = directory.appending("password")
+        try "secret\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases(["--directory", directory.path, "--user", "admin", "--password-file", passwordFile])
+        let actual = try filterScenario({ method, path, body, headers in
+            let connection = try server.connect()
+            defer { connection.close() }
+            return try connection.json(method, path, body, headers: headers)
+        }, db: name)
+        #expect(actual.count == expected.count)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+        #expect(expected.first == "typed a: 200 a1,a2", "the scenario filters something: \(expected)")
+
+        // CouchDB's replicator with a filter, reading sofa serve: only what passes arrives.
+        let target = "filtered-\(UUID().uuidString.prefix(8).lowercased())"
+        let auth = "http://\(couch.user):\(couch.password)@127.0.0.1:\(couch.port)"
+        let replicated = try couch.request("POST", "/_replicate", ["source": .string("http://admin:secret@127.0.0.1:\(server.port)/\(name)"),
+                                                                   "target": .string("\(auth)/\(target)"), "create_target": true,
+                                                                   "filter": "f/typed", "query_params": ["type": "a"]])
+        #expect(replicated.status == 200, "\(replicated.text)")
+        let ids = try couch.request("GET", "/\(target)/_all_docs").json?["rows"]?.arrayValue?.compactMap { $0["id"]?.stringValue }
+        #expect(ids == ["a1", "a2"], "\(String(describing: ids))")
+    }
+}
