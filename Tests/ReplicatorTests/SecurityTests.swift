@@ -90,26 +90,37 @@ extension CouchDBInteropTests {
         #expect(try waitUntil(60) { try couch.request("GET", "/_users/_design/_auth").status == 200 }, "CouchDB's _users has no _design/_auth")
     }
 
-    @Test func usersSessionsAndSecurityAnswerAsCouchDBDoes() throws {
-        try waitForCouchDBUsersValidation()
-        let tag = UUID().uuidString.prefix(8).lowercased()
-        let name = "sec-\(tag)"
+    typealias Send = (String, String, JSONValue?, [(String, String)]) throws -> HTTPResponse
+
+    /// Runs `scenario` against the live CouchDB, then against `sofa serve --user admin` (password
+    /// `secret`, as CouchDB's admin) over `directory`, and expects the same lines from both.
+    /// Returns CouchDB's lines and the server, for checks of its own.
+    @discardableResult
+    func sideBySide(_ scenario: (Send) throws -> [String], sourceLocation: SourceLocation = #_sourceLocation) throws
+        -> (expected: [String], server: ServedDatabases) {
         let couchPort = couch.port
-        let expected = try securityScenario({ method, path, body, headers in
+        let expected = try scenario { method, path, body, headers in
             let connection = try HTTPConnection(port: couchPort)
             defer { connection.close() }
             return try connection.json(method, path, body, headers: headers)
-        }, db: name, tag: tag)
+        }
         let passwordFile = directory.appending("password")
         try "secret\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
         let server = try ServedDatabases(["--directory", directory.path, "--user", "admin", "--password-file", passwordFile])
-        let actual = try securityScenario({ method, path, body, headers in
+        let actual = try scenario { method, path, body, headers in
             let connection = try server.connect()
             defer { connection.close() }
             return try connection.json(method, path, body, headers: headers)
-        }, db: name, tag: tag)
-        #expect(actual.count == expected.count)
-        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+        }
+        #expect(actual.count == expected.count, sourceLocation: sourceLocation)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs, sourceLocation: sourceLocation) }
+        return (expected, server)
+    }
+
+    @Test func usersSessionsAndSecurityAnswerAsCouchDBDoes() throws {
+        try waitForCouchDBUsersValidation()
+        let tag = UUID().uuidString.prefix(8).lowercased()
+        try sideBySide { try securityScenario($0, db: "sec-\(tag)", tag: tag) }
     }
 
     /// A user made in CouchDB (its PBKDF2 key) logs in to Sofa once `_users` is pulled.
