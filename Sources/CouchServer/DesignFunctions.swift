@@ -1,35 +1,17 @@
 import DocumentModel
 import DocumentStore
 import Foundation
-import QueryServer
 
-/// A design document's `_changes` filter (`filter=ddoc/name`), with the request object it is
-/// called with, as CouchDB calls it: `filter(doc, req)`, truthy to pass.
+/// A design document's `_changes` filter with the request object it is called with.
 struct FilterFunction: Sendable {
-    let designID: String
-    let revision: String
-    let body: JSONObject
-    let name: String
+    let filter: DesignFilter
     let request: JSONValue
 
     /// Whether `revision` passes; a function that fails is a 500 with its error.
     func passes(_ revision: Revision, in db: Database) throws -> Bool {
         let tree = try db.revisionTree(of: revision.docID)
         let doc = try CouchFormat.render(revision, tree: tree, options: CouchFormat.Options(), readBody: { _ in [] }).json
-        let answer: JSONValue
-        do {
-            answer = try QueryServerPool.shared.run(designDocument: designID, revision: self.revision, body: .object(body),
-                                                    path: ["filters", name], arguments: [[.object(doc)], request])
-        } catch let error as QueryServerError {
-            switch error {
-            case .function(let name, let reason): throw HTTPError(.internalServerError, name, reason)
-            default: throw HTTPError(.internalServerError, "os_process_error", "\(designID): \(error)")
-            }
-        }
-        guard case .array(let items) = answer, items.count == 2, case .array(let results) = items[1], results.count == 1 else {
-            throw HTTPError(.internalServerError, "query_server_error", "\(designID)/\(name) answered \(answer.jsonString())")
-        }
-        return results[0].boolValue ?? false
+        return try filter.passes(doc, request: request)
     }
 }
 
@@ -37,20 +19,18 @@ extension CouchServer {
     /// The filter function `filter=ddoc/name` names, answered as CouchDB answers a bad name
     /// (400), a missing design document or function (404).
     func filterFunction(_ name: String, _ request: Request, _ db: Database, body: JSONValue?) async throws -> FilterFunction {
-        let parts = name.split(separator: "/", maxSplits: 1).map(String.init)
-        guard parts.count == 2, !parts[0].isEmpty, !parts[1].isEmpty else {
-            throw HTTPError.badRequest("`filter` must be of the form `designname/filtername`")
+        let filter: DesignFilter
+        do {
+            filter = try await blocking { try DesignFilter(named: name, in: db) }
+        } catch let error as DesignFilter.LookupError {
+            switch error {
+            case .badName: throw HTTPError.badRequest("`filter` must be of the form `designname/filtername`")
+            case .missingDesignDocument: throw HTTPError.notFound
+            case .missingKey(let key): throw HTTPError(.notFound, "not_found", "missing json key: \(key)")
+            }
         }
-        let designID = DocumentID.designPrefix + parts[0]
-        guard let design = try await blocking({ try db.document(withID: designID) }) else { throw HTTPError.notFound }
-        guard let filters = design.properties["filters"] else { throw HTTPError(.notFound, "not_found", "missing json key: filters") }
-        guard filters[parts[1]]?.stringValue != nil else { throw HTTPError(.notFound, "not_found", "missing json key: \(parts[1])") }
-        var document = design.properties
-        document["_id"] = .string(designID)
-        document["_rev"] = .string(design.revID.description)
         let security = try await blocking { try db.securityObject }
-        return FilterFunction(designID: designID, revision: design.revID.description, body: document, name: parts[1],
-                              request: try await requestObject(request, db, body: body, security: security))
+        return FilterFunction(filter: filter, request: try await requestObject(request, db, body: body, security: security))
     }
 
     /// CouchDB's JSON request object, as design-document functions receive it.

@@ -56,7 +56,7 @@ final class Validators: @unchecked Sendable {
 
 extension Database {
     /// The database's name as `userCtx.db` shows it: the file's name without `.sofa`.
-    var validationName: String {
+    public var validationName: String {
         let file = (path as NSString).lastPathComponent
         return file.hasSuffix(".sofa") ? String(file.dropLast(5)) : file
     }
@@ -117,5 +117,76 @@ extension Database {
             json["_attachments"] = .object(JSONObject(attachments.sorted { $0.name < $1.name }.map { ($0.name, .object(CouchFormat.stub($0))) }))
         }
         return json
+    }
+}
+
+/// A design document's `_changes` filter (`filters.NAME` of `_design/DDOC`, named
+/// `DDOC/NAME`), called as CouchDB calls it: `filter(doc, req)`, a truthy answer passes.
+/// `sofa serve` runs it for `_changes?filter=`; a push with `--filter` runs it here.
+public struct DesignFilter: Sendable {
+    /// Why a filter name finds no function, as CouchDB tells them apart.
+    public enum LookupError: Error, Sendable, CustomStringConvertible {
+        /// Not `DDOC/NAME`.
+        case badName
+        /// No live `_design/DDOC`.
+        case missingDesignDocument(String)
+        /// The design document has no `filters`, or no such member in it: the missing key.
+        case missingKey(String)
+
+        public var description: String {
+            switch self {
+            case .badName: "a filter is named DDOC/NAME"
+            case .missingDesignDocument(let id): "no design document \(id)"
+            case .missingKey(let key): "the design document has no filter function \(key)"
+            }
+        }
+    }
+
+    public let designID: String
+    public let name: String
+    let revision: String
+    let body: JSONObject
+
+    public init(named filter: String, in db: Database) throws {
+        let parts = filter.split(separator: "/", maxSplits: 1).map(String.init)
+        guard parts.count == 2, !parts[0].isEmpty, !parts[1].isEmpty else { throw LookupError.badName }
+        designID = DocumentID.designPrefix + parts[0]
+        name = parts[1]
+        guard let design = try db.document(withID: designID) else { throw LookupError.missingDesignDocument(designID) }
+        guard let filters = design.properties["filters"] else { throw LookupError.missingKey("filters") }
+        guard filters[name]?.stringValue != nil else { throw LookupError.missingKey(name) }
+        revision = design.revID.description
+        var document = design.properties
+        document["_id"] = .string(designID)
+        document["_rev"] = .string(revision)
+        body = document
+    }
+
+    /// Whether `doc` (a document as CouchDB renders it) passes; a function that fails throws
+    /// `.designFunctionFailed`.
+    public func passes(_ doc: JSONObject, request: JSONValue) throws -> Bool {
+        let answer: JSONValue
+        do {
+            answer = try QueryServerPool.shared.run(designDocument: designID, revision: revision, body: .object(body),
+                                                    path: ["filters", name], arguments: [[.object(doc)], request])
+        } catch let error as QueryServerError {
+            switch error {
+            case .function(let name, let reason): throw SofaError.designFunctionFailed(error: name, reason: reason)
+            default: throw SofaError.designFunctionFailed(error: "os_process_error", reason: "\(designID): \(error)")
+            }
+        }
+        guard case .array(let items) = answer, items.count == 2, case .array(let results) = items[1], results.count == 1 else {
+            throw SofaError.designFunctionFailed(error: "query_server_error", reason: "\(designID)/\(name) answered \(answer.jsonString())")
+        }
+        return results[0].boolValue ?? false
+    }
+
+    /// The request object a filter run outside a server sees: the query parameters given and
+    /// the file's owner as the user.
+    public static func localRequest(databaseName: String, query: [String: String]) -> JSONValue {
+        ["info": ["db_name": .string(databaseName)], "id": .null, "method": "GET", "path": [.string(databaseName), "_changes"],
+         "query": .object(JSONObject(query.sorted { $0.key < $1.key }.map { ($0.key, .string($0.value)) })), "headers": [:],
+         "body": "undefined", "peer": "127.0.0.1", "form": [:], "cookie": [:],
+         "userCtx": ["db": .string(databaseName), "name": .null, "roles": ["_admin"]], "secObj": [:]]
     }
 }

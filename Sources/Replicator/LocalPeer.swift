@@ -22,9 +22,17 @@ final class LocalPeer: ReplicationPeer {
         guard filter.channels == nil else { throw SofaError.invalidArgument("channels filter only pulls from a Sync Gateway") }
         let from = since.int64Value ?? since.stringValue.flatMap { Int64($0) } ?? 0
         let page = try database.changes(since: from, limit: limit)
+        let function = try filter.function.map { try DesignFilter(named: $0, in: database) }
+        let request = DesignFilter.localRequest(databaseName: database.validationName, query: filter.queryParameters)
         var changes: [PeerChange] = []
         for change in page {
             if let ids = filter.docIDs, !ids.contains(change.docID) { continue }
+            if let function {
+                let revision = try database.revision(change.revID, of: change.docID)
+                let tree = try database.revisionTree(of: change.docID)
+                let doc = try CouchFormat.render(revision, tree: tree, options: CouchFormat.Options(), readBody: { _ in [] }).json
+                guard try function.passes(doc, request: request) else { continue }
+            }
             if let selector = filter.selector {
                 let revision = try database.revision(change.revID, of: change.docID)
                 var document = revision.properties

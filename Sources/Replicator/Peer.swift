@@ -53,6 +53,9 @@ struct ReplicationFilter: Sendable {
     var selector: Selector?
     /// Sync Gateway channels (remote sources only).
     var channels: [String]?
+    /// A design document's filter function, `DDOC/NAME`, and the query parameters it is given.
+    var function: String?
+    var queryParameters: [String: String] = [:]
 }
 
 /// One document in a changes feed: its leaves at `sequence`.

@@ -32,6 +32,11 @@ final class RemotePeer: ReplicationPeer {
         } else if let selector = filter.selector {
             path += "&filter=_selector"
             body = ["selector": .object(selector.json)]
+        } else if let function = filter.function {
+            let allowed = CharacterSet.alphanumerics.union(CharacterSet(charactersIn: "-_.~"))
+            func encoded(_ text: String) -> String { text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text }
+            path += "&filter=" + function.split(separator: "/", maxSplits: 1).map { encoded(String($0)) }.joined(separator: "/")
+            for (name, value) in filter.queryParameters.sorted(by: { $0.key < $1.key }) { path += "&\(encoded(name))=\(encoded(value))" }
         } else if let channels = filter.channels {
             let list = channels.joined(separator: ",")
             path += "&filter=sync_gateway/bychannel&channels="

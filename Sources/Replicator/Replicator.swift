@@ -113,6 +113,10 @@ public final class Replicator {
     public var selector: Selector?
     /// Sync Gateway channels (pull only: `filter=sync_gateway/bychannel`).
     public var channels: [String]?
+    /// A design document's filter function (`DDOC/NAME`): pulls ask the remote to run it;
+    /// pushes run it here. `queryParameters` are its `req.query`.
+    public var filterFunction: String?
+    public var queryParameters: [String: String] = [:]
     /// Changes read per batch.
     public var batchSize = 200
     /// Pushes create the remote database when it does not exist (CouchDB's `create_target`).
@@ -141,10 +145,16 @@ public final class Replicator {
 
     /// The id this replication had under another private UUID (before the database was copied).
     func replicationID(privateUUID: String) -> String {
-        let key: JSONValue = [.string(privateUUID), .string(remote.url), .string(direction.rawValue),
-                              docIDs.map { .array($0.sorted().map { .string($0) }) } ?? .null,
-                              selector.map { .object($0.json) } ?? .null,
-                              channels.map { .array($0.sorted().map { .string($0) }) } ?? .null]
+        var parts: [JSONValue] = [.string(privateUUID), .string(remote.url), .string(direction.rawValue),
+                                  docIDs.map { .array($0.sorted().map { .string($0) }) } ?? .null,
+                                  selector.map { .object($0.json) } ?? .null,
+                                  channels.map { .array($0.sorted().map { .string($0) }) } ?? .null]
+        if let filterFunction {
+            // Added only when given, so replications without one keep their ids (and checkpoints).
+            let parameters = JSONObject(queryParameters.sorted { $0.key < $1.key }.map { ($0.key, JSONValue.string($0.value)) })
+            parts += [.string(filterFunction), .object(parameters)]
+        }
+        let key = JSONValue.array(parts)
         return BlobKey.hexString(MessageDigest.hash(.md5, key.serialized(.canonical)))
     }
 
@@ -184,7 +194,8 @@ public final class Replicator {
         let session = UUID().uuidString.lowercased()
         let started = Date()
         let startSeq = try startingSequence(source, target) ?? 0
-        let filter = ReplicationFilter(docIDs: docIDs, selector: selector, channels: channels)
+        let filter = ReplicationFilter(docIDs: docIDs, selector: selector, channels: channels, function: filterFunction,
+                                       queryParameters: queryParameters)
         var since = startSeq
         /// Where the checkpoint stays once a document failed: just before it.
         var heldAt: JSONValue?

@@ -54,22 +54,32 @@ struct RemoteOptions: ParsableArguments {
     @Option(help: "Replicate only documents matching this CouchDB Mango selector (JSON).")
     var selector: String?
 
+    @Option(help: "Replicate only documents a design document's filter function passes (DDOC/NAME).")
+    var filter: String?
+
+    @Option(name: .customLong("query-param"), help: "A parameter for --filter's function (req.query), NAME=VALUE; repeatable.")
+    var queryParameters: [String] = []
+
     @Flag(help: "Print JSON events and a final summary with PouchDB's result fields.")
     var json = false
 
     @Option(help: .hidden)
     var batchSize = 200
 
-    /// What `--doc-ids`, `--selector` and `--channels` ask for.
+    /// What `--doc-ids`, `--selector`, `--filter` and `--channels` ask for.
     struct Filters: Sendable {
         let docIDs: [String]?
         let selector: Selector?
         let channels: [String]?
+        let function: String?
+        let queryParameters: [String: String]
 
         func apply(to replicator: Replicator) {
             replicator.docIDs = docIDs
             replicator.selector = selector
             replicator.channels = channels
+            replicator.filterFunction = function
+            replicator.queryParameters = queryParameters
         }
     }
 
@@ -79,8 +89,15 @@ struct RemoteOptions: ParsableArguments {
                 throw SofaError.invalidArgument("--selector: \(error)")
             }
         }
+        var parameters: [String: String] = [:]
+        for pair in queryParameters {
+            guard let equals = pair.firstIndex(of: "=") else { throw SofaError.invalidArgument("--query-param \(pair): expected NAME=VALUE") }
+            parameters[String(pair[..<equals])] = String(pair[pair.index(after: equals)...])
+        }
+        if filter == nil && !parameters.isEmpty { throw SofaError.invalidArgument("--query-param goes with --filter") }
+        if let filter, !filter.contains("/") { throw SofaError.invalidArgument("--filter \(filter): expected DDOC/NAME") }
         return Filters(docIDs: docIDs?.split(separator: ",").map(String.init), selector: parsed,
-                       channels: pulls?.channels?.split(separator: ",").map(String.init))
+                       channels: pulls?.channels?.split(separator: ",").map(String.init), function: filter, queryParameters: parameters)
     }
 
     /// Runs the directions until a signal, printing what moves.

@@ -82,6 +82,33 @@ extension CouchDBInteropTests {
         #expect(try server.connect().json("GET", "/guarded/good-2").status == 200)
     }
 
+    /// `sofa pull --filter` asks CouchDB to run its filter; `sofa push --filter` runs the local one.
+    @Test func pullAndPushWithAFilterFunction() throws {
+        let filters: JSONObject = ["filters": ["typed": "function(doc, req) { return doc.type === req.query.type; }"]]
+        let remote = try couch.newDatabase("filtered")
+        #expect(try couch.request("PUT", "/\(remote)/_design/f", .object(filters)).status == 201)
+        for (id, type) in [("a1", "a"), ("b1", "b"), ("a2", "a")] {
+            #expect(try couch.request("PUT", "/\(remote)/\(id)", ["type": .string(type)]).status == 201)
+        }
+        let local = directory.appending("filtered.sofa")
+        #expect(try sofa("create", local).succeeded)
+        let pulled = try sofa("pull", local, couch.url(remote), "--filter", "f/typed", "--query-param", "type=a")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        #expect(try sofa("cat", local, "a1").succeeded && sofa("cat", local, "a2").succeeded)
+        #expect(try sofa("cat", local, "b1").status == 1, "filtered out")
+
+        // Pushing: the local design document's filter, run here.
+        #expect(try sofa("put", local, "_design/f", JSONValue.object(filters).jsonString()).succeeded)
+        #expect(try sofa("put", local, "b2", #"{"type":"b"}"#).succeeded)
+        let target = try couch.newDatabase("pushed-filtered")
+        let pushed = try sofa("push", local, couch.url(target), "--filter", "f/typed", "--query-param", "type=b")
+        #expect(pushed.succeeded, "\(pushed.stderr)")
+        let ids = try couch.request("GET", "/\(target)/_all_docs").json?["rows"]?.arrayValue?.compactMap { $0["id"]?.stringValue }
+        #expect(ids == ["b2"], "\(String(describing: ids))")
+        let missing = try sofa("push", local, couch.url(target), "--filter", "f/nope")
+        #expect(missing.status == 1 && missing.stderr.contains("nope"), "\(missing.stderr)")
+    }
+
     @Test func anExternalQueryServerCanBeNamed() throws {
         // A query server in Python speaking CouchDB's protocol, as [query_servers] allows.
         let script = directory.appending("query_server.py")
