@@ -94,7 +94,7 @@ public final class QueryServerProcess {
             while true {
                 let line = try readLine(until: deadline, timeout: timeout)
                 let answer: JSONValue
-                do { answer = try JSONParser.parse(Array(line)) } catch {
+                do { answer = try JSONParser.parse(line) } catch {
                     throw QueryServerError.failed("it answered something that is not JSON: \(String(decoding: line.prefix(200), as: UTF8.self))")
                 }
                 if case .array(let items) = answer, items.first == "log", items.count == 2 {
@@ -125,17 +125,17 @@ public final class QueryServerProcess {
         }
     }
 
-    private func readLine(until deadline: Date, timeout: Double) throws -> ArraySlice<UInt8> {
+    /// The next line of the answer, without its newline.
+    private func readLine(until deadline: Date, timeout: Double) throws -> [UInt8] {
         while true {
             if let newline = buffer[bufferStart...].firstIndex(of: 0x0A) {
-                let line = buffer[bufferStart..<newline]
+                let line = Array(buffer[bufferStart..<newline])
                 bufferStart = newline + 1
-                let copy = Array(line)
                 if bufferStart == buffer.count {
                     buffer.removeAll(keepingCapacity: true)
                     bufferStart = 0
                 }
-                return ArraySlice(copy)
+                return line
             }
             let remaining = deadline.timeIntervalSinceNow
             guard remaining > 0 else { throw QueryServerError.timeout(seconds: timeout) }
