@@ -60,8 +60,10 @@ extension CouchServer {
         guard ["normal", "longpoll", "continuous"].contains(query.feed) else {
             throw HTTPError.badRequest("Supported `feed` types: normal, continuous, longpoll")
         }
-        // Last-Event-ID: where an EventSource client that reconnects left off.
-        if let since = request.query("since") ?? body?["since"]?.stringValue ?? request.headers["Last-Event-ID"].first {
+        // Last-Event-ID: where an EventSource client that reconnects left off; as a query
+        // parameter it wins over `since`, as in CouchDB.
+        if let since = request.query("last-event-id") ?? request.query("since") ?? body?["since"]?.stringValue
+            ?? request.headers["Last-Event-ID"].first {
             query.since = since == "now" ? try await blocking { try db.lastSequence } : try CouchJSON.parseSequence(since)
         } else if let since = body?["since"]?.int64Value {
             query.since = since
@@ -150,17 +152,6 @@ extension CouchServer {
     /// `feed=normal` and `feed=longpoll`, laid out byte for byte as CouchDB does.
     private func normalFeed(_ request: Request, _ db: Database, _ query: ChangesQuery) async throws {
         var since = query.since
-        if query.feed == "longpoll" {
-            // Wait for a change that passes the filter, or for the timeout.
-            let deadline = ContinuousClock.now + .seconds(query.timeout ?? Limits.defaultFeedTimeout)
-            while ContinuousClock.now < deadline {
-                let from = since
-                let (rows, readTo) = try await blocking { try self.collectChanges(db, since: from, limit: 1, query) }
-                if !rows.isEmpty { break }
-                since = readTo
-                await db.commits.wait(atMost: CouchServer.feedPollInterval)
-            }
-        }
         let response = request.response
         // Started before the first rows are written: a filter function that fails on the first
         // page is then an error answer (500), as CouchDB's, not a cut-off feed.
@@ -170,6 +161,25 @@ extension CouchServer {
             started = true
             try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
             try await response.write("{\"results\":[\n")
+        }
+        if query.feed == "longpoll" {
+            // Wait for a change that passes the filter, or for the timeout. With a heartbeat, as
+            // CouchDB: the answer starts at once, a newline goes out at each beat, and only a
+            // change (or the client leaving) ends the wait.
+            let deadline = query.heartbeat == nil ? ContinuousClock.now + .seconds(query.timeout ?? Limits.defaultFeedTimeout) : nil
+            var lastBeat = ContinuousClock.now
+            if query.heartbeat != nil { try await start() }
+            while deadline.map({ ContinuousClock.now < $0 }) ?? true {
+                let from = since
+                let (rows, readTo) = try await blocking { try self.collectChanges(db, since: from, limit: 1, query) }
+                if !rows.isEmpty { break }
+                since = readTo
+                if let heartbeat = query.heartbeat, ContinuousClock.now - lastBeat >= .seconds(heartbeat) {
+                    try await response.write("\n")
+                    lastBeat = ContinuousClock.now
+                }
+                await db.commits.wait(atMost: CouchServer.feedPollInterval)
+            }
         }
         var lastSeq = since
         var sent = 0
@@ -257,6 +267,27 @@ extension CouchServer {
     // MARK: - _revs_diff
 
     func revsDiff(_ request: Request, _ db: Database) async throws {
+        let differences = try await revisionsMissing(request, db)
+        let result = JSONObject(differences.map { id, entry in
+            var answer: JSONObject = ["missing": .array(entry.missing.map { .string($0.description) })]
+            if !entry.possibleAncestors.isEmpty {
+                answer["possible_ancestors"] = .array(entry.possibleAncestors.map { .string($0.description) })
+            }
+            return (id, .object(answer))
+        })
+        try await request.response.sendJSON(.ok, .object(result))
+    }
+
+    /// `POST /{db}/_missing_revs`: CouchDB's older form of `_revs_diff`, the missing revisions only.
+    func missingRevs(_ request: Request, _ db: Database) async throws {
+        guard request.method == .POST else { throw HTTPError(.methodNotAllowed, "method_not_allowed", "Only POST allowed") }
+        let differences = try await revisionsMissing(request, db)
+        let missing = JSONObject(differences.map { id, entry in (id, JSONValue.array(entry.missing.map { .string($0.description) })) })
+        try await request.response.sendJSON(.ok, ["missing_revs": .object(missing)])
+    }
+
+    /// The revisions a body of `{id: [rev, …]}` names that this database lacks, by document.
+    private func revisionsMissing(_ request: Request, _ db: Database) async throws -> [(id: String, missing: MissingRevisions)] {
         guard request.method == .POST else { throw HTTPError.methodNotAllowed }
         guard case .object(let asked) = try await request.body.json(limit: Limits.jsonBody) else {
             throw HTTPError.badRequest("Request body must be a JSON object")
@@ -268,16 +299,7 @@ extension CouchServer {
                 return rev
             })
         }
-        let result = try await blocking { () -> JSONObject in
-            JSONObject(try db.revsDiff(revs).map { id, entry in
-                var answer: JSONObject = ["missing": .array(entry.missing.map { .string($0.description) })]
-                if !entry.possibleAncestors.isEmpty {
-                    answer["possible_ancestors"] = .array(entry.possibleAncestors.map { .string($0.description) })
-                }
-                return (id, .object(answer))
-            })
-        }
-        try await request.response.sendJSON(.ok, .object(result))
+        return try await blocking { try db.revsDiff(revs) }
     }
 
     // MARK: - _bulk_docs

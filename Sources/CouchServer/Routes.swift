@@ -129,6 +129,7 @@ extension CouchServer {
         case "_all_docs": try await allDocs(request, db)
         case "_changes": try await changes(request, db)
         case "_revs_diff": try await revsDiff(request, db)
+        case "_missing_revs": try await missingRevs(request, db)
         case "_bulk_docs": try await bulkDocs(request, db)
         case "_bulk_get": try await bulkGet(request, db)
         case "_ensure_full_commit":
@@ -196,7 +197,7 @@ extension CouchServer {
         "_db_updates", "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
     ]
     static let unimplementedDatabaseEndpoints: Set<String> = [
-        "_purged_infos", "_design_docs", "_missing_revs",
+        "_purged_infos", "_design_docs",
         "_shards", "_sync_shards", "_partition", "_view_cleanup_all",
     ]
 
@@ -417,7 +418,8 @@ extension CouchServer {
         let response = request.response
         try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
         let total = try await blocking { try db.counts().documents }
-        try await response.write("{\"total_rows\":\(total),\"offset\":\(skip),\"rows\":[\r\n")
+        // As CouchDB: with `keys` there is no offset into the index.
+        try await response.write("{\"total_rows\":\(total),\"offset\":\(keys == nil ? String(skip) : "null"),\"rows\":[\r\n")
         var first = true
         func emit(_ row: JSONValue) async throws {
             try await response.write((first ? "" : ",\r\n") + row.jsonString())
@@ -434,7 +436,8 @@ extension CouchServer {
             return .object(row)
         }
         if let keys {
-            for key in keys {
+            // In the order given (reversed with `descending`), then `skip` and `limit`, as CouchDB.
+            for key in (descending ? keys.reversed() : keys).dropFirst(skip).prefix(limit) {
                 let value = try await blocking { () -> JSONValue in
                     guard let current = try db.currentRevision(of: key) else { return ["key": .string(key), "error": "not_found"] }
                     if current.deleted {
