@@ -17,6 +17,9 @@ public struct ReplicationRequest: Sendable {
     public let createTarget: Bool
     public let docIDs: [String]?
     public let selector: JSONValue?
+    /// A design document's filter function (`DDOC/NAME`) and its `query_params`.
+    public let filter: String?
+    public let queryParameters: [String: String]
 }
 
 /// A replication running for a client; `Configuration.replicator` starts them.
@@ -60,7 +63,8 @@ final class ReplicationJobs: @unchecked Sendable {
 
 extension CouchServer {
     /// `POST /_replicate`: `source` and `target` (names of databases served here, URLs, or
-    /// `{"url": …}`), `continuous`, `cancel`, `create_target`, `doc_ids`, `selector`. One side
+    /// `{"url": …}`), `continuous`, `cancel`, `create_target`, `doc_ids`, `selector`, `filter`
+    /// with `query_params`. One side
     /// must be a database of this server; a one-shot answers when done, with CouchDB's history.
     func replicate(_ request: Request) async throws {
         guard request.method == .POST else { throw HTTPError.methodNotAllowed }
@@ -155,9 +159,15 @@ extension CouchServer {
         }
         let database = try await self.database(localName)
         let docIDs = body["doc_ids"]?.arrayValue?.compactMap(\.stringValue)
+        let filter = body["filter"]?.stringValue
+        if let filter, !filter.contains("/") { throw HTTPError.badRequest("`filter` must be of the form `designname/filtername`") }
+        // query_params values are given to the function as strings, as in a URL.
+        let parameters = (body["query_params"]?.objectValue).map { object in
+            Dictionary(object.map { ($0.key, $0.value.stringValue ?? $0.value.jsonString()) }, uniquingKeysWith: { $1 })
+        } ?? [:]
         return try replicator(ReplicationRequest(database: database, databaseName: localName, remote: remote, direction: direction,
                                                  continuous: body["continuous"]?.boolValue ?? false, createTarget: createTarget,
-                                                 docIDs: docIDs, selector: body["selector"]))
+                                                 docIDs: docIDs, selector: body["selector"], filter: filter, queryParameters: parameters))
     }
 
     /// `GET /_active_tasks`: the continuous replications running, as CouchDB lists them.
@@ -213,7 +223,8 @@ extension CouchServer {
     /// Names a replication as CouchDB's `_local_id` does: a hash of what defines it.
     func replicationID(source: String, target: String, continuous: Bool, body: JSONObject) -> String {
         let definition: JSONValue = ["source": .string(source), "target": .string(target), "doc_ids": body["doc_ids"] ?? .null,
-                                     "selector": body["selector"] ?? .null, "create_target": body["create_target"] ?? false]
+                                     "selector": body["selector"] ?? .null, "create_target": body["create_target"] ?? false,
+                                     "filter": body["filter"] ?? .null, "query_params": body["query_params"] ?? .null]
         let hash = BlobKey.hexString(MessageDigest.hash(.md5, Array(definition.jsonString(.canonical).utf8)))
         return hash + (continuous ? "+continuous" : "")
     }

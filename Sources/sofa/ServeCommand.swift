@@ -153,6 +153,8 @@ final class ServedReplication: ReplicationJob, @unchecked Sendable {
         session.configure = { [request] replicator in
             replicator.docIDs = request.docIDs
             replicator.selector = selector
+            replicator.filterFunction = request.filter
+            replicator.queryParameters = request.queryParameters
             replicator.createTarget = request.createTarget
         }
         session.onPass = { [totals] _, result in

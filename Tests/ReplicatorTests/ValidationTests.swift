@@ -164,5 +164,15 @@ extension CouchDBInteropTests {
         #expect(replicated.status == 200, "\(replicated.text)")
         let ids = try couch.request("GET", "/\(target)/_all_docs").json?["rows"]?.arrayValue?.compactMap { $0["id"]?.stringValue }
         #expect(ids == ["a1", "a2"], "\(String(describing: ids))")
+
+        // And sofa serve's own replicator, asked with POST /_replicate, runs the filter here.
+        let pushedTarget = "filtered-push-\(UUID().uuidString.prefix(8).lowercased())"
+        let login = [("Authorization", "Basic " + Data("admin:secret".utf8).base64EncodedString())]
+        let pushed = try server.connect().json("POST", "/_replicate", ["source": .string(name), "target": .string("\(auth)/\(pushedTarget)"),
+                                                                      "create_target": true, "filter": "f/typed", "query_params": ["type": "b"]],
+                                               headers: login)
+        #expect(pushed.status == 200, "\(pushed.text)")
+        let pushedIDs = try couch.request("GET", "/\(pushedTarget)/_all_docs").json?["rows"]?.arrayValue?.compactMap { $0["id"]?.stringValue }
+        #expect(pushedIDs == ["b1"], "\(String(describing: pushedIDs))")
     }
 }
