@@ -9,9 +9,7 @@ struct FilterFunction: Sendable {
 
     /// Whether `revision` passes; a function that fails is a 500 with its error.
     func passes(_ revision: Revision, in db: Database) throws -> Bool {
-        let tree = try db.revisionTree(of: revision.docID)
-        let doc = try CouchFormat.render(revision, tree: tree, options: CouchFormat.Options(), readBody: { _ in [] }).json
-        return try filter.passes(doc, request: request)
+        try filter.passes(revision, in: db, request: request)
     }
 }
 

@@ -398,11 +398,8 @@ extension CouchServer {
                     do {
                         _ = try batch.insert(revision)
                         return .success(revision.revID)
-                    } catch let error as SofaError {
-                        switch error {
-                        case .forbidden, .unauthorized, .designFunctionFailed: return .failure(HTTPError(error))
-                        default: throw error
-                        }
+                    } catch let error as SofaError where error.isRefusedByDesign {
+                        return .failure(HTTPError(error))
                     }
                 }
             }

@@ -421,12 +421,9 @@ extension DocumentFileSystem {
                 do {
                     revision = try commit(handle.docID, base: handle.base, change: handle.change,
                                           seen: properties.seenProperties.map(Seen.properties) ?? .unknown) { $0.properties = object }
-                } catch let error as SofaError {
+                } catch let error as SofaError where error.isRefusedByDesign {
                     // A validator's refusal keeps the text and its reason, as invalid JSON does.
-                    switch error {
-                    case .forbidden, .unauthorized, .designFunctionFailed: keepRejected(properties.buffer, of: handle.docID, because: error)
-                    default: break
-                    }
+                    keepRejected(properties.buffer, of: handle.docID, because: error)
                     throw error
                 }
                 clearRejected(of: handle.docID)

@@ -84,5 +84,14 @@ extension SofaError: CustomStringConvertible, LocalizedError {
 
     public var errorDescription: String? { description }
 
+    /// Whether a design document's function refused the change or failed on it: the writer's
+    /// change is the reason, not the storage, so the other changes of a batch go on.
+    public var isRefusedByDesign: Bool {
+        switch self {
+        case .forbidden, .unauthorized, .designFunctionFailed: true
+        default: false
+        }
+    }
+
     private func quoted(_ text: String) -> String { "\"\(text)\"" }
 }

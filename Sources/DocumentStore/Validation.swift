@@ -79,16 +79,8 @@ extension Database {
             .object(try securityObject),
         ]
         for validator in validators {
-            let answer: JSONValue
-            do {
-                answer = try QueryServerPool.shared.run(designDocument: validator.designID, revision: validator.revision,
-                                                        body: .object(validator.body), path: ["validate_doc_update"], arguments: arguments)
-            } catch let error as QueryServerError {
-                switch error {
-                case .function(let name, let reason): throw SofaError.designFunctionFailed(error: name, reason: reason)
-                default: throw SofaError.designFunctionFailed(error: "os_process_error", reason: "\(validator.designID): \(error)")
-                }
-            }
+            let answer = try runDesignFunction(validator.designID, revision: validator.revision, body: validator.body,
+                                               path: ["validate_doc_update"], arguments: arguments)
             switch answer {
             case .integer(1): continue
             case .object(let object) where object.count == 1:
@@ -117,6 +109,20 @@ extension Database {
             json["_attachments"] = .object(JSONObject(attachments.sorted { $0.name < $1.name }.map { ($0.name, .object(CouchFormat.stub($0))) }))
         }
         return json
+    }
+}
+
+/// Runs a design document's function in the pool's query server; its failures become
+/// `.designFunctionFailed` (the function's own error name, else `os_process_error`).
+func runDesignFunction(_ designID: String, revision: String, body: JSONObject, path: [String], arguments: [JSONValue]) throws -> JSONValue {
+    do {
+        return try QueryServerPool.shared.run(designDocument: designID, revision: revision, body: .object(body), path: path,
+                                              arguments: arguments)
+    } catch let error as QueryServerError {
+        switch error {
+        case .function(let name, let reason): throw SofaError.designFunctionFailed(error: name, reason: reason)
+        default: throw SofaError.designFunctionFailed(error: "os_process_error", reason: "\(designID): \(error)")
+        }
     }
 }
 
@@ -162,19 +168,13 @@ public struct DesignFilter: Sendable {
         body = document
     }
 
-    /// Whether `doc` (a document as CouchDB renders it) passes; a function that fails throws
-    /// `.designFunctionFailed`.
-    public func passes(_ doc: JSONObject, request: JSONValue) throws -> Bool {
-        let answer: JSONValue
-        do {
-            answer = try QueryServerPool.shared.run(designDocument: designID, revision: revision, body: .object(body),
-                                                    path: ["filters", name], arguments: [[.object(doc)], request])
-        } catch let error as QueryServerError {
-            switch error {
-            case .function(let name, let reason): throw SofaError.designFunctionFailed(error: name, reason: reason)
-            default: throw SofaError.designFunctionFailed(error: "os_process_error", reason: "\(designID): \(error)")
-            }
-        }
+    /// Whether `revision` of a document of `db` passes, given as CouchDB renders it (stubs for
+    /// attachments); a function that fails throws `.designFunctionFailed`.
+    public func passes(_ revision: Revision, in db: Database, request: JSONValue) throws -> Bool {
+        let tree = try db.revisionTree(of: revision.docID)
+        let doc = try CouchFormat.render(revision, tree: tree, options: CouchFormat.Options(), readBody: { _ in [] }).json
+        let answer = try runDesignFunction(designID, revision: self.revision, body: body, path: ["filters", name],
+                                           arguments: [[.object(doc)], request])
         guard case .array(let items) = answer, items.count == 2, case .array(let results) = items[1], results.count == 1 else {
             throw SofaError.designFunctionFailed(error: "query_server_error", reason: "\(designID)/\(name) answered \(answer.jsonString())")
         }

@@ -33,11 +33,16 @@ public enum QueryServerError: Error, CustomStringConvertible, Sendable {
 public final class QueryServerProcess {
     public let pid: pid_t
     private let input: Int32, output: Int32
+    /// Bytes read and not yet returned as lines, from `bufferStart`.
     private var buffer: [UInt8] = []
     private var bufferStart = 0
+    /// Where each read lands, kept: a call should not allocate 64 KiB.
+    private var chunk = [UInt8](repeating: 0, count: 64 * 1024)
     /// The revision of each design document sent with `["ddoc", "new", …]`.
     var loadedDesignDocuments: [String: String] = [:]
     private(set) var alive = true
+    /// Reaped already (its pid may belong to another process now: never signal it again).
+    private var reaped = false
 
     public init(command: [String]) throws {
         guard let program = command.first else { throw QueryServerError.unavailable("no command") }
@@ -79,9 +84,11 @@ public final class QueryServerProcess {
         alive = false
         close(input)
         close(output)
+        guard !reaped else { return }
         kill(pid, SIGKILL)
         var status: Int32 = 0
         while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        reaped = true
     }
 
     /// Sends one command and returns its answer; `["log", message]` lines on the way go to `log`.
@@ -146,25 +153,21 @@ public final class QueryServerProcess {
                 throw QueryServerError.failed("poll: \(String(cString: strerror(errno)))")
             }
             if ready == 0 { continue }
-            var chunk = [UInt8](repeating: 0, count: 64 * 1024)
             let count = chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
                 throw QueryServerError.failed("read: \(String(cString: strerror(errno)))")
             }
             if count == 0 { throw QueryServerError.failed("it ended\(exitDescription())") }
-            if bufferStart > 0 && bufferStart == buffer.count { buffer.removeAll(keepingCapacity: true); bufferStart = 0 }
             buffer.append(contentsOf: chunk[..<count])
         }
     }
 
-    /// How the process ended, once it has.
+    /// How the process ended, once it has (it is reaped then; `stop` closes the pipes).
     private func exitDescription() -> String {
         var status: Int32 = 0
         guard waitpid(pid, &status, WNOHANG) == pid else { return "" }
-        alive = false
-        close(input)
-        close(output)
+        reaped = true
         let signal = status & 0x7F
         return signal == 0 ? " (exit status \((status >> 8) & 0xFF))" : " (signal \(signal))"
     }

@@ -27,11 +27,8 @@ final class LocalPeer: ReplicationPeer {
         var changes: [PeerChange] = []
         for change in page {
             if let ids = filter.docIDs, !ids.contains(change.docID) { continue }
-            if let function {
-                let revision = try database.revision(change.revID, of: change.docID)
-                let tree = try database.revisionTree(of: change.docID)
-                let doc = try CouchFormat.render(revision, tree: tree, options: CouchFormat.Options(), readBody: { _ in [] }).json
-                guard try function.passes(doc, request: request) else { continue }
+            if let function, try !function.passes(database.revision(change.revID, of: change.docID), in: database, request: request) {
+                continue
             }
             if let selector = filter.selector {
                 let revision = try database.revision(change.revID, of: change.docID)
