@@ -36,6 +36,7 @@ let package = Package(
         .target(name: "DocumentStore", dependencies: [
             "DocumentModel", "QueryServer", "CSQLite3", "CGzip", "CLinux",
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),
+            .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "FuseKit", dependencies: ["CFuse3", .product(name: "Logging", package: "swift-log")]),
         .target(name: "DocumentFS", dependencies: [

@@ -21,11 +21,6 @@ enum CouchJSON {
 }
 
 extension CouchServer {
-    /// How often an open longpoll or continuous feed looks for new changes when none is
-    /// signalled: this server's own writes wake feeds at once (`Database.commits`), those of
-    /// other processes (the CLI, a mount) are found within this.
-    static let feedPollInterval: Duration = .milliseconds(100)
-
     // MARK: - _changes
 
     private struct ChangesQuery {
@@ -171,14 +166,20 @@ extension CouchServer {
             if query.heartbeat != nil { try await start() }
             while deadline.map({ ContinuousClock.now < $0 }) ?? true {
                 let from = since
-                let (rows, readTo) = try await blocking { try self.collectChanges(db, since: from, limit: 1, query) }
+                // The stream's position before the read: a commit after it wakes the wait below.
+                let (position, rows, readTo) = try await blocking { () -> (UInt64, [Change], Int64) in
+                    let position = db.changeStream.current
+                    let (rows, readTo) = try self.collectChanges(db, since: from, limit: 1, query)
+                    return (position, rows, readTo)
+                }
                 if !rows.isEmpty { break }
                 since = readTo
                 if let heartbeat = query.heartbeat, ContinuousClock.now - lastBeat >= .seconds(heartbeat) {
                     try await response.write("\n")
                     lastBeat = ContinuousClock.now
                 }
-                await db.commits.wait(atMost: CouchServer.feedPollInterval)
+                let nextBeat = query.heartbeat.map { lastBeat + .seconds($0) }
+                await db.changeStream.next(after: position, until: [deadline, nextBeat].compactMap { $0 }.min())
             }
         }
         var lastSeq = since
@@ -233,7 +234,8 @@ extension CouchServer {
         var lastActivity = ContinuousClock.now
         var lastHeartbeat = ContinuousClock.now
         while true {
-            let current = try await blocking { try db.lastSequence }
+            // The stream's position before the read: a commit after it wakes the wait below.
+            let (position, current) = try await blocking { (db.changeStream.current, try db.lastSequence) }
             if current > since {
                 let (from, remaining) = (since, query.limit - sent)
                 let (lines, readTo, count) = try await blocking { () -> ([UInt8], Int64, Int) in
@@ -258,7 +260,8 @@ extension CouchServer {
                 try await response.write("\n")
                 lastHeartbeat = now
             }
-            await db.commits.wait(atMost: CouchServer.feedPollInterval)
+            let wakeAt = [timeout.map { lastActivity + .seconds($0) }, query.heartbeat.map { lastHeartbeat + .seconds($0) }]
+            await db.changeStream.next(after: position, until: wakeAt.compactMap { $0 }.min())
         }
         try await response.write("{\"last_seq\":\"\(since)\",\"pending\":0}\n")
         try await response.finish()

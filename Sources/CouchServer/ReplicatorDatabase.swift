@@ -12,20 +12,35 @@ import Foundation
 extension CouchServer {
     static let replicatorDatabase = "_replicator"
 
-    /// Follows `_replicator`'s changes until the task is cancelled (when the server stops).
+    /// Follows `_replicator`'s changes until the task is cancelled (when the server stops):
+    /// woken by its commits, and by databases being created or deleted while it is absent.
     func runReplicatorDatabase() async {
         guard let replicator = configuration.replicator else { return }
         var since: Int64 = 0
+        var following: Database?
         while !Task.isCancelled {
+            let names = registry.namesChanged.current
+            guard registry.path(of: CouchServer.replicatorDatabase) != nil,
+                  let db = try? await database(CouchServer.replicatorDatabase) else {
+                await registry.namesChanged.next(after: names)
+                continue
+            }
+            // A new `_replicator` (deleted and made again) numbers its changes from 1.
+            if following !== db { since = 0 }
+            following = db
             let after = since
-            if registry.path(of: CouchServer.replicatorDatabase) != nil, let db = try? await database(CouchServer.replicatorDatabase),
-               let changes = try? await blocking({ try db.changes(since: after) }) {
+            do {
+                let (position, changes) = try await blocking { (db.changeStream.current, try db.changes(since: after)) }
                 for change in changes {
                     since = change.sequence
                     await reconcile(change.docID, db, replicator)
                 }
+                await db.changeStream.next(after: position)
+            } catch {
+                // A read that failed (a full disk, a locked file) is tried again at the next commit.
+                log.warning("_replicator: \(error)")
+                await db.changeStream.next(after: db.changeStream.current)
             }
-            try? await Task.sleep(nanoseconds: 250_000_000)
         }
         for (_, running) in replications.all where running.docID != nil { running.job.cancel() }
     }

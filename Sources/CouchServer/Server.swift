@@ -382,6 +382,8 @@ final class DatabaseRegistry: @unchecked Sendable {
     private var paths: [String: String]
     private var open: [String: Database] = [:]
     let directory: String?
+    /// Published when a database is created or deleted.
+    let namesChanged = ChangeStream()
 
     /// Body sources by database path, made on first need. Guarded by `lock`.
     private var bodySources: [String: (any BodySource)?] = [:]
@@ -456,16 +458,19 @@ final class DatabaseRegistry: @unchecked Sendable {
             let database = try Database.create(at: path)
             paths[name] = path
             open[name] = database
+            namesChanged.publish()
             return database
         }
     }
 
     func delete(_ name: String) throws {
-        let path = try lock.withLock { () -> String in
+        let (path, database) = try lock.withLock { () -> (String, Database?) in
             guard let path = paths.removeValue(forKey: name) else { throw HTTPError.databaseNotFound }
-            open.removeValue(forKey: name)
-            return path
+            return (path, open.removeValue(forKey: name))
         }
+        // Whoever still follows it (a feed, `_replicator`) stops waiting.
+        database?.changeStream.close()
+        namesChanged.publish()
         try FileManager.default.removeItem(atPath: path)
     }
 }

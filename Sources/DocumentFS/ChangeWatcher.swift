@@ -2,9 +2,9 @@ import DocumentModel
 import DocumentStore
 import Foundation
 
-/// Watches the database for changes made behind the mount's back (the CLI, the
-/// replicator, another process) and tells the kernel to forget what it cached
-/// for the documents that changed, so the mount shows them within a second.
+/// Follows the database's change stream for changes made behind the mount's back (the CLI,
+/// the replicator, another process) and tells the kernel to forget what it cached for the
+/// documents that changed, so the mount shows them as soon as they are committed.
 /// Bodies that arrive or go (a download, a purge, an eviction) change no document,
 /// so their events are watched too: every document using such a body is refreshed.
 public final class ChangeWatcher: @unchecked Sendable {
@@ -13,16 +13,16 @@ public final class ChangeWatcher: @unchecked Sendable {
     private let invalidate: @Sendable (_ path: String, _ descendants: Bool) -> Void
     private let documentChanged: @Sendable (String) -> Void
     private let madeHere: @Sendable (DocumentStore.Change) -> Bool
-    private let interval: Double
     private var lastSequence: Int64
     private var lastBodyEvent: Int64
+    private let streamPosition: UInt64
     private var stopped = false
     private let lock = NSLock()
 
     /// `documentChanged` receives each changed document's id first (to drop what the
     /// file system caches), then `invalidate` the mount path that shows it. Changes
     /// `madeHere` (the mount's own saves, which the kernel has seen made) are passed over.
-    public init(database: Database, interval: Double = Tuning.changePollInterval,
+    public init(database: Database,
                 madeHere: @escaping @Sendable (DocumentStore.Change) -> Bool = { _ in false },
                 documentChanged: @escaping @Sendable (String) -> Void,
                 invalidate: @escaping @Sendable (_ path: String, _ descendants: Bool) -> Void) throws {
@@ -30,15 +30,20 @@ public final class ChangeWatcher: @unchecked Sendable {
         self.madeHere = madeHere
         self.documentChanged = documentChanged
         self.invalidate = invalidate
-        self.interval = interval
+        // Where the stream stood before the first read: a commit after it is looked at.
+        streamPosition = database.changeStream.current
         lastSequence = try database.lastSequence
         lastBodyEvent = try database.lastBodyEvent()
     }
 
     public func start() {
+        let stream = database.changeStream
         let thread = Thread { [self] in
-            while !isStopped {
-                Thread.sleep(forTimeInterval: interval)
+            var seen = streamPosition
+            while !isStopped && !stream.isClosed {
+                let now = stream.wait(after: seen, unless: { isStopped })
+                guard now != seen else { continue }
+                seen = now
                 poll()
             }
         }
@@ -47,9 +52,8 @@ public final class ChangeWatcher: @unchecked Sendable {
     }
 
     public func stop() {
-        lock.lock()
-        stopped = true
-        lock.unlock()
+        lock.withLock { stopped = true }
+        database.changeStream.wakeWaiters()
     }
 
     private var isStopped: Bool {
@@ -58,7 +62,7 @@ public final class ChangeWatcher: @unchecked Sendable {
         return stopped
     }
 
-    /// Invalidates the folders of documents changed since the last poll, with all the kernel
+    /// Invalidates the folders of documents changed since the last look, with all the kernel
     /// holds below them (attachments that are gone included), and the listing of /docs.
     public func poll() {
         if let bodies = try? database.documentsWithBodyEvents(after: lastBodyEvent), bodies.last != lastBodyEvent {

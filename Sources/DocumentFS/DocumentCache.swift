@@ -6,7 +6,7 @@ import Foundation
 /// so that `ls -lR` and `stat` do not reload and re-render revisions from SQLite.
 ///
 /// An entry is dropped when the mount saves the document, and when the change
-/// watcher sees another process change it (within `Tuning.changePollInterval`),
+/// watcher sees another process change it (as the commit is published on its change stream),
 /// the same freshness the kernel's own attribute cache gives.
 final class DocumentCache: @unchecked Sendable {
     struct Entry {

@@ -42,8 +42,8 @@ public final class Database: @unchecked Sendable {
     /// Whether the file has `local_attributes` (version 7; older ones opened read-only keep
     /// `attachment_times`).
     let hasLocalAttributes: Bool
-    /// Signalled after each commit this process makes (see `ChangeSignal`).
-    public let commits = ChangeSignal()
+    /// Every commit, this process's and others' (see `ChangeStream`).
+    public let changeStream = ChangeStream()
     /// The design documents' `validate_doc_update` functions, read again when one changes.
     let validators = Validators()
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
@@ -54,6 +54,8 @@ public final class Database: @unchecked Sendable {
     private let writer: SQLiteConnection
     /// Serialises this process's writes. Lock order: 1 (taken before `readersLock`).
     private let writeLock = Lock()
+    /// The writer's `PRAGMA data_version` when last asked (`otherConnectionCommitted`). Guarded by `writeLock`.
+    private var lastDataVersion: Int64?
     /// Connections ready for reading. Guarded by `readersLock`.
     private var idleReaders: [SQLiteConnection] = []
     /// Guards `idleReaders`. Lock order: 2 (a leaf: nothing is locked while it is held).
@@ -96,10 +98,34 @@ public final class Database: @unchecked Sendable {
             if lock >= 0 { flock(lock, LOCK_SH) }
         }
         openLock = lock
+        changeStream.foreignWatch = { [weak self] in self?.watchForeignCommits() }
     }
 
     deinit {
+        changeStream.close()
         if openLock >= 0 { Glibc.close(openLock) }
+    }
+
+    /// Starts finding other processes' commits for `changeStream` (none on a read-only file:
+    /// it is opened immutable, as nothing changes it).
+    private func watchForeignCommits() -> ForeignCommits? {
+        guard !isReadOnly else { return nil }
+        _ = otherConnectionCommitted()
+        let name = Database.databaseFileName
+        return ForeignCommits(directory: path, names: [name, "\(name)-wal"],
+                              changed: { [weak self] in self?.otherConnectionCommitted() ?? false },
+                              publish: { [weak self] in self?.changeStream.publish() })
+    }
+
+    /// Whether another connection (another process, or another `Database` on this file)
+    /// committed since the last call: the writer's `data_version` changes only then.
+    private func otherConnectionCommitted() -> Bool {
+        writeLock.withLock {
+            // A failed read says nothing: count it as a change (a waiter looks, and finds out).
+            guard let version = try? writer.query("PRAGMA data_version", row: { $0.int64(0) }).first else { return true }
+            defer { lastDataVersion = version }
+            return lastDataVersion.map { $0 != version } ?? false
+        }
     }
 
     /// Runs `body` with whether no other process has the database open: if none has, none
@@ -176,21 +202,22 @@ public final class Database: @unchecked Sendable {
     }
 
     /// Runs `body` in an IMMEDIATE write transaction; rolls back if it throws. Each commit
-    /// is signalled on `commits`.
+    /// is published on `changeStream`.
     func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         guard !isReadOnly else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
-        return try writeLock.withLock {
+        let result = try writeLock.withLock {
             try writer.execute("BEGIN IMMEDIATE")
             do {
                 let result = try body(writer)
                 try writer.execute("COMMIT")
-                commits.signal()
                 return result
             } catch {
                 try? writer.execute("ROLLBACK")
                 throw error
             }
         }
+        changeStream.publish()
+        return result
     }
 
     /// Saves many revisions in one transaction: all or none are saved.

@@ -14,9 +14,20 @@ public enum Tuning {
     /// commit, small enough that an interrupted import keeps most of its work.
     public static let importBatchSize = 500
 
-    /// How often a mount looks for changes made behind its back. With the kernel's
-    /// one-second attribute timeout, other processes' changes show within a second.
-    public static let changePollInterval = 0.2
+    /// How often a database with waiters looks for other processes' commits without being
+    /// told (`ChangeStream`): inotify reports them at once on a local disk, so this only
+    /// matters where it sends nothing (NFS). One look costs a `PRAGMA data_version`; an idle
+    /// mount or server wakes this often, at most.
+    public static let foreignChangeSafetyInterval = 5.0
+
+    /// How quiet the write-ahead log must stay after a write before `ChangeStream` asks whether
+    /// another process committed: a commit's last frame is written a moment before the commit
+    /// is visible. The granularity of `poll`.
+    public static let foreignChangeSettle = 0.001
+
+    /// When a look after a write found no commit (this process's own writes, or a commit not
+    /// visible yet), when it looks once more.
+    public static let foreignChangeRecheck = 0.05
 
     /// The largest size `truncate` may give a file written through the mount (EFBIG past it).
     /// A body is hashed when it is saved, holes as zeros at about 1 GiB/s on one core: a

@@ -145,7 +145,9 @@ final class Workers: @unchecked Sendable {
             condition.unlock()
             if quiet {
                 watchdogWake.lock()
-                while condition.withLock({ watchdogParked && !exiting }) { _ = watchdogWake.wait(until: Date().addingTimeInterval(1)) }
+                // No timeout: whoever unparks it signals under `watchdogWake`, which this thread
+                // holds from the check until `wait` releases it, so no signal is lost.
+                while condition.withLock({ watchdogParked && !exiting }) { watchdogWake.wait() }
                 watchdogWake.unlock()
             }
         }

@@ -73,9 +73,12 @@ public final class ReplicationSession: @unchecked Sendable {
     private var stopped = false
     private let group = DispatchGroup()
     private let log = Logger(label: "sofa.replicate")
-    /// How often a continuous push looks for local changes, and how long a pull's longpoll waits.
-    static let pushPollInterval = 0.5
-    static let longpollTimeout = 5.0
+    /// How long a pull's longpoll waits for a remote change before asking again. The wait
+    /// wakes nothing (`HTTPClient`), and `stop()` ends it at once; a remote that vanishes
+    /// without closing the connection is found after this plus the stall time.
+    static let longpollTimeout = 25
+    /// Ends a pull's wait for the remote at `stop()` (a pass under way finishes).
+    private let waitCancellation = Cancellation()
 
     public init(database: Database, remote: RemoteDatabase, directions: [Replicator.Direction], continuous: Bool) {
         self.database = database
@@ -97,6 +100,8 @@ public final class ReplicationSession: @unchecked Sendable {
     public func stop() {
         condition.withLock { stopped = true }
         condition.broadcast()
+        database.changeStream.wakeWaiters()
+        waitCancellation.cancel()
     }
 
     /// Waits for every direction to end (one-shot: after its pass; continuous: after `stop()`).
@@ -120,6 +125,9 @@ public final class ReplicationSession: @unchecked Sendable {
                 let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: caFile, retry: retry)
                 replicator.downloads = downloads
                 configure?(replicator)
+                // The stream's position before the pass reads the changes: a commit after it
+                // (from the mount, the CLI, a pull, another process) starts the next pass.
+                let seen = database.changeStream.current
                 let before = try database.lastSequence
                 let result = try replicator.run()
                 status.add(result, direction)
@@ -129,15 +137,12 @@ public final class ReplicationSession: @unchecked Sendable {
                 backoff = retry.initialDelay
                 guard continuous else { return }
                 if direction == .push {
-                    // Wait for a local change (from the mount, the CLI, or a pull) after the
-                    // pass began: one made while it ran may have come after its reading of
-                    // the changes, so it starts the next pass at once.
-                    while !isStopped, ((try? database.lastSequence) ?? before) <= before {
-                        pause(ReplicationSession.pushPollInterval)
-                    }
+                    try waitForLocalChange(after: seen, sequence: before)
                 } else {
                     try waitForRemoteChange(since: result.lastSeq, replicator: replicator)
                 }
+            } catch ReplicationError.cancelled where isStopped {
+                break  // a wait for the remote, ended by stop()
             } catch let error as ReplicationError where continuous && error.isTransient {
                 status.set("offline", error: "\(error)")
                 log.warning("\(direction.rawValue): \(error); trying again in \(backoff) s")
@@ -153,8 +158,26 @@ public final class ReplicationSession: @unchecked Sendable {
     }
 
     /// A longpoll on the remote: returns when something changed after `since`, or after a few seconds.
+    /// Waits for a local change past `sequence` (commits that change no document, such as the
+    /// pass's own checkpoint, wake it but do not end it), or for `stop()`.
+    private func waitForLocalChange(after seen: UInt64, sequence: Int64) throws {
+        let stream = database.changeStream
+        var position = seen
+        while !isStopped && !stream.isClosed {
+            let now = stream.wait(after: position, unless: { isStopped })
+            guard now != position else { continue }
+            position = now
+            if try database.lastSequence > sequence { return }
+        }
+    }
+
     private func waitForRemoteChange(since: JSONValue, replicator: Replicator) throws {
-        let timeout = Int(ReplicationSession.longpollTimeout * 1000)
-        _ = try replicator.client.json("GET", "_changes?feed=longpoll&limit=1&since=\(replicator.sequenceParameter(since))&timeout=\(timeout)")
+        let timeout = ReplicationSession.longpollTimeout
+        let client = replicator.client
+        let before = client.cancellation
+        client.cancellation = waitCancellation
+        defer { client.cancellation = before }
+        _ = try client.json("GET", "_changes?feed=longpoll&limit=1&since=\(replicator.sequenceParameter(since))&timeout=\(timeout * 1000)",
+                            quietFor: timeout)
     }
 }

@@ -115,12 +115,14 @@ public struct RetryPolicy: Sendable {
     public init() {}
 }
 
-/// A request to stop transfers in flight (within a second, even a stalled one) and the
-/// waits between retries; shared by every client made for one job.
+/// A request to stop transfers in flight (at once, even a stalled one) and the waits between
+/// retries; shared by every client made for one job.
 public final class Cancellation: @unchecked Sendable {
-    // Sendable invariant: `cancelled` is guarded by `condition`.
+    // Sendable invariant: `cancelled` and `transfers` are guarded by `condition`.
     private let condition = NSCondition()
     private var cancelled = false
+    /// The curl multi handles waiting now, woken by `cancel()`.
+    private var transfers: [UnsafeMutableRawPointer] = []
 
     public init() {}
 
@@ -130,7 +132,19 @@ public final class Cancellation: @unchecked Sendable {
         condition.withLock {
             cancelled = true
             condition.broadcast()
+            for multi in transfers { curl_multi_wakeup(multi) }
         }
+    }
+
+    /// Runs `body` with `multi` woken by a cancel; throws `.cancelled` (and `body` is not run)
+    /// if already cancelled.
+    func whileWaiting<T>(on multi: UnsafeMutableRawPointer, _ body: () throws -> T) throws -> T {
+        try condition.withLock {
+            if cancelled { throw ReplicationError.cancelled }
+            transfers.append(multi)
+        }
+        defer { condition.withLock { transfers.removeAll { $0 == multi } } }
+        return try body()
     }
 
     /// Waits `seconds` unless cancelled first; throws `.cancelled` if so.
@@ -145,8 +159,14 @@ public final class Cancellation: @unchecked Sendable {
 
 /// A blocking HTTP/1.1 client on libcurl: keep-alive on one handle, TLS with the
 /// system CAs (or `caFile`), verification on, bounded connect and stall times.
+///
+/// Transfers run on a multi handle of the client's own (it keeps the connections between
+/// requests), waiting in `curl_multi_poll` for the socket or curl's next timer, so a request
+/// waiting for its answer wakes nothing (`curl_easy_perform` would look once a second); a
+/// cancel wakes the wait at once (`curl_multi_wakeup`).
 final class HTTPClient {
     private let handle: UnsafeMutableRawPointer
+    private let multi: UnsafeMutableRawPointer
     let remote: RemoteDatabase
     var caFile: String?
     /// A request that makes no progress for this long fails (and is retried by the caller).
@@ -168,11 +188,19 @@ final class HTTPClient {
     init(remote: RemoteDatabase) throws {
         _ = HTTPClient.globalInit
         guard let handle = curl_easy_init() else { throw ReplicationError.network("curl_easy_init failed") }
+        guard let multi = curl_multi_init() else {
+            curl_easy_cleanup(handle)
+            throw ReplicationError.network("curl_multi_init failed")
+        }
         self.handle = handle
+        self.multi = multi
         self.remote = remote
     }
 
-    deinit { curl_easy_cleanup(handle) }
+    deinit {
+        curl_multi_cleanup(multi)
+        curl_easy_cleanup(handle)
+    }
 
     /// Context shared with curl's C callbacks.
     private final class Transfer {
@@ -188,7 +216,10 @@ final class HTTPClient {
 
     /// Sends a request. With `sink`, body bytes go there (with the status and headers) instead
     /// of being kept, unless the sink returns false for them (an error answer's body).
+    /// `quietFor`: an answer that may legitimately send nothing for that long (a longpoll): no
+    /// stall check (which wakes once a second), a whole-request limit of that plus the stall time.
     func send(_ method: String, _ url: String, headers: [String: String] = [:], body: UploadSource? = nil,
+              quietFor: Int? = nil,
               sink: ((UnsafeRawBufferPointer, Int, [String: String]) throws -> Bool)? = nil) throws -> HTTPAnswer {
         curl_easy_reset(handle)
         let transfer = Transfer()
@@ -200,8 +231,12 @@ final class HTTPClient {
         ccurl_setopt_string(handle, CURLOPT_URL, url)
         ccurl_setopt_long(handle, CURLOPT_NOSIGNAL, 1)
         ccurl_setopt_long(handle, CURLOPT_CONNECTTIMEOUT, connectTimeout)
-        ccurl_setopt_long(handle, CURLOPT_LOW_SPEED_LIMIT, 1)
-        ccurl_setopt_long(handle, CURLOPT_LOW_SPEED_TIME, stallTimeout)
+        if let quietFor {
+            ccurl_setopt_long(handle, CURLOPT_TIMEOUT, quietFor + stallTimeout)
+        } else {
+            ccurl_setopt_long(handle, CURLOPT_LOW_SPEED_LIMIT, 1)
+            ccurl_setopt_long(handle, CURLOPT_LOW_SPEED_TIME, stallTimeout)
+        }
         ccurl_setopt_long(handle, CURLOPT_TCP_KEEPALIVE, 1)
         if let receiveBufferSize { ccurl_setopt_long(handle, CURLOPT_BUFFERSIZE, receiveBufferSize) }
         ccurl_setopt_long(handle, CURLOPT_SSL_VERIFYPEER, 1)
@@ -241,12 +276,6 @@ final class HTTPClient {
             return size * count
         }
         ccurl_setopt_pointer(handle, CURLOPT_HEADERDATA, context)
-        if cancellation != nil {
-            // Called about once a second even while nothing arrives: nonzero aborts.
-            ccurl_setopt_progress(handle, { context, _, _, _, _ in
-                Unmanaged<Transfer>.fromOpaque(context!).takeUnretainedValue().cancellation?.isCancelled == true ? 1 : 0
-            }, context)
-        }
 
         var list: UnsafeMutablePointer<curl_slist>?
         var allHeaders = headers
@@ -277,13 +306,34 @@ final class HTTPClient {
                 ccurl_setopt_pointer(handle, CURLOPT_READDATA, context)
             }
         }
-        let code = curl_easy_perform(handle)
+        let code = try cancellation.map { cancellation in
+            try cancellation.whileWaiting(on: multi) { perform(cancellation: cancellation) }
+        } ?? perform(cancellation: nil)
         if code == CURLE_ABORTED_BY_CALLBACK || cancellation?.isCancelled == true { throw ReplicationError.cancelled }
         if let error = transfer.error { throw error }
         guard code == CURLE_OK else {
             throw ReplicationError.network("\(String(cString: curl_easy_strerror(code))) (\(method) \(RemoteDatabase.redacted(url)))")
         }
         return HTTPAnswer(status: ccurl_response_code(handle), headers: transfer.headers, body: transfer.body)
+    }
+
+    /// Runs the transfer set up on `handle` to its end, or until `cancellation`.
+    private func perform(cancellation: Cancellation?) -> CURLcode {
+        curl_multi_add_handle(multi, handle)
+        defer { curl_multi_remove_handle(multi, handle) }
+        var running: Int32 = 1
+        while true {
+            guard curl_multi_perform(multi, &running) == CURLM_OK else { return CURLE_FAILED_INIT }
+            if running == 0 { break }
+            if cancellation?.isCancelled == true { return CURLE_ABORTED_BY_CALLBACK }
+            // Until the socket is ready, curl's next timer is due, or a cancel wakes it.
+            guard curl_multi_poll(multi, nil, 0, 3_600_000, nil) == CURLM_OK else { return CURLE_FAILED_INIT }
+        }
+        var left: Int32 = 0
+        while let message = curl_multi_info_read(multi, &left) {
+            if message.pointee.msg == CURLMSG_DONE { return message.pointee.data.result }
+        }
+        return CURLE_FAILED_INIT
     }
 
     /// Runs `operation` (which must be safe to repeat) until it succeeds, fails for good,
@@ -303,11 +353,13 @@ final class HTTPClient {
     }
 
     /// A JSON request, retried while failures are transient; throws `.http` for error statuses.
-    func json(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = []) throws -> (status: Int, json: JSONValue) {
-        try withRetry { try jsonOnce(method, path, body, allow: allow) }
+    func json(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = [],
+              quietFor: Int? = nil) throws -> (status: Int, json: JSONValue) {
+        try withRetry { try jsonOnce(method, path, body, allow: allow, quietFor: quietFor) }
     }
 
-    private func jsonOnce(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = []) throws -> (status: Int, json: JSONValue) {
+    private func jsonOnce(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = [],
+                          quietFor: Int? = nil) throws -> (status: Int, json: JSONValue) {
         let url = remote.url(path)
         var headers: [String: String] = [:]
         var upload: UploadSource?
@@ -315,7 +367,7 @@ final class HTTPClient {
             headers["Content-Type"] = "application/json"
             upload = BytesUpload(body.serialized())
         }
-        let answer = try send(method, url, headers: headers, body: upload)
+        let answer = try send(method, url, headers: headers, body: upload, quietFor: quietFor)
         if answer.status >= 400 && !allow.contains(answer.status) { throw httpError(answer, url: url) }
         guard let json = answer.json else {
             throw ReplicationError.protocolError("\(method) \(RemoteDatabase.redacted(url)) answered \(answer.status) without JSON")

@@ -234,3 +234,7 @@ extension Database {
         return try save(draft)
     }
 }
+
+/// Whether this test process runs under ThreadSanitizer (its runtime is linked in): the sofa
+/// it starts is then the sanitized build too, about ten times slower.
+public let underThreadSanitizer: Bool = dlsym(dlopen(nil, RTLD_NOW), "__tsan_init") != nil
