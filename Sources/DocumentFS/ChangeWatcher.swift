@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import Logging
 
 /// Follows the database's change stream for changes made behind the mount's back (the CLI,
 /// the replicator, another process) and tells the kernel to forget what it cached for the
@@ -18,6 +19,7 @@ public final class ChangeWatcher: @unchecked Sendable {
     private let streamPosition: UInt64
     private var stopped = false
     private let lock = NSLock()
+    private let log = Logger(label: "sofa.mount")
 
     /// `documentChanged` receives each changed document's id first (to drop what the
     /// file system caches), then `invalidate` the mount path that shows it. Changes
@@ -40,11 +42,19 @@ public final class ChangeWatcher: @unchecked Sendable {
         let stream = database.changeStream
         let thread = Thread { [self] in
             var seen = streamPosition
+            var retry = false
             while !isStopped && !stream.isClosed {
-                let now = stream.wait(after: seen, unless: { isStopped })
-                guard now != seen else { continue }
+                // After a failed look, another one a second later even if nothing commits.
+                let now = stream.wait(after: seen, until: retry ? Date().addingTimeInterval(1) : nil, unless: { isStopped })
+                guard now != seen || retry else { continue }
                 seen = now
-                poll()
+                do {
+                    try look()
+                    retry = false
+                } catch {
+                    if !retry { log.error("cannot read the database's changes (trying again each second): \(error)") }
+                    retry = true
+                }
             }
         }
         thread.name = "sofa-watcher"
@@ -64,15 +74,17 @@ public final class ChangeWatcher: @unchecked Sendable {
 
     /// Invalidates the folders of documents changed since the last look, with all the kernel
     /// holds below them (attachments that are gone included), and the listing of /docs.
-    public func poll() {
-        if let bodies = try? database.documentsWithBodyEvents(after: lastBodyEvent), bodies.last != lastBodyEvent {
+    public func look() throws {
+        let bodies = try database.documentsWithBodyEvents(after: lastBodyEvent)
+        if bodies.last != lastBodyEvent {
             lastBodyEvent = bodies.last
             for id in bodies.docIDs {
                 documentChanged(id)
                 invalidate(String.documentPath(id), true)
             }
         }
-        guard let changes = try? database.changes(since: lastSequence), let last = changes.last else { return }
+        let changes = try database.changes(since: lastSequence)
+        guard let last = changes.last else { return }
         lastSequence = last.sequence
         let foreign = changes.filter { !madeHere($0) }
         for change in foreign {

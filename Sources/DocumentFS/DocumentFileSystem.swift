@@ -247,6 +247,16 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     // MARK: - Attributes
 
+    /// The attributes of `path`, or nil when nothing is there (ENOENT, or ENOTDIR below a
+    /// file). Any other failure, a disk's or SQLite's, is passed up: it never reads as "absent".
+    func attributesIfPresent(of path: String) throws -> FileAttributes? {
+        do {
+            return try attributes(of: path)
+        } catch let error as any ErrnoConvertible where error.errno == ENOENT || error.errno == ENOTDIR {
+            return nil
+        }
+    }
+
     public func attributes(of path: String) throws -> FileAttributes {
         guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
         if let writer = pendingFile(at: path) {
@@ -530,13 +540,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 _ = try attributes(of: path)
                 return [:]
             }
-            return attachmentAttributes(attachment, revision: revision.revID)
+            return try attachmentAttributes(attachment, revision: revision.revID)
         case .conflictAttachment(let id, let rev, let name):
             guard let conflict = try conflictRevision(id, rev), let attachment = conflict.attachment(named: name) else {
                 _ = try attributes(of: path)
                 return [:]
             }
-            return attachmentAttributes(attachment, revision: conflict.revID)
+            return try attachmentAttributes(attachment, revision: conflict.revID)
         case .conflict(let id, let rev), .conflictProperties(let id, let rev):
             guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
             return [DocumentFileSystem.revisionAttribute: rev]
@@ -546,7 +556,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         }
     }
 
-    private func attachmentAttributes(_ attachment: Attachment, revision: RevisionID) -> [String: String] {
+    private func attachmentAttributes(_ attachment: Attachment, revision: RevisionID) throws -> [String: String] {
         // Asked of the store, not only of the revision cached: a body evicted or purged by another
         // process a moment ago is gone before the watcher says so.
         let here = attachment.contentAvailable && attachment.blobKey.map(database.blobs.contains) == true
@@ -554,7 +564,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                           DocumentFileSystem.digestAttribute: attachment.digest,
                           DocumentFileSystem.availableAttribute: here ? "true" : "false",
                           DocumentFileSystem.contentTypeAttribute: attachment.contentType,
-                          DocumentFileSystem.pinnedAttribute: database.isPinned(digest: attachment.digest) ? "true" : "false"]
+                          DocumentFileSystem.pinnedAttribute: try database.isPinned(digest: attachment.digest) ? "true" : "false"]
         if let pointer = Blobs.pointer(ofStandIn: attachment.name) { attributes[DocumentFileSystem.blobAttribute] = pointer }
         if !here, let progress = bodySource?.progress(of: attachment) {
             if progress.present == attachment.length {

@@ -72,8 +72,14 @@ extension DocumentFileSystem {
 
     private func openForReading(_ attachment: Attachment, docID: String, path: String) throws -> OpenFile {
         // A body evicted or purged a moment ago (the watcher has not said so yet) is deferred again.
-        let stored = attachment.blobKey.flatMap { key in
-            attachment.contentAvailable ? try? database.blobs.openReader(key, expectedLength: attachment.length) : nil
+        // Only a missing file means that: a disk error is answered as one, not with a remote fetch.
+        let stored = try attachment.blobKey.flatMap { key -> BlobReader? in
+            guard attachment.contentAvailable else { return nil }
+            do {
+                return try database.blobs.openReader(key, expectedLength: attachment.length)
+            } catch SofaError.io(_, _, ENOENT) {
+                return nil
+            }
         }
         guard let reader = stored else {
             if let bodySource, let revID = try cached(docID).revision?.revID {
@@ -336,7 +342,15 @@ extension DocumentFileSystem {
     /// Saves what mounts that stopped (killed, crashed, the machine went down) had made durable
     /// with fsync but not saved: each becomes the revision its close would have made.
     func recoverPendingSaves() {
-        guard !readOnly, let saves = try? database.pendingSaves() else { return }
+        guard !readOnly else { return }
+        let saves: [PendingSave]
+        do {
+            saves = try database.pendingSaves()
+        } catch {
+            // They stay in the journal for the next mount; this one says so rather than nothing.
+            log.error("cannot read the journal of saves made durable by a mount that stopped, so none is recovered now: \(error)")
+            return
+        }
         for save in saves where save.pid != getpid() && kill(save.pid, 0) != 0 && errno == ESRCH {
             let place = "docs/\(FileNames.escape(save.docID))/" + (save.name.map { "attachments/\($0)" } ?? Node.propertiesFileName)
             do {
@@ -697,7 +711,7 @@ extension DocumentFileSystem {
             guard !folder.isEmpty else { throw FileSystemError(EEXIST) }
             try AttachmentName.validate(folder)
             guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
-            if (try? attributes(of: path)) != nil { throw FileSystemError(EEXIST) }
+            if try attributesIfPresent(of: path) != nil { throw FileSystemError(EEXIST) }
             _ = withState { keptFolders.insert(FolderKey(docID: id, folder: folder)) }
             // Recorded, so that the empty folder is there at the next mount too.
             let row = LocalAttributes.folderName(folder)
@@ -710,7 +724,7 @@ extension DocumentFileSystem {
             try makeParents(of: target)
             guard mkdir(target, 0o755) == 0 else { throw FileSystemError(errno) }
         default:
-            throw FileSystemError((try? attributes(of: path)) != nil ? EEXIST : EPERM)
+            throw FileSystemError(try attributesIfPresent(of: path) != nil ? EEXIST : EPERM)
         }
     }
 
@@ -869,7 +883,7 @@ extension DocumentFileSystem {
         guard !readOnly else { throw FileSystemError(EROFS) }
         guard flags & renameExchange == 0 else { throw FileSystemError(EINVAL) }
         let noReplace = flags & renameNoReplace != 0
-        if noReplace, (try? attributes(of: to)) != nil { throw FileSystemError(EEXIST) }
+        if noReplace, try attributesIfPresent(of: to) != nil { throw FileSystemError(EEXIST) }
         // A file being written is saved first, so that the rename moves what it holds; its
         // descriptors then write to the new name.
         let moving = pendingFile(at: from)
@@ -997,7 +1011,7 @@ extension DocumentFileSystem {
         let fromPath = String.attachmentPath(fromID, fromName)
         let toPath = String.attachmentPath(toID, toName)
         let sourceKind = try attributes(of: fromPath).kind
-        if let targetKind = (try? attributes(of: toPath))?.kind {
+        if let targetKind = try attributesIfPresent(of: toPath)?.kind {
             // As rename(2): a folder replaces only an empty folder, a file only a file.
             switch (sourceKind, targetKind) {
             case (.directory, .directory):

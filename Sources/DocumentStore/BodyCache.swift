@@ -54,10 +54,10 @@ public struct CacheTrim: Hashable, Sendable {
 /// stays. Partial bodies count against the limit too, and are dropped oldest first when
 /// nobody is fetching them.
 extension Database {
-    /// The limit of the cache, if one is set.
-    public var cacheLimit: Int64? {
+    /// The limit of the cache, if one is set. A failed read throws: it is not "no limit".
+    public func cacheLimit() throws -> Int64? {
         guard hasBodyCache else { return nil }
-        return (try? read { try $0.query("SELECT value FROM meta WHERE key = 'cache_limit'") { $0.int64(0) }.first }) ?? nil
+        return try read { try $0.query("SELECT value FROM meta WHERE key = 'cache_limit'") { $0.int64(0) }.first }
     }
 
     public func setCacheLimit(_ limit: Int64?) throws {
@@ -80,8 +80,9 @@ extension Database {
         guard hasBodyCache, !isReadOnly else { return }
         let now = Date().timeIntervalSince1970
         let checkLimit = readNotesLock.withLock { now - readNotes.limitChecked > 5 }
+        // A limit that cannot be read now counts as set: reads are noted, as they must be if it is.
         if checkLimit {
-            let limited = cacheLimit != nil
+            let limited = (try? cacheLimit()).map { $0 != nil } ?? true
             readNotesLock.withLock {
                 readNotes.limitChecked = now
                 readNotes.limited = limited
@@ -122,9 +123,9 @@ extension Database {
         }
     }
 
-    public func isPinned(digest: String) -> Bool {
+    public func isPinned(digest: String) throws -> Bool {
         guard hasBodyCache else { return false }
-        return (try? read { try $0.query("SELECT pinned FROM body_cache WHERE digest = ?", .text(digest)) { $0.int(0) }.first }) == 1
+        return try read { try $0.query("SELECT pinned FROM body_cache WHERE digest = ?", .text(digest)) { $0.int(0) }.first } == 1
     }
 
     /// Bodies here that the cache knows (fetched or pinned).
@@ -144,7 +145,7 @@ extension Database {
     }
 
     public func cacheUse() throws -> CacheUse {
-        var use = CacheUse(limit: cacheLimit)
+        var use = CacheUse(limit: try cacheLimit())
         for body in try cachedBodies() {
             if body.pinned {
                 use.pinnedCount += 1
@@ -179,7 +180,7 @@ extension Database {
     public func trimCache(toFit extra: Int64 = 0, keeping: Set<String> = [],
                           canEvict: (CachedBody) -> Bool = { _ in true }) throws -> CacheTrim {
         var trim = CacheTrim()
-        guard let limit = cacheLimit else { return trim }
+        guard let limit = try cacheLimit() else { return trim }
         enum Victim { case body(CachedBody), partial(digest: String, bytes: Int64) }
         var victims: [(time: Double, victim: Victim)] = []
         var sizes: [String: Int64] = [:]

@@ -21,6 +21,10 @@ public final class ChangeStream: @unchecked Sendable {
     private var position: UInt64 = 0
     private var closed = false
     private var waiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
+    /// The timer that ends each async wait at its deadline, cancelled when the wait ends first.
+    /// (A dispatch source, not `Task.sleep`: a cancelled sleep leaves its timer to fire later,
+    /// so each longpoll that a change ended early would still wake the process at its timeout.)
+    private var timers: [UInt64: any DispatchSourceTimer] = [:]
     private var nextWaiter: UInt64 = 0
     /// Started by the first wait: a command that only writes never starts a thread.
     private var foreign: ForeignCommits?
@@ -46,23 +50,22 @@ public final class ChangeStream: @unchecked Sendable {
     /// A commit happened (or may have): wakes every waiter. A stream that belongs to no
     /// database (`ChangeStream()`) is a plain signal its owner publishes.
     public func publish() {
-        let woken = condition.withLock { () -> [CheckedContinuation<Void, Never>] in
-            position &+= 1
-            condition.broadcast()
-            defer { waiters.removeAll() }
-            return Array(waiters.values)
-        }
-        for continuation in woken { continuation.resume() }
+        condition.withLock { position &+= 1 }
+        wakeWaiters()
     }
 
     /// Wakes every waiter without a change, so that one told to stop sees it.
     public func wakeWaiters() {
-        let woken = condition.withLock { () -> [CheckedContinuation<Void, Never>] in
+        let (woken, stopped) = condition.withLock { () -> ([CheckedContinuation<Void, Never>], [any DispatchSourceTimer]) in
             condition.broadcast()
-            defer { waiters.removeAll() }
-            return Array(waiters.values)
+            defer {
+                waiters.removeAll()
+                timers.removeAll()
+            }
+            return (Array(waiters.values), Array(timers.values))
         }
         for continuation in woken { continuation.resume() }
+        for timer in stopped { timer.cancel() }
     }
 
     /// Ends the stream (the database closes or is deleted): every wait returns, now and later.
@@ -111,9 +114,16 @@ public final class ChangeStream: @unchecked Sendable {
                 }
                 if resumeNow { continuation.resume(); return }
                 if let deadline {
-                    Task { [weak self] in
-                        try? await Task.sleep(until: deadline, clock: .continuous)  // cancelled: resume all the same
-                        self?.resume(id)
+                    let remaining = max(Duration.zero, deadline - .now).components
+                    let nanoseconds = Int(clamping: remaining.seconds) &* 1_000_000_000 &+ Int(remaining.attoseconds / 1_000_000_000)
+                    let timer = DispatchSource.makeTimerSource(queue: .global())
+                    timer.setEventHandler { [weak self] in self?.resume(id) }
+                    timer.schedule(deadline: .now() + .nanoseconds(max(0, nanoseconds)))
+                    // Activated either way (libdispatch must never release an inactive source);
+                    // its handler runs on another queue, after this lock is let go.
+                    condition.withLock {
+                        timer.activate()
+                        if waiters[id] != nil { timers[id] = timer } else { timer.cancel() }
                     }
                 }
             }
@@ -124,7 +134,9 @@ public final class ChangeStream: @unchecked Sendable {
     }
 
     private func resume(_ id: UInt64) {
-        condition.withLock { waiters.removeValue(forKey: id) }?.resume()
+        let (waiter, timer) = condition.withLock { (waiters.removeValue(forKey: id), timers.removeValue(forKey: id)) }
+        waiter?.resume()
+        timer?.cancel()
     }
 
     /// Not under `condition`: starting asks the database (its write lock), which publishes

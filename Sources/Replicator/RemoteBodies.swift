@@ -79,7 +79,8 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
     public func shutDown(waitingAtMost seconds: Double) {
         cancel()
         let deadline = Date().addingTimeInterval(seconds)
-        while !lock.withLock({ bodies.values.allSatisfy { $0.isIdle } }) && Date() < deadline { usleep(10_000) }
+        // Cancelled: no fetch starts from now on, so those under way are all there is to wait for.
+        for body in lock.withLock({ Array(bodies.values) }) where !body.waitUntilIdle(until: deadline) { break }
     }
 
     /// The body of `digest`, shared by everyone reading it, with one more user.
@@ -352,8 +353,16 @@ final class DeferredBody: @unchecked Sendable {
         if condition.withLock({ blob != nil }) { partial.discard() }
     }
 
-    /// Nothing arrives or is being installed.
-    var isIdle: Bool { condition.withLock { fetches.isEmpty && !finishing } }
+    /// Waits until nothing arrives or is being installed (every fetch's end and every install's
+    /// are broadcast); false if `deadline` came first.
+    func waitUntilIdle(until deadline: Date) -> Bool {
+        condition.withLock {
+            while !(fetches.isEmpty && !finishing) {
+                if !condition.wait(until: deadline) { return fetches.isEmpty && !finishing }
+            }
+            return true
+        }
+    }
 
     var progress: BodyProgress {
         condition.withLock {
@@ -776,7 +785,12 @@ final class CacheRoom: @unchecked Sendable {
         defer { lock.unlock() }
         if Date().timeIntervalSince(limitRead) > 2 {
             // Another process may change the limit (`sofa cache --limit`) while this one runs.
-            limit = owner.database.cacheLimit
+            do {
+                limit = try owner.database.cacheLimit()
+            } catch {
+                // Not "no limit": the one known so far holds until the next look.
+                owner.log.warning("cannot read the cache limit: \(error)")
+            }
             limitRead = Date()
             headroom = 0
         }

@@ -112,7 +112,7 @@ struct Cache: SofaCommand {
             }
         }
         var trimmed: CacheTrim?
-        if (trim || limit != nil), db.cacheLimit != nil {
+        if (trim || limit != nil), try db.cacheLimit() != nil {
             guard let url = remote ?? db.rememberedRemote else {
                 throw SofaError.invalidArgument("no remote known for \(database) to fetch evicted bodies from: give --remote URL")
             }

@@ -60,3 +60,23 @@ import TestSupport
         #expect(mount.unmount().succeeded)
     }
 }
+
+extension MountFailureTests {
+    /// A stored body that cannot be read (here its file replaced by a folder, which opens but is
+    /// not the body) is a disk error: the read fails with EIO and the log says why. It used to
+    /// read as "not here" (`try?`), answered "No data available" as for a body never downloaded,
+    /// or sent to the remote for bytes this machine has.
+    @Test func aStoredBodyThatCannotBeReadIsAnIOErrorNotAnAbsentBody() throws {
+        let db = try directory.makeDatabase()
+        let revision = try db.put("doc", ["n": 1], attachments: ["note.txt": Array("hello\n".utf8)])
+        let key = try #require(revision.attachment(named: "note.txt")?.blobKey)
+        let blob = db.blobs.path(for: key)
+        try FileManager.default.removeItem(atPath: blob)
+        try FileManager.default.createDirectory(atPath: blob, withIntermediateDirectories: false)
+        let mount = try MountedDatabase(db.path)
+        let read = try shell("cat \(mount.path("docs/doc/attachments/note.txt"))")
+        #expect(!read.succeeded && read.stderr.contains("Input/output error"), "\(read.stderr)")
+        let log = mount.unmount().stderr
+        #expect(log.contains(key.hex), "the log names the blob: \(log.suffix(2000))")
+    }
+}

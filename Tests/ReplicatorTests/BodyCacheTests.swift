@@ -130,7 +130,7 @@ final class BodyCacheTests {
         let pinned = try sofa("pin", target, "doc")
         #expect(pinned.succeeded && pinned.stdout.contains("downloaded 1 body"), "\(pinned.stdout)\(pinned.stderr)")
         let database = try Database.open(at: target)
-        #expect(database.blobs.contains(key) && database.isPinned(digest: key.digestString))
+        #expect(try database.blobs.contains(key) && database.isPinned(digest: key.digestString))
         #expect(try sofa("cache", target, "--limit", "0").succeeded)
         #expect(database.blobs.contains(key))
         #expect(try sofa("unpin", target, "doc", "a.bin").succeeded)
