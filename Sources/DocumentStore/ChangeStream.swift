@@ -16,7 +16,7 @@ import Logging
 /// write-ahead log, with a slow look every `Tuning.foreignChangeSafetyInterval` for file
 /// systems that send no events (NFS).
 public final class ChangeStream: @unchecked Sendable {
-    // Sendable invariant: `position`, `closed`, `waiters` and `next` are guarded by `condition`.
+    // Sendable invariant: every mutable field is guarded by `condition`'s lock.
     private let condition = NSCondition()
     private var position: UInt64 = 0
     private var closed = false
