@@ -157,7 +157,6 @@ public final class ReplicationSession: @unchecked Sendable {
         status.set("stopped")
     }
 
-    /// A longpoll on the remote: returns when something changed after `since`, or after a few seconds.
     /// Waits for a local change past `sequence` (commits that change no document, such as the
     /// pass's own checkpoint, wake it but do not end it), or for `stop()`.
     private func waitForLocalChange(after seen: UInt64, sequence: Int64) throws {
@@ -171,6 +170,8 @@ public final class ReplicationSession: @unchecked Sendable {
         }
     }
 
+    /// A longpoll on the remote: returns when something changed after `since`, after
+    /// `longpollTimeout`, or at `stop()` (throwing `.cancelled`).
     private func waitForRemoteChange(since: JSONValue, replicator: Replicator) throws {
         let timeout = ReplicationSession.longpollTimeout
         let client = replicator.client
