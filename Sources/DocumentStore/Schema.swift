@@ -40,7 +40,8 @@ import Foundation
 ///   body is in the blob store; `expected_digest` is the digest the name had where the writer
 ///   started (NULL: absent). The mount folds them into one revision when the document has
 ///   been quiet for a moment; a mount that stopped leaves them to its successor (`pid`). See
-///   `Staging.swift`.
+///   `Staging.swift`. Indexed by document and name: a file staged again replaces its row, and
+///   without the index finding it scanned every row of the burst (quadratic in the burst).
 ///
 /// - `local_attributes` (version 7): what a mount keeps about a file or folder of a document
 ///   that revisions do not hold: times given to it (`touch -d`, `cp -a`, `rsync -a`; in
@@ -110,6 +111,7 @@ enum Schema {
             expected_digest TEXT,
             base_rev TEXT
         );
+        CREATE INDEX IF NOT EXISTS staged_attachments_by_name ON staged_attachments (doc_id, name);
         """
 
     static let version7Tables = """
