@@ -147,6 +147,7 @@ public final class CouchServer: @unchecked Sendable {
         // Deferred bodies being fetched for clients end before the process does; so do replications.
         registry.shutDownBodySources()
         for (_, running) in replications.all { running.job.cancel() }
+        registry.checkpointAll(logging: log)
     }
 
     /// Open connections, whether each is handling a request, and since when it is idle (the
@@ -392,6 +393,16 @@ final class DatabaseRegistry: @unchecked Sendable {
     func shutDownBodySources() {
         let sources = lock.withLock { bodySources.values.compactMap { $0 } }
         for source in sources { source.shutDown(waitingAtMost: 30) }
+    }
+
+    /// Empties the write-ahead log of every open database (the server is ending: see
+    /// `Database.checkpoint`). A failure is logged: the log stays, and nothing is lost.
+    func checkpointAll(logging log: Logger) {
+        for database in lock.withLock({ Array(open.values) }) {
+            do { try database.checkpoint() } catch {
+                log.warning("\(database.path): the write-ahead log was not moved into the database file: \(error)")
+            }
+        }
     }
 
     /// Where `database`'s deferred bodies come from, if anywhere: `make` is asked once.

@@ -145,6 +145,7 @@ struct Mount: SofaCommand {
         downloader?.shutDown(waitingAtMost: 30)
         watcher.stop()
         signals.cancel()
+        do { try database.checkpoint() } catch { log.warning("\(database.path): the write-ahead log was not moved into the database file: \(error)") }
     }
 
     /// Runs this command again in the foreground as a detached child, and returns once it is mounted.
