@@ -184,9 +184,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     func isDirectoryNode(_ path: String) throws -> Bool {
         do {
             return try attributes(of: path).kind == .directory
-        } catch let error as FileSystemError where error.errno == ENOENT {
-            return false
-        } catch let error as SofaError where error.errno == ENOENT {
+        } catch let error as any ErrnoConvertible where error.errno == ENOENT {
             return false
         }
     }
@@ -258,7 +256,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     public func attributes(of path: String) throws -> FileAttributes {
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
         if let writer = pendingFile(at: path) {
             // Being written: its time is now, or the one given to it; once saved (its last close
             // still to come), the saved attachment's.
@@ -278,49 +276,49 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .root, .docs: return directory(mountTime)
         case .statusDirectory: return directory(mountTime, writable: false)
         case .statusFile(let name):
-            guard let bytes = try withState({ openStatusFiles[name]?.bytes }) ?? statusFile(name) else { throw FileSystemError(ENOENT) }
+            guard let bytes = try withState({ openStatusFiles[name]?.bytes }) ?? statusFile(name) else { throw MountError.notFound(path) }
             var attributes = file(Int64(bytes.count), Date().timeIntervalSince1970, writable: false)
             attributes.volatile = true
             return attributes
         case .document(let id):
             if let revision = try liveRevision(id) { return directory(revision.savedAt.timeIntervalSince1970) }
-            guard isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
+            guard isDirectory(scratchDirectory(id)) else { throw MountError.notFound(path) }
             return directory(mountTime)
         case .properties(let id):
             let entry = try cached(id)
-            guard let revision = entry.revision, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            guard let revision = entry.revision, removal(id)?.properties != true else { throw MountError.notFound(path) }
             return file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
         case .attachment(let id, let name):
             guard try liveRevision(id) != nil else {
                 // A document folder made with mkdir and not saved yet: its attachments/, and the
                 // folders made in it (`mkdir docs/new && cp -r photos/. docs/new/attachments/`).
                 guard isDirectory(scratchDirectory(id)), try name.isEmpty || name == Node.blobsFolder || isFolder(name, docID: id)
-                else { throw FileSystemError(ENOENT) }
+                else { throw MountError.notFound(path) }
                 return try folderAttributes(name, in: id)
             }
             if let attachment = try visibleAttachment(name, in: id) {
                 return try attachmentAttributes(attachment, in: id)
             }
-            guard try isFolder(name, docID: id) else { throw FileSystemError(ENOENT) }
+            guard try isFolder(name, docID: id) else { throw MountError.notFound(path) }
             return try folderAttributes(name, in: id)
         case .conflicts(let id):
-            guard let revision = try liveRevision(id) else { throw FileSystemError(ENOENT) }
+            guard let revision = try liveRevision(id) else { throw MountError.notFound(path) }
             return directory(revision.savedAt.timeIntervalSince1970, writable: false)
         case .conflict(let id, let rev):
-            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             return directory(conflict.savedAt.timeIntervalSince1970, writable: false)
         case .conflictProperties(let id, let rev):
-            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             return file(Int64(render(conflict.properties).count), conflict.savedAt.timeIntervalSince1970, writable: false)
         case .conflictAttachment(let id, let rev, let name):
-            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             if let attachment = conflict.attachment(named: name) {
                 return file(attachment.length, conflict.savedAt.timeIntervalSince1970, writable: false)
             }
-            guard name.isEmpty || conflict.attachments.contains(where: { $0.name.hasPrefix(name + "/") }) else { throw FileSystemError(ENOENT) }
+            guard name.isEmpty || conflict.attachments.contains(where: { $0.name.hasPrefix(name + "/") }) else { throw MountError.notFound(path) }
             return directory(conflict.savedAt.timeIntervalSince1970, writable: false)
         case .scratch(let id, let relative):
-            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             return try scratchAttributes(scratchPath(id, relative))
         }
     }
@@ -346,7 +344,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     func scratchAttributes(_ path: String) throws -> FileAttributes {
         var info = stat()
-        guard lstat(path, &info) == 0 else { throw FileSystemError(errno) }
+        guard lstat(path, &info) == 0 else { throw SofaError.system("lstat", path: path, errno: errno) }
         let kind: FileAttributes.Kind = info.st_mode & S_IFMT == S_IFDIR ? .directory : .regularFile
         return FileAttributes(kind: kind, size: kind == .directory ? 0 : Int64(info.st_size), permissions: UInt32(info.st_mode & 0o7777),
                               modified: FileTime(info.st_mtim), accessed: FileTime(info.st_atim),
@@ -361,8 +359,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// documents a page at a time in the order they were first stored (constant memory for
     /// any number of them); then every other entry by a hash of its name, as ext4 lists.
     public func readDirectory(_ path: String, after position: UInt64, add: (DirectoryEntry) -> Bool) throws {
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
-        guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
+        guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
         for entry in [DirectoryEntry(name: ".", position: ListingPosition.dot),
                       DirectoryEntry(name: "..", position: ListingPosition.dotDot)] where entry.position > position {
             guard add(entry) else { return }
@@ -381,22 +379,23 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 if page.count < 64 { break }
             }
         }
-        for entry in try listEntries(node).sorted(by: { $0.position < $1.position }) where entry.position > position {
+        for entry in try listEntries(node, path: path).sorted(by: { $0.position < $1.position }) where entry.position > position {
             guard add(entry) else { return }
         }
     }
 
-    private func listEntries(_ node: Node) throws -> [DirectoryEntry] {
+    private func listEntries(_ node: Node, path: String) throws -> [DirectoryEntry] {
         switch node {
         case .root:
             return [named("docs", attributes: directory(mountTime)),
                     named(Node.statusDirectoryName, attributes: directory(mountTime, writable: false))]
-                + scratchEntries(scratchDirectory(Node.rootScratchID)).filter { Node.isRootScratchName($0.name) }
+                + (try scratchEntries(scratchDirectory(Node.rootScratchID))).filter { Node.isRootScratchName($0.name) }
         case .docs:
             // Documents that exist only as folders (mkdir, nothing saved yet); the others are paged.
             let rootScratch = FileNames.escape(Node.rootScratchID)
-            let pending = ((try? FileManager.default.contentsOfDirectory(atPath: scratchRoot)) ?? []).filter {
-                $0 != rootScratch && (try? liveRevision(FileNames.unescape($0))) == nil
+            // A database read that fails fails the listing (it read as "no document" and listed it twice).
+            let pending = try scratchNames(in: scratchRoot).filter {
+                try $0 != rootScratch && liveRevision(FileNames.unescape($0)) == nil
             }
             return pending.map { named($0, attributes: directory(mountTime)) }
         case .statusDirectory:
@@ -404,7 +403,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .document(let id):
             var entries: [DirectoryEntry] = []
             let entry = try cached(id)
-            let scratch = scratchEntries(scratchDirectory(id))
+            let scratch = try scratchEntries(scratchDirectory(id))
             if let revision = entry.revision {
                 let modified = revision.savedAt.timeIntervalSince1970
                 // properties.json first, so that `rm -r` starts the removal before it empties attachments/.
@@ -449,13 +448,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             if folder.isEmpty || folder == Node.blobsFolder {
                 let directory = folder.isEmpty ? Node.attachmentsDirectoryName : Node.blobsDirectoryName
-                entries += scratchEntries(scratchPath(id, directory)).filter { !seen.contains($0.name) }
+                entries += try scratchEntries(scratchPath(id, directory)).filter { !seen.contains($0.name) }
             }
             return entries
         case .conflicts(let id):
             return (try database.revisionTree(of: id).conflicts.map { named($0.id.description) })
         case .conflict(let id, let rev):
-            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             let modified = conflict.savedAt.timeIntervalSince1970
             var entries = [named(Node.propertiesFileName,
                                  attributes: file(Int64(render(conflict.properties).count), modified, writable: false)),
@@ -465,7 +464,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             return entries
         case .conflictAttachment(let id, let rev, let folder):
-            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             let prefix = folder.isEmpty ? "" : folder + "/"
             var seen = Set<String>()
             return conflict.attachments.filter { Node.lies($0.name, below: folder) }
@@ -475,16 +474,34 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 return named(first)
             }
         case .scratch(let id, let relative):
-            return scratchEntries(scratchPath(id, relative))
+            return try scratchEntries(scratchPath(id, relative))
         case .properties, .statusFile, .conflictProperties:
-            throw FileSystemError(ENOTDIR)
+            throw MountError.notFolder(path)
         }
     }
 
-    private func scratchEntries(_ directory: String) -> [DirectoryEntry] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).map { name in
+    private func scratchEntries(_ directory: String) throws -> [DirectoryEntry] {
+        try scratchNames(in: directory).map { name in
+            // Removed between the listing and this stat: listed without attributes, as a plain
+            // file system lists what it read; the kernel asks for them and gets ENOENT.
             named(name, attributes: try? scratchAttributes("\(directory)/\(name)"))
         }
+    }
+
+    /// The names in a scratch folder; none when it does not exist (a document with no scratch
+    /// file has none). Any other failure (permissions, a disk error) is passed up.
+    func scratchNames(in directory: String) throws -> [String] {
+        guard let folder = opendir(directory) else {
+            if errno == ENOENT || errno == ENOTDIR { return [] }
+            throw SofaError.system("opendir", path: directory, errno: errno)
+        }
+        defer { closedir(folder) }
+        var names: [String] = []
+        while let entry = readdir(folder) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
     }
 
     /// An entry of a folder but "." and "..", at the position of its name.
@@ -512,7 +529,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public func statistics(of path: String) throws -> statvfs {
         var result = statvfs()
-        guard statvfs(database.path, &result) == 0 else { throw FileSystemError(errno) }
+        guard statvfs(database.path, &result) == 0 else { throw SofaError.system("statvfs", path: database.path, errno: errno) }
         return result
     }
 
@@ -530,7 +547,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     /// The extended attributes of a node, by name.
     func extendedAttributes(of path: String) throws -> [String: String] {
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
         switch node {
         case .document(let id), .properties(let id):
             guard let revision = try liveRevision(id) else { _ = try attributes(of: path); return [:] }
@@ -548,7 +565,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             return try attachmentAttributes(attachment, revision: conflict.revID)
         case .conflict(let id, let rev), .conflictProperties(let id, let rev):
-            guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
+            guard try conflictRevision(id, rev) != nil else { throw MountError.notFound(path) }
             return [DocumentFileSystem.revisionAttribute: rev]
         default:
             _ = try attributes(of: path)
@@ -580,8 +597,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         // `ls -l` asks security.selinux and the POSIX ACL of every file until one answer says the
         // file system does not support them (ENOTSUP, not ENODATA): then it stops asking for the
         // whole device, two round trips in all instead of two per file. No lookup is needed to say so.
-        guard name.hasPrefix("user.") else { throw FileSystemError(EOPNOTSUPP) }
-        guard let value = try extendedAttributes(of: path)[name] else { throw FileSystemError(ENODATA) }
+        guard name.hasPrefix("user.") else { throw MountError.notUserAttribute(path, name: name) }
+        guard let value = try extendedAttributes(of: path)[name] else { throw MountError.noAttribute(path, name: name) }
         return Array(value.utf8)
     }
 
@@ -596,7 +613,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             switch text {
             case "true", "1", "yes", "on": try pin(path, true)
             case "false", "0", "no", "off", "": try pin(path, false)
-            default: throw FileSystemError(EINVAL)
+            default: throw MountError.invalidArgument(path, why: "\(name) takes true or false, not \(text)")
             }
             return
         }
@@ -604,7 +621,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
               current[name] != nil else {
             // user.sofa.* are derived: copying them (cp -a, rsync -X) is accepted and changes nothing.
             if name.hasPrefix("user.sofa.") { return }
-            throw FileSystemError(ENOTSUP)
+            throw MountError.notSupported(path, why: "\(name) cannot be set here (user.mime_type on an attachment can)")
         }
         guard !readOnly else { throw SofaError.readOnlyFileSystem(path: path) }
         let type = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -621,7 +638,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return
         }
         _ = try attributes(of: path)
-        throw FileSystemError(ENOTSUP)
+        throw MountError.notSupported(path, why: "\(name) cannot be removed (only user.sofa.pinned can)")
     }
 
     /// Pins or unpins the body of the attachment at `path`; pinning one not here starts fetching it.
@@ -638,7 +655,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         default:
             found = nil
         }
-        guard let (attachment, docID, revID) = found else { throw FileSystemError(ENOENT) }
+        guard let (attachment, docID, revID) = found else { throw MountError.notFound(path) }
         try database.setPinned(pinned, digest: attachment.digest)
         if pinned && !attachment.contentAvailable { bodySource?.fetchInBackground(attachment, docID: docID, revID: revID) }
     }

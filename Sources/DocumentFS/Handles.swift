@@ -17,9 +17,9 @@ class Handle: @unchecked Sendable {
     /// The lock that guards what reads and writes through this handle touch.
     var guardLock: NSLock { lock }
 
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int { throw FileSystemError(EBADF) }
-    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int { throw FileSystemError(EBADF) }
-    func truncate(to size: Int64) throws { throw FileSystemError(EBADF) }
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int { throw MountError.notOpenFor(path, operation: "reading") }
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int { throw MountError.notOpenFor(path, operation: "writing") }
+    func truncate(to size: Int64) throws { throw MountError.notOpenFor(path, operation: "writing") }
     var size: Int64 { 0 }
     func close() {}
 }
@@ -90,7 +90,7 @@ final class DeferredBodyHandle: Handle, @unchecked Sendable {
         do {
             return try reader.read(into: buffer, at: offset, timeout: timeout, willWait: FuseMount.mayBlock)
         } catch {
-            throw FileSystemError(EIO)
+            throw MountError.bodyUnreadable(path, cause: error)
         }
     }
 
@@ -180,7 +180,7 @@ final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
         let end = Int(offset) + bytes.count
-        guard end <= PropertiesWriteHandle.maximumSize else { throw FileSystemError(EFBIG) }
+        guard end <= PropertiesWriteHandle.maximumSize else { throw MountError.tooLarge(path, limit: Int64(PropertiesWriteHandle.maximumSize)) }
         if end > buffer.count { buffer += [UInt8](repeating: 0, count: end - buffer.count) }
         buffer.replaceSubrange(Int(offset)..<end, with: bytes)
         dirty = true
@@ -189,7 +189,7 @@ final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     override func truncate(to size: Int64) throws {
-        guard size <= PropertiesWriteHandle.maximumSize else { throw FileSystemError(EFBIG) }
+        guard size <= PropertiesWriteHandle.maximumSize else { throw MountError.tooLarge(path, limit: Int64(PropertiesWriteHandle.maximumSize)) }
         if Int(size) < buffer.count { buffer.removeLast(buffer.count - Int(size)) } else {
             buffer += [UInt8](repeating: 0, count: Int(size) - buffer.count)
         }
@@ -247,7 +247,7 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     }
 
     override func truncate(to size: Int64) throws {
-        if size > self.size && size > Tuning.maximumTruncatedSize { throw FileSystemError(EFBIG) }
+        if size > self.size && size > Tuning.maximumTruncatedSize { throw MountError.tooLarge(path, limit: Tuning.maximumTruncatedSize) }
         if size == 0 { lost = nil }
         try alterBody { try $0.truncate(to: size) }
     }
@@ -374,20 +374,20 @@ final class ScratchHandle: Handle, @unchecked Sendable {
 
     override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
         let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
-        guard count >= 0 else { throw FileSystemError(errno) }
+        guard count >= 0 else { throw SofaError.system("read", path: path, errno: errno) }
         return count
     }
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
         // In pieces of Tuning.largestWrite, as the blob store writes.
         let count = pwrite(fd, bytes.baseAddress, min(bytes.count, Tuning.largestWrite), off_t(offset))
-        guard count >= 0 else { throw FileSystemError(errno) }
+        guard count >= 0 else { throw SofaError.system("write", path: path, errno: errno) }
         guard count == min(bytes.count, Tuning.largestWrite), count < bytes.count else { return count }
         return try count + write(UnsafeRawBufferPointer(rebasing: bytes[count...]), at: offset + Int64(count))
     }
 
     override func truncate(to size: Int64) throws {
-        guard ftruncate(fd, off_t(size)) == 0 else { throw FileSystemError(errno) }
+        guard ftruncate(fd, off_t(size)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
     }
 
     override var size: Int64 {
@@ -417,7 +417,7 @@ final class HandleTable: @unchecked Sendable {
     func get(_ number: UInt64) throws -> Handle {
         lock.lock()
         defer { lock.unlock() }
-        guard let handle = handles[number] else { throw FileSystemError(EBADF) }
+        guard let handle = handles[number] else { throw MountError.notOpenFor("handle \(number)", operation: "anything: it is not open") }
         return handle
     }
 

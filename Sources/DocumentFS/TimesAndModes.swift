@@ -91,7 +91,7 @@ extension DocumentFileSystem {
         if case .scratch(let id, let relative) = node {
             let omit = timespec(tv_sec: 0, tv_nsec: Self.utimeOmit)
             var times = [accessed ?? omit, modified ?? omit]
-            guard utimensat(AT_FDCWD, scratchPath(id, relative), &times, 0) == 0 else { throw FileSystemError(errno) }
+            guard utimensat(AT_FDCWD, scratchPath(id, relative), &times, 0) == 0 else { throw SofaError.system("utimensat", path: scratchPath(id, relative), errno: errno) }
             return
         }
         let kind = try attributes(of: path).kind
@@ -136,13 +136,13 @@ extension DocumentFileSystem {
     public func setPermissions(_ path: String, _ mode: UInt32) throws {
         let node = Node(path: path)
         if case .scratch(let id, let relative) = node {
-            guard chmod(scratchPath(id, relative), mode_t(mode)) == 0 else { throw FileSystemError(errno) }
+            guard chmod(scratchPath(id, relative), mode_t(mode)) == 0 else { throw SofaError.system("chmod", path: scratchPath(id, relative), errno: errno) }
             return
         }
         let kind = try attributes(of: path).kind
         // Modes of attachments and their folders are kept; others are fixed, and the call is accepted.
         guard case .attachment(let id, let name) = node else { return }
-        guard !readOnly else { throw FileSystemError(EROFS) }
+        guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
         let bits = mode & 0o7777
         if kind == .regularFile, let pending = pendingFile(at: path) {
             pending.lock.withLock { pending.given.mode = bits }

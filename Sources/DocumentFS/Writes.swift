@@ -12,7 +12,7 @@ extension DocumentFileSystem {
     // MARK: - Opening
 
     public func open(_ path: String, flags: Int32, caller: pid_t) throws -> OpenFile {
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
         let writing = flags & O_ACCMODE != O_RDONLY
         let truncating = flags & O_TRUNC != 0
         if writing { try checkWritable(node, path: path) }
@@ -23,7 +23,7 @@ extension DocumentFileSystem {
         switch node {
         case .properties(let id):
             let entry = try cached(id)
-            guard let revision = entry.revision, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            guard let revision = entry.revision, removal(id)?.properties != true else { throw MountError.notFound(path) }
             let rendered = entry.rendered
             if writing {
                 let handle = PropertiesWriteHandle(path: path, docID: id, base: revision.revID, initial: truncating ? [] : rendered)
@@ -34,7 +34,7 @@ extension DocumentFileSystem {
             return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: rendered)), directIO: true, noFlush: true)
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id), let attachment = try visibleAttachment(name, in: id) else {
-                throw try attributes(of: path).kind == .directory ? FileSystemError(EISDIR) : FileSystemError(ENOENT)
+                throw try attributes(of: path).kind == .directory ? MountError.isFolder(path) : MountError.notFound(path)
             }
             if writing {
                 if !truncating && !attachment.contentAvailable {
@@ -49,24 +49,24 @@ extension DocumentFileSystem {
             }
             return try openForReading(attachment, docID: id, path: path)
         case .conflictProperties(let id, let rev):
-            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: render(conflict.properties))), directIO: true)
         case .conflictAttachment(let id, let rev, let name):
             guard let conflict = try conflictRevision(id, rev), let attachment = conflict.attachment(named: name) else {
-                throw FileSystemError(ENOENT)
+                throw MountError.notFound(path)
             }
             return try openForReading(attachment, docID: id, path: path)
         case .statusFile(let name):
-            guard let bytes = try statusFile(name) else { throw FileSystemError(ENOENT) }
+            guard let bytes = try statusFile(name) else { throw MountError.notFound(path) }
             withState { openStatusFiles[name] = (bytes, (openStatusFiles[name]?.opens ?? 0) + 1) }
             return OpenFile(handle: handles.add(StatusFileHandle(path: path, name: name, bytes: bytes)), directIO: true)
         case .scratch(let id, let relative):
-            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             let fd = Glibc.open(scratchPath(id, relative), (flags & ~O_CREAT) | O_CLOEXEC)
-            guard fd >= 0 else { throw FileSystemError(errno) }
+            guard fd >= 0 else { throw SofaError.system("open", path: scratchPath(id, relative), errno: errno) }
             return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
         case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
-            throw FileSystemError(EISDIR)
+            throw MountError.isFolder(path)
         }
     }
 
@@ -107,30 +107,30 @@ extension DocumentFileSystem {
     }
 
     public func create(_ path: String, permissions: UInt32, flags: Int32, caller: pid_t) throws -> OpenFile {
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
         try checkWritable(node, path: path)
         if let pending = claimPending(at: path) {
             guard flags & O_EXCL == 0 else {
                 releaseUse(of: pending)
-                throw FileSystemError(EEXIST)
+                throw MountError.exists(path)
             }
             return try attach(pending, flags: flags, caller: caller)
         }
         switch node {
         case .properties(let id):
-            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             let live = try liveRevision(id)
             let handle = PropertiesWriteHandle(path: path, docID: id, base: live?.revID, initial: [])
             handle.seenProperties = live?.properties
             handle.emptiedAtOpen = true
             return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
         case .attachment(let id, let name):
-            guard !name.isEmpty, name != Node.blobsFolder else { throw FileSystemError(EISDIR) }
+            guard !name.isEmpty, name != Node.blobsFolder else { throw MountError.isFolder(path) }
             try AttachmentName.validate(name)
             if let pointer = Blobs.pointer(ofStandIn: name), JSONPointer.segments(pointer) == nil {
                 throw SofaError.invalidAttachmentName(name, reason: "a ~ in blobs/ must be ~0 (for ~) or ~1 (for /)")
             }
-            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             let revision = try liveRevision(id)
             let existing = revision == nil ? nil : try visibleAttachment(name, in: id)
             let handle = try AttachmentWriteHandle(path: path, docID: id, base: revision?.revID, name: name,
@@ -144,24 +144,32 @@ extension DocumentFileSystem {
             noteEntryChange(name, in: id)
             return file
         case .scratch(let id, let relative):
-            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             let target = scratchPath(id, relative)
             try makeParents(of: target)
             let fd = Glibc.open(target, flags | O_CREAT | O_CLOEXEC, mode_t(permissions))
-            guard fd >= 0 else { throw FileSystemError(errno) }
+            guard fd >= 0 else { throw SofaError.system("open", path: target, errno: errno) }
             return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
         case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory:
-            throw FileSystemError(EROFS)
+            throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         case .root, .docs, .document:
-            throw FileSystemError(EACCES)
+            throw MountError.notWritableHere(path)
+        }
+    }
+
+    /// Why a node that is shown cannot be written (the mount itself is writable).
+    static func readOnlyReason(_ node: Node) -> MountError.ReadOnlyReason {
+        switch node {
+        case .statusFile, .statusDirectory: .status
+        default: .conflict
         }
     }
 
     private func checkWritable(_ node: Node, path: String) throws {
-        if readOnly { throw FileSystemError(EROFS) }
+        if readOnly { throw MountError.readOnly(path, why: .mount) }
         switch node {
         case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory:
-            throw FileSystemError(EROFS)
+            throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         default: return
         }
     }
@@ -247,23 +255,23 @@ extension DocumentFileSystem {
             try pending.lock.withLock { try pending.truncate(to: size) }
             return
         }
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
         switch node {
         case .properties, .attachment:
             // open, truncate, save, close: one revision.
             let file = try open(path, flags: O_WRONLY, caller: 0)
-            guard let descriptor = try handles.get(file.handle) as? WriterDescriptor else { throw FileSystemError(EIO) }
+            guard let descriptor = try handles.get(file.handle) as? WriterDescriptor else { throw MountError.inconsistent(path, why: "the open file is not a writer's") }
             defer { release(file.handle) }
             try descriptor.file.lock.withLock {
                 try descriptor.file.truncate(to: size)
                 try save(descriptor.file)
             }
         case .scratch(let id, let relative):
-            guard !readOnly else { throw FileSystemError(EROFS) }
-            guard Glibc.truncate(scratchPath(id, relative), off_t(size)) == 0 else { throw FileSystemError(errno) }
+            guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
+            guard Glibc.truncate(scratchPath(id, relative), off_t(size)) == 0 else { throw SofaError.system("truncate", path: scratchPath(id, relative), errno: errno) }
         default:
             try checkWritable(node, path: path)
-            throw FileSystemError(EISDIR)
+            throw MountError.isFolder(path)
         }
     }
 
@@ -289,7 +297,7 @@ extension DocumentFileSystem {
         let handle = try handles.get(number)
         FuseMount.mayBlock()  // an fsync: others are answered meanwhile
         if let scratch = handle as? ScratchHandle {
-            guard Glibc.fsync(scratch.fd) == 0 else { throw FileSystemError(errno) }
+            guard Glibc.fsync(scratch.fd) == 0 else { throw SofaError.system("fsync", path: scratch.path, errno: errno) }
             return
         }
         guard let descriptor = handle as? WriterDescriptor else { return }
@@ -316,10 +324,10 @@ extension DocumentFileSystem {
                 throw error
             }
             let fd = Glibc.open(keep, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-            guard fd >= 0 else { throw FileSystemError(errno) }
+            guard fd >= 0 else { throw SofaError.system("open", path: keep, errno: errno) }
             defer { Glibc.close(fd) }
             let written = properties.buffer.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            guard written == properties.buffer.count, fdatasync(fd) == 0 else { throw FileSystemError(errno) }
+            guard written == properties.buffer.count, fdatasync(fd) == 0 else { throw SofaError.system("write", path: keep, errno: errno) }
             record = PendingSave(id: id, pid: getpid(), docID: file.docID, name: nil, base: file.base, contentType: nil, file: keep)
         case let attachment as AttachmentWriteHandle:
             guard try attachment.makeDurable(at: keep) else { return }
@@ -483,8 +491,12 @@ extension DocumentFileSystem {
 
             """
         log.error("docs/\(FileNames.escape(id))/properties.json: not saved, the document is unchanged: \(error); the text is kept in \(DocumentFileSystem.rejectedName)")
-        try? writeScratch(scratchPath(id, DocumentFileSystem.rejectedName), bytes: bytes)
-        try? writeScratch(scratchPath(id, DocumentFileSystem.rejectedReasonName), bytes: Array(reason.utf8))
+        do {
+            try writeScratch(scratchPath(id, DocumentFileSystem.rejectedName), bytes: bytes)
+            try writeScratch(scratchPath(id, DocumentFileSystem.rejectedReasonName), bytes: Array(reason.utf8))
+        } catch {
+            log.error("docs/\(FileNames.escape(id))/properties.json: the refused text could not be kept in \(DocumentFileSystem.rejectedName) either: \(error)")
+        }
     }
 
     /// After a good save: the rejected text and its reason go.
@@ -699,19 +711,19 @@ extension DocumentFileSystem {
     // MARK: - Namespace
 
     public func makeDirectory(_ path: String) throws {
-        guard let node = Node(path: path) else { throw FileSystemError(EPERM) }
-        guard !readOnly else { throw FileSystemError(EROFS) }
+        guard let node = Node(path: path) else { throw MountError.cannotMakeFolder(path) }
+        guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
         switch node {
         case .document(let id):
             try DocumentID.validate(id)
             guard !DocumentID.isLocal(id) else { throw SofaError.invalidDocumentID(id, reason: "_local documents are not shown in the mount") }
-            guard try !documentFolderExists(id) else { throw FileSystemError(EEXIST) }
-            guard mkdir(scratchDirectory(id), 0o755) == 0 else { throw FileSystemError(errno) }
+            guard try !documentFolderExists(id) else { throw MountError.exists(path) }
+            guard mkdir(scratchDirectory(id), 0o755) == 0 else { throw SofaError.system("mkdir", path: scratchDirectory(id), errno: errno) }
         case .attachment(let id, let folder):
-            guard !folder.isEmpty else { throw FileSystemError(EEXIST) }
+            guard !folder.isEmpty else { throw MountError.exists(path) }
             try AttachmentName.validate(folder)
-            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
-            if try attributesIfPresent(of: path) != nil { throw FileSystemError(EEXIST) }
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
+            if try attributesIfPresent(of: path) != nil { throw MountError.exists(path) }
             _ = withState { keptFolders.insert(FolderKey(docID: id, folder: folder)) }
             // Recorded, so that the empty folder is there at the next mount too.
             let row = LocalAttributes.folderName(folder)
@@ -719,18 +731,18 @@ extension DocumentFileSystem {
             cache.update(id) { $0.setLocal(row, local) }
             noteEntryChange(folder, in: id)
         case .scratch(let id, let relative):
-            guard try documentFolderExists(id) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             let target = scratchPath(id, relative)
             try makeParents(of: target)
-            guard mkdir(target, 0o755) == 0 else { throw FileSystemError(errno) }
+            guard mkdir(target, 0o755) == 0 else { throw SofaError.system("mkdir", path: target, errno: errno) }
         default:
-            throw FileSystemError(try attributesIfPresent(of: path) != nil ? EEXIST : EPERM)
+            throw try attributesIfPresent(of: path) != nil ? MountError.exists(path) : MountError.cannotMakeFolder(path)
         }
     }
 
     public func removeDirectory(_ path: String) throws {
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
-        guard !readOnly else { throw FileSystemError(EROFS) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
+        guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
         switch node {
         case .document(let id):
             let scratch = scratchDirectory(id)
@@ -738,12 +750,13 @@ extension DocumentFileSystem {
                 let removal = self.removal(id) ?? Removal()
                 guard removal.properties, visibleAttachments(revision).isEmpty,
                       try database.revisionTree(of: id).conflicts.isEmpty,
-                      scratchIsEmpty(scratch) else { throw FileSystemError(ENOTEMPTY) }
+                      scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
                 try deleteDocument(id)
             } else if !isDirectory(scratch) {
-                throw FileSystemError(ENOENT)
+                throw MountError.notFound(path)
             }
-            guard scratchIsEmpty(scratch) else { throw FileSystemError(ENOTEMPTY) }
+            guard scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
+            // Empty: if it cannot go, it lists nothing, and the document folder goes all the same.
             try? FileManager.default.removeItem(atPath: scratch)
             withState {
                 removals[id] = nil
@@ -751,11 +764,11 @@ extension DocumentFileSystem {
             }
         case .attachment(let id, let folder):
             guard let revision = try liveRevision(id) else {
-                guard isDirectory(scratchDirectory(id)) else { throw FileSystemError(ENOENT) }
+                guard isDirectory(scratchDirectory(id)) else { throw MountError.notFound(path) }
                 return
             }
             let attachments = visibleAttachments(revision)
-            guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
+            guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
             func within(_ name: String) -> Bool { Node.lies(name, below: folder) }
             let recorded = try cached(id).recordedFolders
             let holdsFolders = withState { keptFolders.contains { $0.docID == id && within($0.folder) && $0.folder != folder } }
@@ -764,7 +777,7 @@ extension DocumentFileSystem {
             let scratch = folder.isEmpty ? Node.attachmentsDirectoryName : folder == Node.blobsFolder ? Node.blobsDirectoryName : nil
             guard !attachments.contains(where: { within($0.name) }), !holdsFolders, !holdsPending,
                   scratch.map({ scratchIsEmpty(scratchPath(id, $0)) }) ?? true else {
-                throw FileSystemError(ENOTEMPTY)
+                throw MountError.notEmpty(path)
             }
             _ = withState {
                 keptFolders.remove(FolderKey(docID: id, folder: folder))
@@ -774,23 +787,23 @@ extension DocumentFileSystem {
             noteEntryChange(folder, in: id)
         case .conflict(let id, let rev):
             // `rm -r conflicts/<rev>`: resolve by deleting that branch.
-            guard let conflict = try conflictRevision(id, rev) else { throw FileSystemError(ENOENT) }
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             var draft = try database.newRevision(of: id, from: conflict.revID)
             draft.deleted = true
             defer { documentChanged(id) }
             try database.save(draft, allowConflict: true)
         case .conflicts(let id):
-            guard try liveRevision(id) != nil else { throw FileSystemError(ENOENT) }
-            guard try database.revisionTree(of: id).conflicts.isEmpty else { throw FileSystemError(ENOTEMPTY) }
+            guard try liveRevision(id) != nil else { throw MountError.notFound(path) }
+            guard try database.revisionTree(of: id).conflicts.isEmpty else { throw MountError.notEmpty(path) }
         case .conflictAttachment:
             // Part of `rm -r conflicts/<rev>`; the branch goes with its folder.
-            guard try attributes(of: path).kind == .directory else { throw FileSystemError(ENOTDIR) }
+            guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
         case .scratch(let id, let relative):
-            guard rmdir(scratchPath(id, relative)) == 0 else { throw FileSystemError(errno) }
+            guard rmdir(scratchPath(id, relative)) == 0 else { throw SofaError.system("rmdir", path: scratchPath(id, relative), errno: errno) }
         case .root, .docs, .statusDirectory:
-            throw FileSystemError(EBUSY)
+            throw MountError.busy(path, why: "a document folder goes with rm of its properties.json, or of all it holds")
         case .properties, .statusFile, .conflictProperties:
-            throw FileSystemError(ENOTDIR)
+            throw MountError.notFolder(path)
         }
     }
 
@@ -825,8 +838,8 @@ extension DocumentFileSystem {
     }
 
     public func unlink(_ path: String) throws {
-        guard let node = Node(path: path) else { throw FileSystemError(ENOENT) }
-        guard !readOnly else { throw FileSystemError(EROFS) }
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
+        guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
         if let pending = pendingFile(at: path) {
             // Open and being written: its name goes now; what its descriptors write goes nowhere.
             // (Its folders are kept first: there is no moment when they are nowhere.)
@@ -849,11 +862,11 @@ extension DocumentFileSystem {
         switch node {
         case .properties(let id):
             // Starts a removal: the document is deleted by the rmdir of its folder.
-            guard try liveRevision(id) != nil, removal(id)?.properties != true else { throw FileSystemError(ENOENT) }
+            guard try liveRevision(id) != nil, removal(id)?.properties != true else { throw MountError.notFound(path) }
             withState { removals[id, default: Removal()].properties = true }
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id), try visibleAttachment(name, in: id) != nil else {
-                throw try isDirectoryNode(path) ? FileSystemError(EISDIR) : FileSystemError(ENOENT)
+                throw try isDirectoryNode(path) ? MountError.isFolder(path) : MountError.notFound(path)
             }
             let removing = withState { () -> Bool in
                 guard removals[id] != nil else { return false }
@@ -868,22 +881,22 @@ extension DocumentFileSystem {
             noteEntryChange(name, in: id)
         case .conflictProperties(let id, let rev), .conflictAttachment(let id, let rev, _):
             // Part of `rm -r conflicts/<rev>`; the branch goes with the folder.
-            guard try conflictRevision(id, rev) != nil else { throw FileSystemError(ENOENT) }
+            guard try conflictRevision(id, rev) != nil else { throw MountError.notFound(path) }
         case .scratch(let id, let relative):
-            guard Glibc.unlink(scratchPath(id, relative)) == 0 else { throw FileSystemError(errno) }
+            guard Glibc.unlink(scratchPath(id, relative)) == 0 else { throw SofaError.system("unlink", path: scratchPath(id, relative), errno: errno) }
         case .statusFile:
-            throw FileSystemError(EROFS)
+            throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
-            throw FileSystemError(EISDIR)
+            throw MountError.isFolder(path)
         }
     }
 
     public func rename(_ from: String, to: String, flags: UInt32) throws {
-        guard let source = Node(path: from), let target = Node(path: to) else { throw FileSystemError(ENOENT) }
-        guard !readOnly else { throw FileSystemError(EROFS) }
-        guard flags & renameExchange == 0 else { throw FileSystemError(EINVAL) }
+        guard let source = Node(path: from), let target = Node(path: to) else { throw MountError.notFound(Node(path: from) == nil ? from : to) }
+        guard !readOnly else { throw MountError.readOnly(from, why: .mount) }
+        guard flags & renameExchange == 0 else { throw MountError.invalidArgument(from, why: "RENAME_EXCHANGE is not supported") }
         let noReplace = flags & renameNoReplace != 0
-        if noReplace, try attributesIfPresent(of: to) != nil { throw FileSystemError(EEXIST) }
+        if noReplace, try attributesIfPresent(of: to) != nil { throw MountError.exists(to) }
         // A file being written is saved first, so that the rename moves what it holds; its
         // descriptors then write to the new name.
         let moving = pendingFile(at: from)
@@ -942,7 +955,7 @@ extension DocumentFileSystem {
         case let (.attachment(fromID, fromName), .attachment(toID, toName)) where !fromName.isEmpty && !toName.isEmpty:
             try renameAttachment(fromID, fromName, to: toID, toName)
         case let (.scratch(id, relative), .properties(toID)):
-            guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(toID) else { throw MountError.notFound(to) }
             let file = scratchPath(id, relative)
             let object: JSONObject
             let bytes = try readSmallFile(file)
@@ -951,16 +964,16 @@ extension DocumentFileSystem {
             } catch let error as SofaError {
                 keepRejected(bytes, of: toID, because: error)
                 // mv reads EINVAL from rename(2) as "cannot move to a subdirectory of itself".
-                throw FileSystemError(EBADMSG, reason: "\(to) not saved, the document is unchanged: \(error)")
+                throw MountError.rejected(to, why: "not saved, the document is unchanged: \(error)")
             }
             _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .properties) { $0.properties = object }
             clearRejected(of: toID)
             Glibc.unlink(file)
         case let (.scratch(id, relative), .attachment(toID, name)) where !name.isEmpty:
             try AttachmentName.validate(name)
-            guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(toID) else { throw MountError.notFound(to) }
             let file = scratchPath(id, relative)
-            guard !isDirectory(file) else { throw FileSystemError(EISDIR) }
+            guard !isDirectory(file) else { throw MountError.isFolder(from) }
             var info = stat()
             var given = LocalAttributes()
             if stat(file, &info) == 0 {
@@ -976,11 +989,11 @@ extension DocumentFileSystem {
             noteEntryChange(name, in: toID)
             Glibc.unlink(file)
         case let (.properties(id), .scratch(toID, relative)):
-            guard let revision = try liveRevision(id), try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            guard let revision = try liveRevision(id), try documentFolderExists(toID) else { throw MountError.notFound(to) }
             try writeScratch(scratchPath(toID, relative), bytes: render(revision.properties))
         case let (.attachment(id, name), .scratch(toID, relative)) where !name.isEmpty:
             guard let revision = try liveRevision(id), let attachment = try visibleAttachment(name, in: id),
-                  try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+                  try documentFolderExists(toID) else { throw MountError.notFound(to) }
             let reader = try database.openContent(of: attachment, docID: id)
             try copy(reader, toScratch: scratchPath(toID, relative))
             if toID == id {
@@ -989,10 +1002,10 @@ extension DocumentFileSystem {
                 _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
             }
         case let (.scratch(id, relative), .scratch(toID, toRelative)):
-            guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+            guard try documentFolderExists(toID) else { throw MountError.notFound(to) }
             let destination = scratchPath(toID, toRelative)
             try makeParents(of: destination)
-            guard Glibc.rename(scratchPath(id, relative), destination) == 0 else { throw FileSystemError(errno) }
+            guard Glibc.rename(scratchPath(id, relative), destination) == 0 else { throw SofaError.system("rename", path: scratchPath(id, relative), errno: errno) }
         case let (.document(fromID), .document(toID)):
             try renameDocument(fromID, to: toID)
         case let (.document(id), .scratch(toID, relative)) where toID == Node.rootScratchID:
@@ -1002,7 +1015,7 @@ extension DocumentFileSystem {
         default:
             // Anything else (properties.json to an attachment, a document into another folder…):
             // EXDEV makes mv copy and delete, which the tree supports.
-            throw FileSystemError(EXDEV)
+            throw MountError.crossDevice(from, why: "this move would copy its bytes")
         }
     }
 
@@ -1020,9 +1033,9 @@ extension DocumentFileSystem {
                     empty = false
                     return false
                 }
-                guard empty else { throw FileSystemError(ENOTEMPTY) }
-            case (.directory, _): throw FileSystemError(ENOTDIR)
-            case (_, .directory): throw FileSystemError(EISDIR)
+                guard empty else { throw MountError.notEmpty("/docs/\(FileNames.escape(toID))/attachments/\(toName)") }
+            case (.directory, _): throw MountError.notFolder("/docs/\(FileNames.escape(fromID))/attachments/\(fromName)")
+            case (_, .directory): throw MountError.isFolder("/docs/\(FileNames.escape(toID))/attachments/\(toName)")
             default: break
             }
         }
@@ -1042,12 +1055,12 @@ extension DocumentFileSystem {
             noteEntryChange(toName, in: toID)
             return
         }
-        guard let source = try liveRevision(fromID) else { throw FileSystemError(ENOENT) }
+        guard let source = try liveRevision(fromID) else { throw MountError.notFound("/docs/\(FileNames.escape(fromID))") }
         let attachments = visibleAttachments(source)
         // A file, or a whole folder of attachments.
         let moving = attachments.filter { $0.name == fromName || $0.name.hasPrefix(prefix) }
         guard !moving.isEmpty else {
-            guard sourceKind == .directory else { throw FileSystemError(ENOENT) }
+            guard sourceKind == .directory else { throw MountError.notFound("/docs/\(FileNames.escape(fromID))/attachments/\(fromName)") }
             // A folder of empty folders: moved above, and its rows with it.
             try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: true)
             noteEntryChange(fromName, in: fromID)
@@ -1069,7 +1082,7 @@ extension DocumentFileSystem {
             try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: sourceKind == .directory)
             return
         }
-        guard try documentFolderExists(toID) else { throw FileSystemError(ENOENT) }
+        guard try documentFolderExists(toID) else { throw MountError.notFound("/docs/\(FileNames.escape(toID))") }
         // No bytes move: the target refers to the same blobs.
         _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .attachment(toName)) { draft in
             for attachment in moving { try draft.setAttachment(attachment.with(name: renamed(attachment.name), revpos: 0)) }
@@ -1084,27 +1097,29 @@ extension DocumentFileSystem {
     /// written there as files (properties.json, attachments/, its scratch files), then the
     /// document is deleted (one tombstone). Restoring the folder saves it back.
     private func trashDocument(_ id: String, to folder: String) throws {
-        guard let revision = try liveRevision(id) else { throw FileSystemError(ENOENT) }
+        guard let revision = try liveRevision(id) else { throw MountError.notFound("/docs/\(FileNames.escape(id))") }
         let attachments = visibleAttachments(revision)
         // A body that is not here cannot go to the trash: it would be lost. EXDEV: "delete permanently?".
         guard attachments.allSatisfy(\.contentAvailable) else {
-            throw FileSystemError(EXDEV, reason: "docs/\(FileNames.escape(id)) has attachments whose bodies are not here")
+            throw MountError.crossDevice("docs/\(FileNames.escape(id))", why: "it has attachments whose bodies are not here")
         }
-        guard !FileManager.default.fileExists(atPath: folder) else { throw FileSystemError(EEXIST) }
+        guard !FileManager.default.fileExists(atPath: folder) else { throw MountError.exists(folder) }
         do {
             try writeScratch(folder + "/" + Node.propertiesFileName, bytes: render(revision.properties))
             for attachment in attachments {
                 try copy(try database.openContent(of: attachment, docID: id), toScratch: folder + "/" + .relativePath(ofAttachment: attachment.name))
             }
             let scratch = scratchDirectory(id)
-            for name in (try? FileManager.default.contentsOfDirectory(atPath: scratch)) ?? [] {
+            for name in try scratchNames(in: scratch) {
                 try FileManager.default.moveItem(atPath: scratch + "/" + name, toPath: folder + "/" + name)
             }
         } catch {
+            // Undone as far as it goes: the error thrown is the one that matters.
             try? FileManager.default.removeItem(atPath: folder)
             throw error
         }
         try deleteDocument(id)
+        // Its files were all moved out above: an empty folder left behind shows nothing.
         try? FileManager.default.removeItem(atPath: scratchDirectory(id))
     }
 
@@ -1112,7 +1127,7 @@ extension DocumentFileSystem {
     /// revision (one), the other files its scratch files.
     private func restoreDocument(_ id: String, from folder: String) throws {
         try DocumentID.validate(id)
-        guard try liveRevision(id) == nil else { throw FileSystemError(ENOTEMPTY) }
+        guard try liveRevision(id) == nil else { throw MountError.notEmpty("/docs/\(FileNames.escape(id))") }
         let properties = try parseProperties(try readSmallFile(folder + "/" + Node.propertiesFileName))
         let attachmentsFolder = folder + "/" + Node.attachmentsDirectoryName
         let blobsFolder = folder + "/" + Node.blobsDirectoryName
@@ -1131,6 +1146,7 @@ extension DocumentFileSystem {
                 try draft.setAttachment(name, blob: blob, contentType: Blobs.isStandInName(name) ? nil : MIMEType.forFileName(name))
             }
         }
+        // Saved above: these copies of what the revision now holds may go or stay (absent ones are the usual case).
         try? FileManager.default.removeItem(atPath: folder + "/" + Node.propertiesFileName)
         try? FileManager.default.removeItem(atPath: attachmentsFolder)
         try? FileManager.default.removeItem(atPath: blobsFolder)
@@ -1142,9 +1158,9 @@ extension DocumentFileSystem {
     private func renameDocument(_ fromID: String, to toID: String) throws {
         try DocumentID.validate(toID)
         guard !DocumentID.isLocal(toID) else { throw SofaError.invalidDocumentID(toID, reason: "_local documents are not shown in the mount") }
-        guard try liveRevision(toID) == nil else { throw FileSystemError(ENOTEMPTY) }
+        guard try liveRevision(toID) == nil else { throw MountError.notEmpty("/docs/\(FileNames.escape(toID))") }
         let fromScratch = scratchDirectory(fromID), toScratch = scratchDirectory(toID)
-        if isDirectory(toScratch) && !scratchIsEmpty(toScratch) { throw FileSystemError(ENOTEMPTY) }
+        if isDirectory(toScratch) && !scratchIsEmpty(toScratch) { throw MountError.notEmpty("/docs/\(FileNames.escape(toID))") }
         if let source = try liveRevision(fromID) {
             // The same body and blobs under the new id; the old one is deleted.
             _ = try commit(toID, base: nil, change: .properties) { draft in
@@ -1153,36 +1169,37 @@ extension DocumentFileSystem {
             }
             try deleteDocument(fromID)
         } else if !isDirectory(fromScratch) {
-            throw FileSystemError(ENOENT)
+            throw MountError.notFound("/docs/\(FileNames.escape(fromID))")
         }
         if isDirectory(fromScratch) {
+            // The target's scratch folder is empty or absent (checked above); the rename says if it is in the way.
             try? FileManager.default.removeItem(atPath: toScratch)
-            guard Glibc.rename(fromScratch, toScratch) == 0 else { throw FileSystemError(errno) }
+            guard Glibc.rename(fromScratch, toScratch) == 0 else { throw SofaError.system("rename", path: fromScratch, errno: errno) }
         }
     }
 
     private func readSmallFile(_ path: String) throws -> [UInt8] {
         var info = stat()
-        guard stat(path, &info) == 0 else { throw FileSystemError(errno) }
-        guard info.st_size <= PropertiesWriteHandle.maximumSize else { throw FileSystemError(EFBIG) }
-        guard let data = FileManager.default.contents(atPath: path) else { throw FileSystemError(EIO) }
+        guard stat(path, &info) == 0 else { throw SofaError.system("stat", path: path, errno: errno) }
+        guard info.st_size <= PropertiesWriteHandle.maximumSize else { throw MountError.tooLarge(path, limit: Int64(PropertiesWriteHandle.maximumSize)) }
+        guard let data = FileManager.default.contents(atPath: path) else { throw SofaError.system("read", path: path, errno: EIO) }
         return [UInt8](data)
     }
 
     func writeScratch(_ path: String, bytes: [UInt8]) throws {
         try makeParents(of: path)
-        guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw FileSystemError(EIO) }
+        guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw SofaError.system("write", path: path, errno: EIO) }
     }
 
     private func copy(_ reader: BlobReader, toScratch path: String) throws {
         try makeParents(of: path)
         let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw FileSystemError(errno) }
+        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         defer { Glibc.close(fd) }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
         defer { buffer.deallocate() }
         while case let count = try reader.read(into: buffer), count > 0 {
-            guard Glibc.write(fd, buffer.baseAddress, count) == count else { throw FileSystemError(errno) }
+            guard Glibc.write(fd, buffer.baseAddress, count) == count else { throw SofaError.system("write", path: path, errno: errno) }
         }
     }
 }

@@ -128,12 +128,19 @@ public struct OpenFile: Sendable {
     }
 }
 
-/// An error that knows its errno.
+/// An error that knows its errno. A file system's errors conform (in one place, one switch);
+/// anything else a method throws is answered as EIO and logged as a failure.
 public protocol ErrnoConvertible: Error {
     var errno: Int32 { get }
+    /// Whether something failed (logged as an error) rather than a request refused by the file
+    /// system's rules (logged as a notice, or at debug level for ENOENT, EEXIST and the like).
+    var isFailure: Bool { get }
 }
 
-/// A bare errno, for file-system answers that are not domain errors (ENOENT, EISDIR, …).
+/// The bridge's own answers, about the kernel's requests rather than the file system's tree: an
+/// inode it does not know, a name longer than NAME_MAX, a buffer too small, a session that
+/// cannot start, a file changed while a passthrough open was set up. A file system's errors are
+/// its own types.
 public struct FileSystemError: ErrnoConvertible, Equatable, CustomStringConvertible {
     public let errno: Int32
     /// Why, when the errno alone does not say (it goes to the log).
@@ -142,6 +149,7 @@ public struct FileSystemError: ErrnoConvertible, Equatable, CustomStringConverti
         self.errno = errno
         self.reason = reason
     }
+    public var isFailure: Bool { errno == EIO }
     public var description: String { String(cString: strerror(errno)) + (reason.map { " (\($0))" } ?? "") }
 }
 

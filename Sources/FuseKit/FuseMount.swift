@@ -243,12 +243,14 @@ private func answer(_ request: fuse_req_t?, _ operation: String? = nil, _ ino: f
     do {
         try body(box, box.fileSystem)
     } catch {
-        let code = (error as? ErrnoConvertible)?.errno ?? EIO
+        let known = error as? ErrnoConvertible
+        let code = known?.errno ?? EIO
         fuse_reply_err(request, code)
         guard let operation else { return }
+        // The inode's path now, for the log: nil when the kernel's inode is gone meanwhile.
         let path = (try? name.map { try box.path(ino, $0) } ?? box.path(ino)) ?? "inode \(ino)"
-        let level: Logger.Level = [ENOENT, EEXIST, ENOTEMPTY, ENODATA, ENAMETOOLONG, EISDIR, ENOTDIR].contains(code)
-            ? .debug : error is FileSystemError ? .notice : .error
+        let level: Logger.Level = known?.isFailure ?? true ? .error
+            : [ENOENT, EEXIST, ENOTEMPTY, ENODATA, ENAMETOOLONG, EISDIR, ENOTDIR].contains(code) ? .debug : .notice
         fuseLog.log(level: level, "\(operation) \(path): \(error)")
     }
 }
