@@ -80,11 +80,33 @@ func folderBenchmark(_ options: Options) throws {
         let db = try Database.open(at: dbPath)
         let info = try db.info()
         let bytes = info.databaseBytes
+        let reference = try referenceTime(label, files: files, job: job, into: into)
         row(label, String(format: "plain %7.2f s", plainTime), String(format: "mount %7.2f s", mountTime),
             "ratio " + ratio(plainTime / mountTime),
             String(format: "SQLite %5.0f B/file", Double(bytes) / Double(files)),
             "\(info.documentCount) docs" + extra)
+        if let reference {
+            row("  libfuse's passthrough_ll, same job", "", String(format: "       %7.2f s", reference),
+                "ratio " + ratio(plainTime / reference), "Sofa ÷ it " + ratio(reference / mountTime))
+        }
         return mountTime
+    }
+
+    /// The same job through libfuse's own minimal C file system (its `passthrough_ll` example,
+    /// which passes each call to a folder on the same disk), followed by `sync`: what FUSE alone
+    /// costs on this machine, the floor under any FUSE file system's time. nil when the bench
+    /// was not given it (`Scripts/bench folders` builds it from libfuse3-dev's examples).
+    func referenceTime(_ label: String, files: Int, job: (_ target: String) -> String, into: String) throws -> Double? {
+        guard let binary = ProcessInfo.processInfo.environment["SOFA_BENCH_FUSE_REFERENCE"] else { return nil }
+        let backing = "\(work)/reference-\(label.filter(\.isLetter))-\(files)"
+        let mountPoint = "\(work)/reference-mnt"
+        try FileManager.default.createDirectory(atPath: "\(backing)/\(into)", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+        // It keeps a descriptor open per file it has seen: 10,000 files pass the usual 1,024.
+        _ = try timeShell("ulimit -n 1048576 && \(binary) -o source=\(backing) \(mountPoint)")
+        defer { _ = try? timeShell("fusermount3 -u \(mountPoint)") }
+        _ = try timeShell("sync")
+        return try timeShell("\(job("\(mountPoint)/\(into)")) && sync")
     }
 
     /// `cp -r`, `tar x` and `rsync -a` (then again: what it sends) of `tree` into `into`; the `cp -r` time.
