@@ -128,6 +128,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// What the cache knows of a document, loading it if needed.
     func cached(_ id: String) throws -> DocumentCache.Entry {
         try cache.entry(id) {
+            // An id that is not valid is not a document the mount shows (its name is just absent).
             guard !DocumentID.isLocal(id), (try? DocumentID.validate(id)) != nil,
                   let revision = try database.document(withID: id) else {
                 return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false)

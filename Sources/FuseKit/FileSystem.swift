@@ -150,7 +150,7 @@ public struct FileSystemError: ErrnoConvertible, Equatable, CustomStringConverti
         self.reason = reason
     }
     public var isFailure: Bool { errno == EIO }
-    public var description: String { String(cString: strerror(errno)) + (reason.map { " (\($0))" } ?? "") }
+    public var description: String { reason ?? String(cString: strerror(errno)) }
 }
 
 /// A file system served by `FuseMount`. Paths are absolute within the mount

@@ -121,7 +121,8 @@ public final class FuseMount: @unchecked Sendable {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
         process.arguments = ["-u", "-z", path]
-        try? process.run()
+        // No fusermount3: the umount2 above was the way, and failed; nothing else to try.
+        guard (try? process.run()) != nil else { return }
         process.waitUntilExit()
     }
 
@@ -251,7 +252,10 @@ private func answer(_ request: fuse_req_t?, _ operation: String? = nil, _ ino: f
         let path = (try? name.map { try box.path(ino, $0) } ?? box.path(ino)) ?? "inode \(ino)"
         let level: Logger.Level = known?.isFailure ?? true ? .error
             : [ENOENT, EEXIST, ENOTEMPTY, ENODATA, ENAMETOOLONG, EISDIR, ENOTDIR].contains(code) ? .debug : .notice
-        fuseLog.log(level: level, "\(operation) \(path): \(error)")
+        // The errno's words (what the program printed), then the error's own account of it.
+        let words = String(cString: strerror(code)), account = "\(error)"
+        let detail = account == words ? "" : " (\(account))"
+        fuseLog.log(level: level, "\(operation) \(path): \(words)\(detail)")
     }
 }
 

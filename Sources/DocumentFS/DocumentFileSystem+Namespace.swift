@@ -1,0 +1,189 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import FuseKit
+
+/// Folders and removals: `mkdir`, `rmdir` and `unlink` of documents, attachments, folders of
+/// attachments and scratch files.
+extension DocumentFileSystem {
+    public func makeDirectory(_ path: String) throws {
+        guard let node = Node(path: path) else { throw MountError.cannotMakeFolder(path) }
+        guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
+        switch node {
+        case .document(let id):
+            try DocumentID.validate(id)
+            guard !DocumentID.isLocal(id) else { throw SofaError.invalidDocumentID(id, reason: "_local documents are not shown in the mount") }
+            guard try !documentFolderExists(id) else { throw MountError.exists(path) }
+            guard mkdir(scratchDirectory(id), 0o755) == 0 else { throw SofaError.system("mkdir", path: scratchDirectory(id), errno: errno) }
+        case .attachment(let id, let folder):
+            guard !folder.isEmpty else { throw MountError.exists(path) }
+            try AttachmentName.validate(folder)
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
+            if try attributesIfPresent(of: path) != nil { throw MountError.exists(path) }
+            _ = withState { keptFolders.insert(FolderKey(docID: id, folder: folder)) }
+            // Recorded, so that the empty folder is there at the next mount too.
+            let row = LocalAttributes.folderName(folder)
+            let local = try database.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
+            cache.update(id) { $0.setLocal(row, local) }
+            noteEntryChange(folder, in: id)
+        case .scratch(let id, let relative):
+            guard try documentFolderExists(id) else { throw MountError.notFound(path) }
+            let target = scratchPath(id, relative)
+            try makeParents(of: target)
+            guard mkdir(target, 0o755) == 0 else { throw SofaError.system("mkdir", path: target, errno: errno) }
+        default:
+            throw try attributesIfPresent(of: path) != nil ? MountError.exists(path) : MountError.cannotMakeFolder(path)
+        }
+    }
+
+    public func removeDirectory(_ path: String) throws {
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
+        guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
+        switch node {
+        case .document(let id):
+            let scratch = scratchDirectory(id)
+            if let revision = try liveRevision(id) {
+                let removal = self.removal(id) ?? Removal()
+                guard removal.properties, visibleAttachments(revision).isEmpty,
+                      try database.revisionTree(of: id).conflicts.isEmpty,
+                      scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
+                try deleteDocument(id)
+            } else if !isDirectory(scratch) {
+                throw MountError.notFound(path)
+            }
+            guard scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
+            // Empty: if it cannot go, it lists nothing, and the document folder goes all the same.
+            try? FileManager.default.removeItem(atPath: scratch)
+            withState {
+                removals[id] = nil
+                keptFolders = keptFolders.filter { $0.docID != id }
+            }
+        case .attachment(let id, let folder):
+            guard let revision = try liveRevision(id) else {
+                guard isDirectory(scratchDirectory(id)) else { throw MountError.notFound(path) }
+                return
+            }
+            let attachments = visibleAttachments(revision)
+            guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
+            func within(_ name: String) -> Bool { Node.lies(name, below: folder) }
+            let recorded = try cached(id).recordedFolders
+            let holdsFolders = withState { keptFolders.contains { $0.docID == id && within($0.folder) && $0.folder != folder } }
+                || recorded.contains { $0 != folder && within($0) }
+            let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { within($0.name) } == true }
+            let scratch = folder.isEmpty ? Node.attachmentsDirectoryName : folder == Node.blobsFolder ? Node.blobsDirectoryName : nil
+            guard !attachments.contains(where: { within($0.name) }), !holdsFolders, !holdsPending,
+                  scratch.map({ scratchIsEmpty(scratchPath(id, $0)) }) ?? true else {
+                throw MountError.notEmpty(path)
+            }
+            _ = withState {
+                keptFolders.remove(FolderKey(docID: id, folder: folder))
+                folderChanges[FolderKey(docID: id, folder: folder)] = nil
+            }
+            try forgetLocalAttributes(of: LocalAttributes.folderName(folder), in: id)
+            noteEntryChange(folder, in: id)
+        case .conflict(let id, let rev):
+            // `rm -r conflicts/<rev>`: resolve by deleting that branch.
+            guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
+            var draft = try database.newRevision(of: id, from: conflict.revID)
+            draft.deleted = true
+            defer { documentChanged(id) }
+            try database.save(draft, allowConflict: true)
+        case .conflicts(let id):
+            guard try liveRevision(id) != nil else { throw MountError.notFound(path) }
+            guard try database.revisionTree(of: id).conflicts.isEmpty else { throw MountError.notEmpty(path) }
+        case .conflictAttachment:
+            // Part of `rm -r conflicts/<rev>`; the branch goes with its folder.
+            guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
+        case .scratch(let id, let relative):
+            guard rmdir(scratchPath(id, relative)) == 0 else { throw SofaError.system("rmdir", path: scratchPath(id, relative), errno: errno) }
+        case .root, .docs, .statusDirectory:
+            throw MountError.busy(path, why: "the mount's own folders stay")
+        case .properties, .statusFile, .conflictProperties:
+            throw MountError.notFolder(path)
+        }
+    }
+
+    /// Keeps the folders that held `names` visible until they are removed with rmdir,
+    /// as a real directory stays when its last file goes.
+    func keepFolders(of names: [String], in id: String) {
+        withState {
+            for name in names {
+                var parts = name.split(separator: "/", omittingEmptySubsequences: false).dropLast()
+                while !parts.isEmpty {
+                    keptFolders.insert(FolderKey(docID: id, folder: parts.joined(separator: "/")))
+                    parts = parts.dropLast()
+                }
+            }
+        }
+    }
+
+    /// Whether a scratch folder holds no file (empty subfolders do not count).
+    func scratchIsEmpty(_ directory: String) -> Bool {
+        guard let enumerator = FileManager.default.enumerator(atPath: directory) else { return true }
+        for case let name as String in enumerator where !isDirectory("\(directory)/\(name)") { return false }
+        return true
+    }
+
+    /// Tombstones every live leaf, so that no conflict resurrects the document.
+    func deleteDocument(_ id: String) throws {
+        defer { documentChanged(id) }
+        for _ in 0..<8 {
+            guard let current = try database.document(withID: id) else { return }
+            do { try database.deleteDocument(id, revID: current.revID) } catch SofaError.conflict { continue }
+        }
+    }
+
+    public func unlink(_ path: String) throws {
+        guard let node = Node(path: path) else { throw MountError.notFound(path) }
+        guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
+        if let pending = pendingFile(at: path) {
+            // Open and being written: its name goes now; what its descriptors write goes nowhere.
+            // (Its folders are kept first: there is no moment when they are nowhere.)
+            if case .attachment(let id, let name) = node {
+                keepFolders(of: [name], in: id)
+                noteEntryChange(name, in: id)
+            }
+            detach(pending)
+            switch node {
+            case .attachment(let id, let name):
+                guard try liveRevision(id) != nil, try visibleAttachment(name, in: id) != nil else {
+                    return  // never saved: nothing else to remove
+                }
+            case .properties(let id):
+                guard try liveRevision(id) != nil else { return }
+            default:
+                break
+            }
+        }
+        switch node {
+        case .properties(let id):
+            // Starts a removal: the document is deleted by the rmdir of its folder.
+            guard try liveRevision(id) != nil, removal(id)?.properties != true else { throw MountError.notFound(path) }
+            withState { removals[id, default: Removal()].properties = true }
+        case .attachment(let id, let name):
+            guard let revision = try liveRevision(id), try visibleAttachment(name, in: id) != nil else {
+                throw try isDirectoryNode(path) ? MountError.isFolder(path) : MountError.notFound(path)
+            }
+            let removing = withState { () -> Bool in
+                guard removals[id] != nil else { return false }
+                removals[id]!.attachments.insert(name)
+                return true
+            }
+            keepFolders(of: [name], in: id)
+            if !removing {
+                _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
+            }
+            try forgetLocalAttributes(of: name, in: id)
+            noteEntryChange(name, in: id)
+        case .conflictProperties(let id, let rev), .conflictAttachment(let id, let rev, _):
+            // Part of `rm -r conflicts/<rev>`; the branch goes with the folder.
+            guard try conflictRevision(id, rev) != nil else { throw MountError.notFound(path) }
+        case .scratch(let id, let relative):
+            guard Glibc.unlink(scratchPath(id, relative)) == 0 else { throw SofaError.system("unlink", path: scratchPath(id, relative), errno: errno) }
+        case .statusFile:
+            throw MountError.readOnly(path, why: Self.readOnlyReason(node))
+        case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
+            throw MountError.isFolder(path)
+        }
+    }
+}
