@@ -76,7 +76,7 @@ public enum Blobs {
     /// The blob at `pointer`, when there is a valid one.
     public static func blob(at pointer: String, in properties: JSONObject, docID: String) -> BlobProperty? {
         guard let value = JSONPointer.value(at: pointer, in: properties), isBlob(value), case .object(let object) = value else { return nil }
-        return try? blob(object, at: pointer, docID: docID)
+        return try? blob(object, at: pointer, docID: docID)  // a malformed blob dictionary is not a blob here
     }
 
     static func blob(_ object: JSONObject, at pointer: String, docID: String) throws(SofaError) -> BlobProperty {

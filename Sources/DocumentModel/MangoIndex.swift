@@ -86,6 +86,7 @@ public struct MangoIndex: Sendable, Equatable {
             // `options.def` keeps the fields as defined; `map.fields` has them with their direction.
             let defined = view["options"]?["def"]?["fields"]?.arrayValue
                 ?? fields.map { field, direction in .object([field: direction]) }
+            // A definition CouchDB would refuse defines no index (as CouchDB skips it).
             return try? MangoIndex(designDocument: id, name: name, definedFields: defined,
                                    partialFilter: map["partial_filter_selector"]?.objectValue)
         }

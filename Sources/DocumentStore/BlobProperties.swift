@@ -76,6 +76,7 @@ struct StandInRows {
 extension Revision {
     /// The revision's valid blob properties, in document order.
     public var blobProperties: [BlobProperty] {
+        // Lenient: a stored revision's malformed blob is not a blob (what a replica sent is kept as it came).
         (try? Blobs.find(in: properties, docID: docID, lenient: true)) ?? []
     }
 

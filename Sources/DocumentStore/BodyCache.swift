@@ -1,5 +1,6 @@
 import DocumentModel
 import Foundation
+import Logging
 
 /// A body here that the cache of fetched bodies knows about.
 public struct CachedBody: Hashable, Sendable {
@@ -82,7 +83,8 @@ extension Database {
         let checkLimit = readNotesLock.withLock { now - readNotes.limitChecked > 5 }
         // A limit that cannot be read now counts as set: reads are noted, as they must be if it is.
         if checkLimit {
-            let limited = (try? cacheLimit()).map { $0 != nil } ?? true
+            let limited: Bool
+            do { limited = try cacheLimit() != nil } catch { limited = true }
             readNotesLock.withLock {
                 readNotes.limitChecked = now
                 readNotes.limited = limited
@@ -97,6 +99,7 @@ extension Database {
             return readNotes.pending
         }
         guard let due else { return }
+        // Read times only order evictions: one not written leaves a body a little older than it is.
         try? write { connection in
             for (digest, time) in due {
                 try connection.run("INSERT INTO body_cache (digest, last_read) VALUES (?, ?) ON CONFLICT (digest) DO UPDATE SET last_read = excluded.last_read",
@@ -249,6 +252,7 @@ extension Database {
     /// Other names the body `key` is known by (`body_digests`: the digest of an encoded form).
     public func digestNames(of key: BlobKey) -> [String] {
         guard hasBodyDigests else { return [] }
+        // Other names to recognise a body by (an ETag): a failed read only narrows the match.
         return (try? read { try $0.query("SELECT digest FROM body_digests WHERE blob_key = ?", .text(key.hex)) { $0.text(0) } }) ?? []
     }
 
@@ -305,20 +309,27 @@ extension Database {
     /// Forgets a pending save (saved, or dropped) and deletes its bytes.
     public func removePendingSave(_ id: String) {
         guard hasBodyCache else { return }
-        let file = try? read { try $0.query("SELECT file FROM pending_saves WHERE id = ?", .text(id)) { $0.text(0) }.first }
-        _ = try? write { try $0.run("DELETE FROM pending_saves WHERE id = ?", .text(id)) }
-        if let file = file ?? nil { unlink(file) }
+        do {
+            let file = try read { try $0.query("SELECT file FROM pending_saves WHERE id = ?", .text(id)) { $0.text(0) }.first }
+            try write { try $0.run("DELETE FROM pending_saves WHERE id = ?", .text(id)) }
+            if let file { unlink(file) }
+        } catch {
+            // The row stays: the next mount finds the save it records already made (its base
+            // revision is no longer current) and keeps it as a conflict at worst, never loses it.
+            Logger(label: "sofa.store").error("pending save \(id) was saved but is still recorded: \(error)")
+        }
     }
 
     /// Deletes the bytes of pending saves that no row names any more (a mount stopped between
     /// the two), once older than `Tuning.blobGracePeriod` (a mount may be about to record one).
     /// Returns the bytes freed.
     func removeOrphanedPendingSaveFiles(dryRun: Bool = false) -> Int64 {
+        // Unknown which files are recorded: none is removed (a sweep that can wait).
         guard hasBodyCache, let recorded = try? Set(pendingSaves().map(\.file)) else { return 0 }
         let folder = "\(blobs.directory)/tmp"
         let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
         var freed: Int64 = 0
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []  // no folder: nothing to sweep
         where name.hasPrefix("pending-") && name.hasSuffix(".keep") && !recorded.contains("\(folder)/\(name)") {
             var info = stat()
             guard stat("\(folder)/\(name)", &info) == 0, Double(info.st_mtim.tv_sec) < cutoff else { continue }

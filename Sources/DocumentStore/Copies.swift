@@ -9,6 +9,22 @@ import ZIPFoundation
 // killed process never leaves a half-made database under the destination's name.
 
 extension Database {
+    /// The private UUIDs this database had before it was copied, newest first: a copy's
+    /// replications find the checkpoints its originals left (`Database.copy(to:)`). A failed
+    /// read is passed up: read as "none", a replication would start again from the beginning.
+    public var previousPrivateUUIDs: [String] {
+        get throws {
+            let text = try read { connection in
+                try connection.query("SELECT value FROM meta WHERE key = 'previous_private_uuids'") { $0.text(0) }.first
+            }
+            guard let text else { return [] }
+            guard let list = try JSONParser.parse(Array(text.utf8)).arrayValue else {
+                throw SofaError.notADatabase(path: path, reason: "previous_private_uuids is not a JSON array")
+            }
+            return list.compactMap(\.stringValue)
+        }
+    }
+
     /// A consistent copy at `destination` with new public and private UUIDs that remembers
     /// this database's private UUID (and its predecessors), so its first pull resumes from
     /// the checkpoints this one left instead of starting over. The SQLite file is copied
@@ -199,14 +215,14 @@ extension Database {
             let meta = Dictionary(try connection.query("SELECT key, value FROM meta") { ($0.text(0), $0.optionalText(1) ?? "") },
                                   uniquingKeysWith: { $1 })
             guard let old = meta["private_uuid"] else { throw SofaError.notADatabase(path: connection.path, reason: "its identity is missing") }
-            let earlier = meta["previous_private_uuids"].flatMap { try? JSONParser.parse(Array($0.utf8)) }?.arrayValue ?? []
+            let earlier = try meta["previous_private_uuids"].map { try JSONParser.parse(Array($0.utf8)) }?.arrayValue ?? []
             let chain = JSONValue.array([.string(old)] + earlier).jsonString()
             try connection.run("UPDATE meta SET value = ? WHERE key = 'public_uuid'", .text(Schema.newUUID()))
             try connection.run("UPDATE meta SET value = ? WHERE key = 'private_uuid'", .text(Schema.newUUID()))
             try connection.run("INSERT OR REPLACE INTO meta (key, value) VALUES ('previous_private_uuids', ?)", .text(chain))
             try connection.execute("COMMIT")
         } catch {
-            try? connection.execute("ROLLBACK")
+            try? connection.execute("ROLLBACK")  // the error thrown below is the one that matters
             throw error
         }
     }
@@ -275,7 +291,7 @@ struct StagedDirectory {
         let staging = stagingLocation(for: destination)
         StagedDirectory.removeAbandoned(in: staging.directory, prefix: staging.prefix)
         path = staging.path
-        try? FileManager.default.removeItem(atPath: path)
+        try? FileManager.default.removeItem(atPath: path)  // a leftover of this pid's earlier run, if any; mkdir says if it is in the way
         guard mkdir(path, 0o755) == 0 else { throw SofaError.system("create directory", path: path, errno: errno) }
     }
 
@@ -290,7 +306,7 @@ struct StagedDirectory {
                 rename(aside, destination)
                 throw SofaError.system("rename", path: destination, errno: code)
             }
-            try? FileManager.default.removeItem(atPath: aside)
+            try? FileManager.default.removeItem(atPath: aside)  // the new database is in place; the old one's removal can fail harmlessly
         } else {
             // rename(2) would replace an empty directory made meanwhile; link-free check instead.
             guard access(destination, F_OK) != 0 else { throw SofaError.databaseExists(path: destination) }
@@ -301,16 +317,16 @@ struct StagedDirectory {
     }
 
     func discard() {
-        try? FileManager.default.removeItem(atPath: path)
+        try? FileManager.default.removeItem(atPath: path)  // a failed copy's leftovers; removeAbandoned takes what stays
     }
 
     /// Removes what `prefix`PID names (files or folders) for processes that no longer run.
     static func removeAbandoned(in directory: String, prefix: String) {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }  // a sweep: nothing to sweep
         for name in names where name.hasPrefix(prefix) {
             let rest = name.dropFirst(prefix.count)
             guard let pid = pid_t(rest.prefix { $0.isNumber }), kill(pid, 0) != 0, errno == ESRCH else { continue }
-            try? FileManager.default.removeItem(atPath: "\(directory)/\(name)")
+            try? FileManager.default.removeItem(atPath: "\(directory)/\(name)")  // tried again at the next sweep
         }
     }
 }

@@ -81,7 +81,7 @@ public enum CouchFormat {
     /// `_revs_info` which ancestors still have their bodies here. Bodies that are not on
     /// this machine go as stubs.
     public static func render(_ revision: some CouchRevision, history: [RevisionID], tree: RevisionTree? = nil, options: Options,
-                              hasBody: (RevisionID) -> Bool = { _ in true },
+                              hasBody: (RevisionID) throws -> Bool = { _ in true },
                               readBody: (Attachment) throws -> [UInt8]) throws -> Rendered {
         var json = JSONObject()
         json["_id"] = .string(revision.docID)
@@ -125,8 +125,8 @@ public enum CouchFormat {
             if !deleted.isEmpty { json["_deleted_conflicts"] = .array(deleted.map { .string($0.id.description) }) }
         }
         if let tree, options.revsInfo {
-            json["_revs_info"] = .array(history.map { id in
-                let status = tree.nodes[id]?.deleted == true ? "deleted" : id == revision.revID || hasBody(id) ? "available" : "missing"
+            json["_revs_info"] = .array(try history.map { id in
+                let status = try tree.nodes[id]?.deleted == true ? "deleted" : id == revision.revID || hasBody(id) ? "available" : "missing"
                 return ["rev": .string(id.description), "status": .string(status)]
             })
         }
@@ -135,7 +135,7 @@ public enum CouchFormat {
 
     /// Renders a stored revision of the document whose tree is `tree`.
     public static func render(_ revision: Revision, tree: RevisionTree, options: Options,
-                              hasBody: (RevisionID) -> Bool = { _ in true },
+                              hasBody: (RevisionID) throws -> Bool = { _ in true },
                               readBody: (Attachment) throws -> [UInt8]) throws -> Rendered {
         try render(revision, history: tree.history(of: revision.revID), tree: tree, options: options,
                    hasBody: hasBody, readBody: readBody)

@@ -87,7 +87,7 @@ public final class PartialBody: @unchecked Sendable {
             Glibc.close(fd)
             throw error
         }
-        _ = try? merge()
+        _ = try? merge()  // what another process recorded; unreadable, its chunks are fetched again
     }
 
     deinit { close() }
@@ -102,7 +102,7 @@ public final class PartialBody: @unchecked Sendable {
             return !closed
         }
         guard wasOpen else { return }
-        try? save()
+        try? save()  // the map of what arrived: lost, those chunks are fetched again, never read wrong
         Glibc.close(fd)
     }
 

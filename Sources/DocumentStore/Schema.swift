@@ -182,7 +182,7 @@ enum Schema {
             try connection.execute("PRAGMA user_version = \(version)")
             try connection.execute("COMMIT")
         } catch {
-            try? connection.execute("ROLLBACK")
+            try? connection.execute("ROLLBACK")  // the error thrown below is the one that matters
             throw error
         }
     }
@@ -213,7 +213,7 @@ enum Schema {
                 try connection.execute("PRAGMA user_version = \(version)")
                 try connection.execute("COMMIT")
             } catch {
-                try? connection.execute("ROLLBACK")
+                try? connection.execute("ROLLBACK")  // the error thrown below is the one that matters
                 throw error
             }
         }

@@ -63,7 +63,7 @@ import TestSupport
 
         let installed = try Database.install(snapshot: zip, at: directory.appending("installed-\(zip64Threshold).sofa"))
         #expect(try contents(installed) == contents(db))
-        #expect(installed.previousPrivateUUIDs == [db.privateUUID])
+        #expect(try installed.previousPrivateUUIDs == [db.privateUUID])
         #expect(installed.privateUUID != db.privateUUID && installed.publicUUID != db.publicUUID)
         #expect(try installed.check().isEmpty)
     }

@@ -1,0 +1,259 @@
+import DocumentModel
+import Foundation
+
+/// Saving: drafts on top of the current revision, replicated revisions as they come
+/// (`new_edits=false`), deletions, and the history kept.
+extension Database {
+    /// A draft of the next revision of `id`: on top of its current revision, or of
+    /// nothing for a new document. A deleted document is continued from its tombstone.
+    public func newRevision(of id: String) throws -> RevisionDraft {
+        try DocumentID.validate(id)
+        guard let current = try currentRevision(of: id) else {
+            return RevisionDraft(docID: id, parent: nil, properties: JSONObject(), attachments: [], blobs: blobs)
+        }
+        return RevisionDraft(docID: id, parent: current.revID, properties: current.deleted ? JSONObject() : current.properties,
+                             attachments: current.deleted ? [] : current.attachments, blobs: blobs)
+    }
+
+    /// A draft of a brand-new document. Saving it when the id exists already is a
+    /// conflict, or a new root branch with `allowConflict`.
+    public func newDocument(_ id: String) throws -> RevisionDraft {
+        try DocumentID.validate(id)
+        return RevisionDraft(docID: id, parent: nil, properties: JSONObject(), attachments: [], blobs: blobs)
+    }
+
+    /// A draft on top of a specific revision (which may be stale; see `save(_:allowConflict:)`).
+    public func newRevision(of id: String, from revID: RevisionID) throws -> RevisionDraft {
+        let base = try revision(revID, of: id)
+        return RevisionDraft(docID: id, parent: revID, properties: base.properties, attachments: base.attachments, blobs: blobs)
+    }
+
+    /// Saves a draft as a new revision.
+    ///
+    /// If the draft's parent is no longer the current revision, this throws
+    /// `SofaError.conflict` unless `allowConflict` is true, in which case the draft
+    /// becomes a new branch (a conflict) and nothing is lost. Saving content
+    /// identical to an existing child of the parent returns that revision.
+    @discardableResult
+    public func save(_ draft: RevisionDraft, allowConflict: Bool = false) throws -> Revision {
+        try write { try save(draft, allowConflict: allowConflict, in: $0) }
+    }
+
+    /// Deletes a document by saving a tombstone on top of `revID` (or the current revision).
+    @discardableResult
+    public func deleteDocument(_ id: String, revID: RevisionID? = nil) throws -> Revision {
+        try write { connection in
+            guard let row = try Database.documentRow(id, in: connection), !row.deleted else { throw SofaError.documentNotFound(id) }
+            if let revID, revID != row.current {
+                throw SofaError.conflict(docID: id, revID: revID.description, current: row.current.description)
+            }
+            var draft = RevisionDraft(docID: id, parent: row.current, properties: JSONObject(), attachments: [], blobs: blobs)
+            draft.deleted = true
+            return try save(draft, allowConflict: false, in: connection)
+        }
+    }
+
+    /// Inserts a revision with its history, as replication does (`new_edits=false`).
+    /// Returns false when the revision was already here.
+    @discardableResult
+    public func insert(_ revision: ReplicatedRevision) throws -> Bool {
+        try write { try insert(revision, in: $0) }
+    }
+
+    func save(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> Revision {
+        try DocumentID.validate(draft.docID)
+        guard !DocumentID.isLocal(draft.docID) else {
+            throw SofaError.invalidDocumentID(draft.docID, reason: "_local documents are saved with putLocalDocument")
+        }
+        try Database.validateProperties(draft.properties)
+        let row = try Database.documentRow(draft.docID, in: connection)
+        let tree = try row.map { try Database.loadTree(docKey: $0.key, in: connection) } ?? RevisionTree([])
+
+        var parent = draft.parent
+        if let requested = draft.parent {
+            guard let row else { throw SofaError.documentNotFound(draft.docID) }
+            guard tree.contains(requested) else {
+                throw SofaError.revisionNotFound(docID: draft.docID, revID: requested.description)
+            }
+            if requested != row.current && !allowConflict {
+                throw SofaError.conflict(docID: draft.docID, revID: requested.description, current: row.current.description)
+            }
+        } else if let row {
+            if row.deleted {
+                parent = row.current  // re-creating a deleted document continues from its tombstone
+            } else if !allowConflict {
+                throw SofaError.conflict(docID: draft.docID, revID: nil, current: row.current.description)
+            }
+        }
+        if draft.deleted && row == nil { throw SofaError.documentNotFound(draft.docID) }
+
+        let parentAttachments: [String: Attachment]
+        if let parent, let key = row?.key {
+            parentAttachments = Dictionary(try Database.loadAttachments(docKey: key, revID: parent, in: connection, blobs: nil)
+                .map { ($0.name, $0) }, uniquingKeysWith: { $1 })
+        } else {
+            parentAttachments = [:]
+        }
+        var draftRows = draft.attachments
+        if !draft.deleted {
+            let parentProperties = try parentAttachments.keys.contains(where: Blobs.isStandInName)
+                ? loadRevision(docKey: row!.key, docID: draft.docID, revID: parent!, in: connection)?.properties : nil
+            draftRows = try StandInRows(docID: draft.docID, parentProperties: parentProperties, parentAttachments: parentAttachments,
+                                        blobs: blobs).rows(for: draft.properties, draftRows: draftRows)
+        }
+        let generation = (parent?.generation ?? 0) + 1
+        let attachments: [Attachment] = draft.deleted ? [] : draftRows.values.sorted { $0.name < $1.name }.map { attachment in
+            // Keep revpos when neither body nor type changed since the parent.
+            let old = parentAttachments[attachment.name]
+            let unchanged = old.map { $0.digest == attachment.digest && $0.contentType == attachment.contentType } ?? false
+            return attachment.with(revpos: unchanged ? old!.revpos : generation)
+        }
+        let properties = draft.deleted ? JSONObject() : draft.properties
+        try validate(docID: draft.docID, newDocument: {
+            Database.validationJSON(docID: draft.docID, rev: parent, history: parent.map { [$0] } ?? [], deleted: draft.deleted,
+                                    properties: properties, attachments: attachments)
+        }, oldDocument: {
+            guard let parent, let key = row?.key, let old = try loadRevision(docKey: key, docID: draft.docID, revID: parent, in: connection),
+                  !old.deleted else { return nil }
+            return Database.validationJSON(docID: draft.docID, rev: parent, history: tree.history(of: parent), deleted: false,
+                                           properties: old.properties, attachments: old.attachments)
+        }, author: Author.current, in: connection)
+        let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: properties,
+                                      attachments: attachments.map { ($0.name, $0.digest) })
+        let docKey = try row?.key ?? Database.insertDocumentRow(draft.docID, revID: revID, in: connection)
+        if tree.contains(revID) {
+            // The same edit of the same parent was saved before.
+            return try loadRevision(docKey: docKey, docID: draft.docID, revID: revID, in: connection)!
+        }
+        // The same seconds value is stored and returned, so a reloaded revision compares equal.
+        let savedAt = Date(timeIntervalSince1970: Date().timeIntervalSince1970)
+        try insertRevision(docKey: docKey, revID: revID, parent: parent, deleted: draft.deleted,
+                           properties: properties, attachments: attachments, savedAt: savedAt, in: connection)
+        try noteSavedHere(attachments.filter { $0.revpos == generation && $0.blobKey != nil }.map(\.digest), in: connection)
+        let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
+        let sequence = try finishChange(docKey: docKey, docID: draft.docID, tree: tree, added: [newNode], in: connection)
+        return Revision(docID: draft.docID, revID: revID, parentRevID: parent, deleted: draft.deleted, properties: properties,
+                        attachments: attachments.map { $0.with(contentAvailable: $0.blobKey.map(blobs.contains) ?? false) },
+                        sequence: sequence, savedAt: savedAt)
+    }
+
+    func insert(_ revision: ReplicatedRevision, in connection: SQLiteConnection) throws -> Bool {
+        try DocumentID.validate(revision.docID)
+        guard !DocumentID.isLocal(revision.docID) else {
+            throw SofaError.invalidDocumentID(revision.docID, reason: "_local documents do not replicate")
+        }
+        try Database.validateProperties(revision.properties)
+        for attachment in revision.attachments { try AttachmentName.validate(attachment.name) }
+        var expected = revision.revID.generation
+        for ancestor in revision.ancestors {
+            expected -= 1
+            guard ancestor.generation == expected, expected >= 1 else {
+                throw SofaError.invalidDocument(reason: "the history of \(revision.revID) is not a chain of generations (\(ancestor))")
+            }
+        }
+        let row = try Database.documentRow(revision.docID, in: connection)
+        let tree = try row.map { try Database.loadTree(docKey: $0.key, in: connection) } ?? RevisionTree([])
+        if tree.contains(revision.revID) { return false }
+        try validate(docID: revision.docID, newDocument: {
+            Database.validationJSON(docID: revision.docID, rev: revision.revID, history: [revision.revID] + revision.ancestors,
+                                    deleted: revision.deleted, properties: revision.properties, attachments: revision.attachments)
+        }, oldDocument: {
+            // As CouchDB: the nearest ancestor this database has, when it has its body.
+            guard let key = row?.key, let ancestor = revision.ancestors.first(where: tree.contains),
+                  let old = try loadRevision(docKey: key, docID: revision.docID, revID: ancestor, in: connection), !old.deleted else { return nil }
+            return Database.validationJSON(docID: revision.docID, rev: ancestor, history: tree.history(of: ancestor), deleted: false,
+                                           properties: old.properties, attachments: old.attachments)
+        }, author: Author.current, in: connection)
+        let docKey = try row?.key ?? Database.insertDocumentRow(revision.docID, revID: revision.revID, in: connection)
+
+        // Graft: the ancestors we lack become body-less history revisions.
+        let known = revision.ancestors.firstIndex(where: tree.contains) ?? revision.ancestors.count
+        var added: [RevisionNode] = []
+        for index in stride(from: known - 1, through: 0, by: -1) {
+            let id = revision.ancestors[index]
+            let parent = index + 1 < revision.ancestors.count ? revision.ancestors[index + 1] : nil
+            try connection.run("""
+                INSERT INTO revs (doc_key, rev_id, parent_id, generation, deleted, leaf, body, sequence, saved_at)
+                VALUES (?, ?, ?, ?, 0, 0, NULL, 0, ?)
+                """, .integer(docKey), .text(id.description), SQLValue(parent?.description), SQLValue(id.generation),
+                .real(Date().timeIntervalSince1970))
+            added.append(RevisionNode(id: id, parent: parent, deleted: false, isLeaf: false))
+        }
+        let parent = revision.ancestors.first
+        try insertRevision(docKey: docKey, revID: revision.revID, parent: parent, deleted: revision.deleted,
+                           properties: revision.deleted ? JSONObject() : revision.properties,
+                           attachments: revision.attachments, in: connection)
+        added.append(RevisionNode(id: revision.revID, parent: parent, deleted: revision.deleted, isLeaf: true))
+        try finishChange(docKey: docKey, docID: revision.docID, tree: tree, added: added, in: connection)
+        return true
+    }
+
+    private func insertRevision(docKey: Int64, revID: RevisionID, parent: RevisionID?, deleted: Bool,
+                                properties: JSONObject, attachments: [Attachment], savedAt: Date = Date(),
+                                in connection: SQLiteConnection) throws {
+        let body = JSONValue.object(properties).jsonString()
+        try connection.run("""
+            INSERT INTO revs (doc_key, rev_id, parent_id, generation, deleted, leaf, body, sequence, saved_at)
+            VALUES (?, ?, ?, ?, ?, 1, ?, 0, ?)
+            """, .integer(docKey), .text(revID.description), SQLValue(parent?.description), SQLValue(revID.generation),
+            SQLValue(deleted), .text(body), .real(savedAt.timeIntervalSince1970))
+        for attachment in attachments {
+            try connection.run("""
+                INSERT INTO rev_attachments (doc_key, rev_id, name, content_type, length, digest, blob_key, revpos)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """, .integer(docKey), .text(revID.description), .text(attachment.name), .text(attachment.contentType),
+                .integer(attachment.length), .text(attachment.digest), SQLValue(attachment.blobKey?.hex),
+                SQLValue(attachment.revpos))
+        }
+    }
+
+    /// After revisions were added: pick the winner, take a new sequence, prune old history.
+    @discardableResult
+    private func finishChange(docKey: Int64, docID: String, tree: RevisionTree, added: [RevisionNode], in connection: SQLiteConnection) throws -> Int64 {
+        var nodes = tree.nodes
+        for node in added {
+            nodes[node.id] = node
+            // A revision that gained a child is no longer a leaf, in memory and on disk.
+            if let parent = node.parent, let old = nodes[parent], old.isLeaf {
+                nodes[parent] = RevisionNode(id: old.id, parent: old.parent, deleted: old.deleted, isLeaf: false)
+                try connection.run("UPDATE revs SET leaf = 0 WHERE doc_key = ? AND rev_id = ?", .integer(docKey), .text(parent.description))
+            }
+        }
+        let updated = RevisionTree(Array(nodes.values))
+        let winner = updated.winner!
+        let sequence = try Database.nextSequence(in: connection)
+        try connection.run("UPDATE docs SET current_rev = ?, deleted = ?, sequence = ? WHERE doc_key = ?",
+                           .text(winner.id.description), SQLValue(winner.deleted), .integer(sequence), .integer(docKey))
+        try documentChanged(docKey: docKey, docID: docID, winner: (winner.id, winner.deleted), in: connection)
+        for node in added {
+            try connection.run("UPDATE revs SET sequence = ? WHERE doc_key = ? AND rev_id = ?",
+                               .integer(sequence), .integer(docKey), .text(node.id.description))
+        }
+        let limit = try Database.revsLimit(in: connection)
+        if updated.nodes.count > limit {
+            for id in updated.revisionsBeyond(limit: limit) {
+                try Database.deleteRevision(docKey: docKey, revID: id, in: connection)
+            }
+        }
+        if added.contains(where: { $0.parent != nil }) { try pruneHistoryBodies(docKey: docKey, in: connection) }
+        return sequence
+    }
+
+    /// Drops the bodies and attachment lists of a document's non-leaf revisions once they hold
+    /// more than `Tuning.historyAttachmentRows` attachment rows, as CouchDB's compaction would:
+    /// a document of many files then stores one list per leaf, not one per revision it ever
+    /// had (2,000 files added one by one used to leave ~2 million rows). Revision ids stay
+    /// (within the revs limit) for replication; leaves, and so conflicts, are never touched.
+    /// A small document keeps its history's bodies until `compact()`, as before.
+    private func pruneHistoryBodies(docKey: Int64, in connection: SQLiteConnection) throws {
+        let historyRows = try connection.query("""
+            SELECT COUNT(*) FROM rev_attachments a JOIN revs r ON r.doc_key = a.doc_key AND r.rev_id = a.rev_id
+            WHERE a.doc_key = ? AND r.leaf = 0
+            """, .integer(docKey)) { $0.int(0) }[0]
+        guard historyRows > Tuning.historyAttachmentRows else { return }
+        try connection.run("""
+            DELETE FROM rev_attachments WHERE doc_key = ? AND rev_id IN (SELECT rev_id FROM revs WHERE doc_key = ? AND leaf = 0)
+            """, .integer(docKey), .integer(docKey))
+        try connection.run("UPDATE revs SET body = NULL WHERE doc_key = ? AND leaf = 0 AND body IS NOT NULL", .integer(docKey))
+    }
+}
