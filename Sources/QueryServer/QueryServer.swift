@@ -196,6 +196,7 @@ public final class QueryServerPool: @unchecked Sendable {
         for name in ["SOFA_QUERY_SERVER_JAVASCRIPT", "COUCHDB_QUERY_SERVER_JAVASCRIPT"] {
             if let command = environment[name]?.split(separator: " ").map(String.init), !command.isEmpty { return command }
         }
+        // No /proc: sofa-js is looked for on PATH instead.
         if let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
             let beside = (executable as NSString).deletingLastPathComponent + "/sofa-js"
             if access(beside, X_OK) == 0 { return [beside] }

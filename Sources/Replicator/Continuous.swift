@@ -76,7 +76,7 @@ public final class ReplicationSession: @unchecked Sendable {
     /// How long a pull's longpoll waits for a remote change before asking again. The wait
     /// wakes nothing (`HTTPClient`), and `stop()` ends it at once; a remote that vanishes
     /// without closing the connection is found after this plus the stall time.
-    static let longpollTimeout = 25
+    static let longpollTimeout = ReplicatorTuning.longpollTimeout
     /// Ends a pull's wait for the remote at `stop()` (a pass under way finishes).
     private let waitCancellation = Cancellation()
 

@@ -101,6 +101,7 @@ struct HTTPAnswer {
     let headers: [String: String]
     let body: [UInt8]
 
+    /// The body as JSON; nil when it is not (the caller says what it expected).
     var json: JSONValue? { try? JSONParser.parse(body) }
 }
 
@@ -108,9 +109,9 @@ struct HTTPAnswer {
 /// their digest) are retried: exponential backoff, bounded.
 public struct RetryPolicy: Sendable {
     /// Tries per operation, the first included.
-    public var attempts = 6
-    public var initialDelay: Double = 0.25
-    public var maximumDelay: Double = 30
+    public var attempts = ReplicatorTuning.attempts
+    public var initialDelay = ReplicatorTuning.firstRetryDelay
+    public var maximumDelay = ReplicatorTuning.longestRetryDelay
 
     public init() {}
 }
@@ -170,8 +171,8 @@ final class HTTPClient {
     let remote: RemoteDatabase
     var caFile: String?
     /// A request that makes no progress for this long fails (and is retried by the caller).
-    var stallTimeout = 60
-    var connectTimeout = 10
+    var stallTimeout = ReplicatorTuning.stallTimeout
+    var connectTimeout = ReplicatorTuning.connectTimeout
     /// Bytes curl hands over per callback (its default is 16 KiB); bodies streamed into files
     /// take bigger pieces, for fewer calls and wake-ups per byte.
     var receiveBufferSize: Int?

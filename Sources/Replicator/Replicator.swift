@@ -118,7 +118,7 @@ public final class Replicator {
     public var filterFunction: String?
     public var queryParameters: [String: String] = [:]
     /// Changes read per batch.
-    public var batchSize = 200
+    public var batchSize = ReplicatorTuning.batchSize
     /// Pushes create the remote database when it does not exist (CouchDB's `create_target`).
     public var createTarget = false
     /// Called after each batch with the running totals.
@@ -255,7 +255,7 @@ public final class Replicator {
     private func startingSequence(_ source: ReplicationPeer, _ target: ReplicationPeer) throws -> JSONValue? {
         let local: ReplicationPeer = direction == .pull ? target : source
         let remote: ReplicationPeer = direction == .pull ? source : target
-        for uuid in [database.privateUUID] + database.previousPrivateUUIDs {
+        for uuid in try [database.privateUUID] + database.previousPrivateUUIDs {
             let id = replicationID(privateUUID: uuid)
             guard let mine = try local.checkpoint(id), let theirs = try remote.checkpoint(id) else { continue }
             if let seq = Replicator.agreedSequence(mine, theirs) {

@@ -24,7 +24,7 @@ struct Pin: SofaCommand {
             Output.line("pinned \(counted(attachments.count, "attachment", "attachments")) of \(id)")
             return
         }
-        guard let url = remote ?? db.rememberedRemote else {
+        guard let url = try remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("pinned, but \(counted(missing.count, "body is", "bodies are")) not here and no remote is known "
                                             + "for \(database): give --remote URL, or run sofa download later")
         }
@@ -113,7 +113,7 @@ struct Cache: SofaCommand {
         }
         var trimmed: CacheTrim?
         if (trim || limit != nil), try db.cacheLimit() != nil {
-            guard let url = remote ?? db.rememberedRemote else {
+            guard let url = try remote ?? db.rememberedRemote else {
                 throw SofaError.invalidArgument("no remote known for \(database) to fetch evicted bodies from: give --remote URL")
             }
             let bodies = RemoteBodies(database: db, remote: try connection.remote(url), retry: connection.retryPolicy,

@@ -20,8 +20,8 @@ func copyDatabase(from source: String, to destination: String, replacing: Bool) 
 }
 
 /// What `sofa copy` and `sofa cp` say of a copy.
-func describeCopy(from source: String, _ copy: Database) -> String {
-    "copied \(source) to \(copy.path) (new private UUID; remembers \(copy.previousPrivateUUIDs.count) earlier)"
+func describeCopy(from source: String, _ copy: Database) throws -> String {
+    "copied \(source) to \(copy.path) (new private UUID; remembers \(try copy.previousPrivateUUIDs.count) earlier)"
 }
 
 /// What `sofa snapshot` and `sofa cp` say of a snapshot of `database`.
@@ -49,7 +49,7 @@ struct Copy: SofaCommand {
     @Flag(help: "Replace an existing database at the destination.") var force = false
 
     func execute() throws {
-        Output.line(describeCopy(from: source, try copyDatabase(from: source, to: destination, replacing: force)))
+        Output.line(try describeCopy(from: source, copyDatabase(from: source, to: destination, replacing: force)))
     }
 }
 
@@ -146,7 +146,7 @@ struct Cp: SofaCommand {
         }
         switch (from, to) {
         case (.database(let from), .database(let to)), (.zip(let from), .database(let to)):
-            Output.line(describeCopy(from: from, try copyDatabase(from: from, to: to, replacing: force)))
+            Output.line(try describeCopy(from: from, copyDatabase(from: from, to: to, replacing: force)))
         case (.database(let from), .zip(let to)):
             try refuseExisting(to, force: force)
             let database = try Database.open(at: from)
@@ -160,6 +160,7 @@ struct Cp: SofaCommand {
             } catch {
                 // A new database that received nothing is removed; one that received some keeps
                 // it, and running the same command again resumes from its checkpoint.
+                // Unknown whether it holds anything: it stays (the run's error is what is reported).
                 if created, (try? database.counts().lastSequence) == 0 { try? FileManager.default.removeItem(atPath: database.path) }
                 throw error
             }
@@ -206,7 +207,7 @@ struct Cp: SofaCommand {
         do {
             return try work(database)
         } catch {
-            if created { try? FileManager.default.removeItem(atPath: database.path) }
+            if created { try? FileManager.default.removeItem(atPath: database.path) }  // undone as far as it goes; the error is rethrown
             throw error
         }
     }

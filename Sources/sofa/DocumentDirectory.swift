@@ -24,11 +24,12 @@ enum DocumentDirectory {
     /// empty. Built beside it and renamed into place, so a failure leaves nothing half-made.
     static func export(_ database: Database, to directory: String) throws -> Summary {
         let directory = directory.count > 1 && directory.hasSuffix("/") ? String(directory.dropLast()) : directory
+        // Absent (the usual case) or unreadable: the export below says which when it writes.
         if let names = try? FileManager.default.contentsOfDirectory(atPath: directory), !names.isEmpty {
             throw SofaError.invalidArgument("\(directory) is not empty; give an empty or new directory")
         }
         let staging = stagingLocation(for: directory).path
-        try? FileManager.default.removeItem(atPath: staging)
+        try? FileManager.default.removeItem(atPath: staging)  // an earlier run's leftover, if any
         try makeDirectory(staging)
         var summary = Summary()
         var progress = Progress("copied")
@@ -68,7 +69,7 @@ enum DocumentDirectory {
             return summary
         } catch {
             progress.finish()
-            try? FileManager.default.removeItem(atPath: staging)
+            try? FileManager.default.removeItem(atPath: staging)  // emptied by the renames above
             throw error
         }
     }

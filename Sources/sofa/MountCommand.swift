@@ -60,6 +60,7 @@ struct Mount: SofaCommand {
             throw SofaError.invalidArgument("\(mountPoint) is already a mount point (unmount it with fusermount3 -u)")
         }
         func refuseNonEmpty() throws {
+            // A mount point that cannot be listed is left to FUSE's own mount, which says why.
             guard !fuseOptions.contains("nonempty"), let entries = try? FileManager.default.contentsOfDirectory(atPath: mountPoint),
                   !entries.isEmpty else { return }
             throw SofaError.invalidArgument("mount point \(mountPoint) is not empty: the mount would hide its "
@@ -79,7 +80,7 @@ struct Mount: SofaCommand {
         let database = try db.open()
         var downloader: RemoteBodies?
         var session: ReplicationSession?
-        if let url = remote ?? database.rememberedRemote {
+        if let url = try remote ?? database.rememberedRemote {
             let remoteDatabase = try connection.remote(url)
             downloader = RemoteBodies(database: database, remote: remoteDatabase, retry: connection.retryPolicy, caFile: connection.cacert)
             if !directions.isEmpty {
@@ -105,6 +106,7 @@ struct Mount: SofaCommand {
                     .object(["id": .string(body.docID), "name": .string(body.name), "digest": .string(body.digest),
                              "length": .integer(body.length), "received": .integer(body.present), "fetching": .bool(body.fetching)])
                 })
+                // Status only: a cache that cannot be measured now is left out of it.
                 if let use = try? downloader.database.cacheUse() { status["cache"] = .object(cacheJSON(use)) }
             }
             return status
@@ -117,7 +119,7 @@ struct Mount: SofaCommand {
         // Whatever ends this process, the mount does not outlive it as a dead one. The guard starts
         // before the mount and is told its device as soon as it exists; killed before that, the
         // mount leaves the guard to find a dead Sofa mount there (`MountGuard.detachIfDead`).
-        let guardPipe = try? MountGuard.start(for: mountPoint)
+        let guardPipe = try? MountGuard.start(for: mountPoint)  // without it, auto_unmount-style cleanup after a kill is lost, not the mount
         defer { guardPipe.flatMap { $0 }.map { _ = close($0) } }
         let mount: FuseMount
         do {
@@ -175,7 +177,7 @@ struct Mount: SofaCommand {
             if MountTable.contains(mountPoint) { return }
             var status: Int32 = 0
             if waitpid(pid, &status, WNOHANG) == pid {
-                let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
+                let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""  // the child's log, for the message; none is still an error
                 let lines = log.split(separator: "\n").suffix(5).joined(separator: "\n")
                 if !lines.isEmpty { FileHandle.standardError.write(Data((lines + "\n").utf8)) }
                 throw ExitCode((status >> 8) & 0xFF == 0 ? 1 : (status >> 8) & 0xFF)
@@ -203,7 +205,7 @@ enum MountTable {
 
     /// The fields of the topmost mountinfo line of `mountPoint`.
     private static func entry(at mountPoint: String) -> [Substring]? {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }  // no /proc: nothing known mounted
         return text.split(separator: "\n").lazy.map { $0.split(separator: " ") }.last { fields in
             fields.count > 4 && fields[4].replacingOccurrences(of: "\\040", with: " ") == mountPoint
                 && fields.firstIndex(of: "-").map { $0 + 1 < fields.count } == true
@@ -248,7 +250,7 @@ func spawnDetached(_ arguments: [String], executable: String? = nil, environment
 }
 
 var sofaExecutable: String {
-    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]  // no /proc: as invoked
 }
 
 /// Unmounts a mount whose process died, however it died: a process of its own session
@@ -287,7 +289,7 @@ struct MountGuard: SofaCommand {
 
     func execute() throws {
         // The process name (what `pkill sofa` matches) too; the main thread's is the process's.
-        try? "fuse-guard".write(toFile: "/proc/self/comm", atomically: false, encoding: .utf8)
+        try? "fuse-guard".write(toFile: "/proc/self/comm", atomically: false, encoding: .utf8)  // a name for ps only
         guard let mountPoint = ProcessInfo.processInfo.environment[MountGuard.variable] else {
             throw SofaError.invalidArgument("fuse-guard is started by sofa mount")
         }
@@ -311,7 +313,7 @@ struct MountGuard: SofaCommand {
     }
 
     private static func detach(_ mountPoint: String) {
-        guard let pid = try? spawnDetached(["fusermount3", "-u", "-z", mountPoint]) else { return }
+        guard let pid = try? spawnDetached(["fusermount3", "-u", "-z", mountPoint]) else { return }  // the guard's last resort: nothing else to try
         var status: Int32 = 0
         waitpid(pid, &status, 0)
     }

@@ -226,7 +226,7 @@ struct DownloadOptions: ParsableArguments {
             if !database.isReadOnly { try database.setDownloadPolicy(policy, for: key) }
             return policy
         }
-        return database.downloadPolicy(for: key) ?? DownloadPolicy()
+        return try database.downloadPolicy(for: key) ?? DownloadPolicy()
     }
 }
 
@@ -355,8 +355,11 @@ struct Sync: SofaCommand {
 
 /// The first line of a password file.
 func readPassword(_ path: String) throws -> String {
-    guard let text = try? String(contentsOfFile: path, encoding: .utf8),
-          let line = text.split(separator: "\n", omittingEmptySubsequences: false).first else {
+    let text: String
+    do { text = try String(contentsOfFile: path, encoding: .utf8) } catch {
+        throw SofaError.invalidArgument("cannot read a password from \(path): \(error.localizedDescription)")
+    }
+    guard let line = text.split(separator: "\n", omittingEmptySubsequences: false).first else {
         throw SofaError.invalidArgument("cannot read a password from \(path)")
     }
     return String(line)
@@ -382,7 +385,7 @@ struct Download: SofaCommand {
             // A name that matches nothing is a mistake to report, not "0 bodies downloaded".
             if let name { _ = try db.currentAttachment(name, of: id) } else { _ = try db.revision(of: id, rev: nil) }
         }
-        guard let url = remote ?? db.rememberedRemote else {
+        guard let url = try remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
         }
         let downloader = RemoteBodies(database: db, remote: try connection.remote(url), retry: connection.retryPolicy,
@@ -438,7 +441,7 @@ struct DownloadRules: SofaCommand {
 
     func execute() throws {
         let db = try Database.open(at: database)
-        guard let url = remote ?? db.rememberedRemote else {
+        guard let url = try remote ?? db.rememberedRemote else {
             throw SofaError.invalidArgument("no remote known for \(database): give --remote URL")
         }
         let policy = try downloads.policy(for: db, url: url)
@@ -482,7 +485,7 @@ struct PurgeAttachment: SofaCommand {
                              : "the body of \(name) is not here: nothing to purge")
             return
         }
-        if db.rememberedRemote == nil {
+        if try db.rememberedRemote == nil {
             Output.error("warning: \(database) has no remote it pulled from; give --remote when you download or mount")
         }
         let freed = try db.purgeBody(digest: attachment.digest)

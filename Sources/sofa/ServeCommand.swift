@@ -93,8 +93,13 @@ struct Serve: SofaCommand {
         // Bodies a database defers are fetched from where it last pulled, when a client asks.
         let remotePassword = try remotePasswordFile.map { try readPassword($0) }
         configuration.bodySource = { [remoteUser, remoteCacert] database in
-            database.rememberedRemote.flatMap { try? RemoteDatabase($0, user: remoteUser, password: remotePassword) }.map {
-                RemoteBodies(database: database, remote: $0, caFile: remoteCacert)
+            do {
+                return try database.rememberedRemote.map { try RemoteDatabase($0, user: remoteUser, password: remotePassword) }.map {
+                    RemoteBodies(database: database, remote: $0, caFile: remoteCacert)
+                }
+            } catch {
+                log.error("\(database.path): deferred bodies cannot be fetched: \(error)")
+                return nil
             }
         }
         if let user, let passwordFile {

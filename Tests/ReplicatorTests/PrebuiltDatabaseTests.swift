@@ -65,8 +65,8 @@ import ZIPFoundation
         let copies = try [first, second, third].map { try Database.open(at: $0) }
         #expect(Set((copies + [origin]).map(\.privateUUID)).count == 4 && Set((copies + [origin]).map(\.publicUUID)).count == 4,
                 "every copy has its own identity")
-        #expect(copies[0].previousPrivateUUIDs == [origin.privateUUID])
-        #expect(copies[2].previousPrivateUUIDs == [copies[0].privateUUID, origin.privateUUID], "the chain survives a second copy")
+        #expect(try copies[0].previousPrivateUUIDs == [origin.privateUUID])
+        #expect(try copies[2].previousPrivateUUIDs == [copies[0].privateUUID, origin.privateUUID], "the chain survives a second copy")
         for copy in copies {
             #expect(try ReplicationTests().snapshot(copy) == ReplicationTests().snapshot(source))
             #expect(try copy.check().isEmpty)
@@ -324,7 +324,7 @@ import ZIPFoundation
         #expect(unmounted.succeeded)
         #expect(unmounted.stderr.contains("created \(database) from \(zip)"), "\(unmounted.stderr)")
         let app = try Database.open(at: database)
-        #expect(app.previousPrivateUUIDs == [try Database.open(at: built).privateUUID])
+        #expect(try app.previousPrivateUUIDs == [try Database.open(at: built).privateUUID])
         #expect(try checkpoints(source.path).count == 2, "the seeded database pulled with a checkpoint of its own")
 
         // Once the database exists, the seed is not used again.
