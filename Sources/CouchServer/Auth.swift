@@ -6,8 +6,7 @@ import NIOHTTP1
 /// Signs and checks `AuthSession` cookies: `base64url(user:expiry-hex:hmac)`,
 /// HMAC-SHA256 under a secret made when the server starts.
 final class SessionKeys: Sendable {
-    /// Sessions last ten minutes, as CouchDB's do; each authenticated request renews them.
-    static let lifetime: TimeInterval = 600
+    static let lifetime = ServerTuning.sessionLifetime
     private let secret: [UInt8]
 
     init() {
@@ -79,7 +78,7 @@ extension CouchServer {
             let bytes = try await request.body.collect(limit: 64 * 1024)
             var name = "", password = ""
             if request.headers.mediaType == "application/json" {
-                let body = try? JSONParser.parse(bytes)
+                let body = try? JSONParser.parse(bytes)  // not JSON: no name, and the login fails as CouchDB's does
                 name = body?["name"]?.stringValue ?? ""
                 password = body?["password"]?.stringValue ?? ""
             } else {

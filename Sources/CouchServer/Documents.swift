@@ -95,7 +95,7 @@ extension CouchServer {
                 revision = current
             }
             return try CouchFormat.render(revision, tree: tree, options: options,
-                                        hasBody: { (try? db.revision($0, of: id)) != nil },
+                                        hasBody: { try db.revisionIfPresent($0, of: id) != nil },
                                         readBody: { try self.readWholeBody($0, db, id: id) })
         }
         let etag = "\"\(rendered.json["_rev"]?.stringValue ?? "")\""
@@ -114,7 +114,7 @@ extension CouchServer {
 
     /// A body for inline base64 (JSON with `attachments=true`); bounded, as JSON bodies are.
     func readWholeBody(_ attachment: Attachment, _ db: Database, id: String) throws -> [UInt8] {
-        guard attachment.length <= Int64(Limits.jsonBody) else {
+        guard attachment.length <= Int64(ServerTuning.jsonBody) else {
             throw HTTPError(.payloadTooLarge, "too_large", "attachment \(attachment.name) is too large to inline; use multipart")
         }
         let reader = try db.openContent(of: attachment, docID: id)
@@ -179,7 +179,7 @@ extension CouchServer {
             // All leaves come in revision order, as CouchDB lists them.
             let revs = wanted.map { list in list.flatMap { latest ? tree.latestLeaves(from: $0) : [$0] } } ?? tree.leaves.map(\.id).sorted()
             return try revs.map { rev in
-                guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
+                guard let revision = try db.revisionIfPresent(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
                 return .success(try CouchFormat.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
             }
         }
@@ -247,7 +247,7 @@ extension CouchServer {
             }
             (document, received) = try await readMultipartDocument(request, db: db, boundary: boundary)
         } else {
-            document = try IncomingDocument(try await request.body.json(limit: Limits.jsonBody))
+            document = try IncomingDocument(try await request.body.json(limit: ServerTuning.jsonBody))
         }
         if let id = document.id, id != id { throw HTTPError.badRequest("Document id must match the URL") }
         if document.rev == nil { document.rev = try requestedRev(request) }
@@ -258,7 +258,7 @@ extension CouchServer {
 
     func postDocument(_ request: Request, database db: Database) async throws {
         try requireWritable(request)
-        var document = try IncomingDocument(try await request.body.json(limit: Limits.jsonBody))
+        var document = try IncomingDocument(try await request.body.json(limit: ServerTuning.jsonBody))
         let id = document.id ?? UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
         document.id = id
         let rev = try await storeDocuments([(id, document)], received: [:], db: db, newEdits: true)[0].get()
@@ -285,7 +285,7 @@ extension CouchServer {
         guard try await reader.nextPart() != nil else { throw MultipartReader.malformed("no document part") }
         let document: IncomingDocument
         do {
-            document = try IncomingDocument(try JSONParser.parse(try await reader.readPart(limit: Limits.jsonBody)))
+            document = try IncomingDocument(try JSONParser.parse(try await reader.readPart(limit: ServerTuning.jsonBody)))
         } catch let error as JSONParseError {
             _ = error
             throw HTTPError.invalidJSON
@@ -483,7 +483,7 @@ extension CouchServer {
             try await request.response.sendJSON(.ok, .object(json))
         case .PUT:
             try requireWritable(request)
-            let body = try await request.body.json(limit: Limits.jsonBody)
+            let body = try await request.body.json(limit: ServerTuning.jsonBody)
             guard case .object(let object) = body else { throw HTTPError.badRequest("Document must be a JSON object") }
             let rev = object["_rev"]?.stringValue ?? request.query("rev")
             let stored = object.filter { $0 != "_id" && $0 != "_rev" }

@@ -355,7 +355,7 @@ final class LingeringClose: ChannelDuplexHandler, @unchecked Sendable {
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    static let linger = TimeAmount.seconds(5)
+    static let linger = ServerTuning.lingerOnError
     /// Set when a parse error has been seen: the close that follows lingers.
     var lingerOnClose = false
     private var lingering = false

@@ -223,7 +223,7 @@ func makeBoundary() -> String {
 extension ResponseWriter {
     /// Streams a blob's bytes, in pieces of `pieceSize`: the whole body, read in order so
     /// the reader verifies its hash at the end, or `length` bytes from `offset` (a range).
-    func streamBody(_ box: ReaderBox, server: CouchServer, offset: Int64? = nil, length: Int64, pieceSize: Int = 256 * 1024) async throws {
+    func streamBody(_ box: ReaderBox, server: CouchServer, offset: Int64? = nil, length: Int64, pieceSize: Int = ServerTuning.bodyPiece) async throws {
         // One piece is read (and hashed) on the pool while the previous one is being sent.
         func read(from start: Int64) -> Task<ByteBuffer, any Error> {
             let count = Int(min(Int64(pieceSize), length - start))
@@ -240,7 +240,7 @@ extension ResponseWriter {
                 try await write(piece)
             } catch {
                 next?.cancel()
-                _ = try? await next?.value
+                _ = try? await next?.value  // the read ahead, cancelled: the write's error is the answer
                 throw error
             }
         }
@@ -274,7 +274,7 @@ final class ReaderBox: @unchecked Sendable {
     func awaitFirstByte(at offset: Int64) throws {
         guard let deferred, offset < deferred.length else { return }
         var byte: UInt8 = 0
-        _ = try withUnsafeMutableBytes(of: &byte) { try deferred.read(into: $0, at: offset, timeout: 30) }
+        _ = try withUnsafeMutableBytes(of: &byte) { try deferred.read(into: $0, at: offset, timeout: ServerTuning.deferredReadTimeout) }
     }
 
     /// `count` bytes, from `position` (a range, unverified) or next in order (verified:
@@ -286,7 +286,7 @@ final class ReaderBox: @unchecked Sendable {
             let read = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count - filled) { raw in
                 let target = UnsafeMutableRawBufferPointer(rebasing: raw.prefix(count - filled))
                 if let deferred {
-                    return try deferred.read(into: target, at: (position ?? next) + Int64(filled), timeout: 30)
+                    return try deferred.read(into: target, at: (position ?? next) + Int64(filled), timeout: ServerTuning.deferredReadTimeout)
                 }
                 return try position.map { try blob!.read(into: target, at: $0 + Int64(filled)) } ?? blob!.read(into: target)
             }

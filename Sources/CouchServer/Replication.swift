@@ -45,7 +45,7 @@ extension CouchServer {
         switch request.method {
         case .GET, .HEAD: break
         case .POST:
-            let bytes = try await request.body.collect(limit: Limits.jsonBody)
+            let bytes = try await request.body.collect(limit: ServerTuning.jsonBody)
             if !bytes.isEmpty {
                 do { body = try JSONParser.parse(bytes) } catch { throw HTTPError.invalidJSON }
             }
@@ -71,7 +71,7 @@ extension CouchServer {
         if let heartbeat = request.query("heartbeat") {
             query.heartbeat = heartbeat == "true" ? 60 : (Double(heartbeat).map { max($0, 50) / 1000 })
         }
-        query.timeout = request.query("timeout").flatMap(Double.init).map { min($0 / 1000, Limits.maximumFeedTimeout) }
+        query.timeout = request.query("timeout").flatMap(Double.init).map { min($0 / 1000, ServerTuning.maximumFeedTimeout) }
         switch request.query("filter") {
         case nil: break
         case "_doc_ids":
@@ -96,11 +96,11 @@ extension CouchServer {
         if let ids = query.docIDs, !ids.contains(change.docID) { return false }
         if query.designOnly && !change.docID.hasPrefix(DocumentID.designPrefix) { return false }
         if let selector = query.selector {
-            guard let revision = try? db.revision(change.revID, of: change.docID) else { return false }
+            guard let revision = try db.revisionIfPresent(change.revID, of: change.docID) else { return false }  // replaced since
             return selector.matches(revision.selectable)
         }
         if let function = query.function {
-            guard let revision = try? db.revision(change.revID, of: change.docID) else { return false }
+            guard let revision = try db.revisionIfPresent(change.revID, of: change.docID) else { return false }  // replaced since
             return try function.passes(revision, in: db)
         }
         return true
@@ -111,7 +111,7 @@ extension CouchServer {
         var rows: [Change] = []
         var cursor = since
         while rows.count < limit {
-            let page = try db.changes(since: cursor, limit: 1000)
+            let page = try db.changes(since: cursor, limit: ServerTuning.changesPage)
             guard let last = page.last else { break }
             for change in page where try passes(change, query, db) {
                 rows.append(change)
@@ -127,13 +127,13 @@ extension CouchServer {
         var revs: [RevisionID] = [change.revID]
         var tree: RevisionTree?
         if query.allLeaves || query.includeDocs {
-            tree = try? db.revisionTree(of: change.docID)
+            tree = try db.revisionTreeIfPresent(of: change.docID)
             if query.allLeaves, let leaves = tree?.leaves, !leaves.isEmpty { revs = leaves.map(\.id) }
         }
         row["changes"] = .array(revs.map { ["rev": .string($0.description)] })
         if change.deleted { row["deleted"] = true }
         if query.includeDocs {
-            if let tree, let revision = try? db.revision(change.revID, of: change.docID) {
+            if let tree, let revision = try db.revisionIfPresent(change.revID, of: change.docID) {
                 var options = CouchFormat.Options()
                 options.conflicts = query.conflicts
                 row["doc"] = .object(try CouchFormat.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
@@ -161,7 +161,7 @@ extension CouchServer {
             // Wait for a change that passes the filter, or for the timeout. With a heartbeat, as
             // CouchDB: the answer starts at once, a newline goes out at each beat, and only a
             // change (or the client leaving) ends the wait.
-            let deadline = query.heartbeat == nil ? ContinuousClock.now + .seconds(query.timeout ?? Limits.defaultFeedTimeout) : nil
+            let deadline = query.heartbeat == nil ? ContinuousClock.now + .seconds(query.timeout ?? ServerTuning.defaultFeedTimeout) : nil
             var lastBeat = ContinuousClock.now
             if query.heartbeat != nil { try await start() }
             while deadline.map({ ContinuousClock.now < $0 }) ?? true {
@@ -230,7 +230,7 @@ extension CouchServer {
         try await response.start(.ok, headers: ["Content-Type": "application/json"])
         var since = query.since
         var sent = 0
-        let timeout = query.timeout ?? (query.heartbeat == nil ? Limits.defaultFeedTimeout : nil)
+        let timeout = query.timeout ?? (query.heartbeat == nil ? ServerTuning.defaultFeedTimeout : nil)
         var lastActivity = ContinuousClock.now
         var lastHeartbeat = ContinuousClock.now
         while true {
@@ -292,7 +292,7 @@ extension CouchServer {
     /// The revisions a body of `{id: [rev, …]}` names that this database lacks, by document.
     private func revisionsMissing(_ request: Request, _ db: Database) async throws -> [(id: String, missing: MissingRevisions)] {
         guard request.method == .POST else { throw HTTPError.methodNotAllowed }
-        guard case .object(let asked) = try await request.body.json(limit: Limits.jsonBody) else {
+        guard case .object(let asked) = try await request.body.json(limit: ServerTuning.jsonBody) else {
             throw HTTPError.badRequest("Request body must be a JSON object")
         }
         let revs = try asked.map { id, value -> (id: String, revs: [RevisionID]) in
@@ -313,7 +313,7 @@ extension CouchServer {
         guard request.headers.mediaType == "application/json" || request.headers.mediaType == nil else {
             throw HTTPError(.unsupportedMediaType, "bad_content_type", "Content-Type must be application/json", closeConnection: true)
         }
-        let body = try await request.body.json(limit: Limits.jsonBody)
+        let body = try await request.body.json(limit: ServerTuning.jsonBody)
         guard let list = body["docs"]?.arrayValue else { throw HTTPError.badRequest("POST body must include `docs` parameter.") }
         let newEdits = body["new_edits"]?.boolValue ?? true
         var documents: [(id: String, document: IncomingDocument)] = []
@@ -353,7 +353,7 @@ extension CouchServer {
 
     func bulkGet(_ request: Request, _ db: Database) async throws {
         guard request.method == .POST else { throw HTTPError.methodNotAllowed }
-        let body = try await request.body.json(limit: Limits.jsonBody)
+        let body = try await request.body.json(limit: ServerTuning.jsonBody)
         guard let list = body["docs"]?.arrayValue else { throw HTTPError.badRequest("Missing JSON list of 'docs'.") }
         var base = try renderOptions(request)
         base.revisions = request.flag("revs") || body["revs"]?.boolValue == true
@@ -367,7 +367,7 @@ extension CouchServer {
                 options.attsSince = item["atts_since"]?.arrayValue?.compactMap { $0.stringValue.flatMap(RevisionID.init) } ?? []
                 options.bodies = attachments || !options.attsSince.isEmpty ? (multipart ? .follows : .inline) : .stubs
                 let rev = item["rev"]?.stringValue
-                guard let tree = try? db.revisionTree(of: id) else {
+                guard let tree = try db.revisionTreeIfPresent(of: id) else {
                     if let rev, let parsed = RevisionID(rev) {
                         return BulkGetResult(id: id, docs: [.failure(OpenRevMissing(rev: parsed))])
                     }
@@ -381,7 +381,7 @@ extension CouchServer {
                     revs = tree.winner.map { [$0.id] } ?? []
                 }
                 return BulkGetResult(id: id, docs: try revs.map { rev in
-                    guard let revision = try? db.revision(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
+                    guard let revision = try db.revisionIfPresent(rev, of: id) else { return .failure(OpenRevMissing(rev: rev)) }
                     return .success(try CouchFormat.render(revision, tree: tree, options: options) { try self.readWholeBody($0, db, id: id) })
                 })
             }

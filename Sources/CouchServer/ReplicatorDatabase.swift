@@ -20,8 +20,15 @@ extension CouchServer {
         var following: Database?
         while !Task.isCancelled {
             let names = registry.namesChanged.current
-            guard registry.path(of: CouchServer.replicatorDatabase) != nil,
-                  let db = try? await database(CouchServer.replicatorDatabase) else {
+            guard registry.path(of: CouchServer.replicatorDatabase) != nil else {
+                await registry.namesChanged.next(after: names)
+                continue
+            }
+            let db: Database
+            do {
+                db = try await database(CouchServer.replicatorDatabase)
+            } catch {
+                log.error("_replicator cannot be opened (its jobs wait until it is made again): \(error)")
                 await registry.namesChanged.next(after: names)
                 continue
             }
@@ -50,7 +57,14 @@ extension CouchServer {
     private func reconcile(_ docID: String, _ db: Database, _ replicator: @escaping @Sendable (ReplicationRequest) throws -> any ReplicationJob) async {
         guard !DocumentID.isDesign(docID) else { return }
         let key = CouchServer.jobKey(docID)
-        let revision = try? await blocking { try db.document(withID: docID) }
+        let revision: Revision?
+        do {
+            revision = try await blocking { try db.document(withID: docID) }
+        } catch {
+            // Not "deleted": a job keeps running (or stays stopped) until its document can be read.
+            log.error("_replicator/\(docID) cannot be read: \(error)")
+            return
+        }
         if let running = replications.entry(key) {
             if running.rev == revision?.revID { return }
             _ = replications.remove(key)
@@ -69,6 +83,7 @@ extension CouchServer {
             await record(["_replication_state": "failed", "_replication_state_reason": .string(reason)], in: db, docID, from: revision.revID)
             return
         }
+        // For the status list only: the job itself was made from the same endpoints above.
         let source = (try? CouchServer.endpoint("source", body)).map(redacted) ?? ""
         let target = (try? CouchServer.endpoint("target", body)).map(redacted) ?? ""
         _ = replications.add(key, .init(job: job, source: source, target: target, started: Date(), docID: docID, rev: revision.revID))
@@ -117,6 +132,7 @@ extension CouchServer {
                 let properties = revision.properties
                 let running = replications.entry(CouchServer.jobKey(revision.docID))
                 let state = running != nil ? "running" : properties["_replication_state"]?.stringValue ?? "pending"
+                // A document whose endpoints cannot be read shows them empty, as its state says why.
                 var doc: JSONObject = ["database": .string(CouchServer.replicatorDatabase), "doc_id": .string(revision.docID),
                                        "id": .null, "node": "sofa", "state": .string(state), "error_count": 0,
                                        "source": .string((try? CouchServer.endpoint("source", properties)).map(redacted) ?? ""),

@@ -3,15 +3,6 @@ import DocumentStore
 import Foundation
 import NIOHTTP1
 
-/// Limits on what a request may carry.
-enum Limits {
-    /// A JSON body (a document, `_bulk_docs`, `_revs_diff`…). CouchDB's default
-    /// `max_document_size` is 8 MB; bulk requests carry many documents.
-    static let jsonBody = 64 * 1024 * 1024
-    /// How long a longpoll or continuous feed waits by default, and at most.
-    static let defaultFeedTimeout: Double = 60
-    static let maximumFeedTimeout: Double = 3600
-}
 
 extension CouchServer {
     /// Dispatches a request by its path, the way CouchDB lays out its API.
@@ -211,6 +202,7 @@ extension CouchServer {
         }
         try requireWritable(request)
         let body = try await request.body.collect(limit: 4096)
+        // Not JSON, or not a number in range: the same 400 as CouchDB's.
         guard let limit = (try? JSONParser.parse(body))?.int64Value, limit >= 1, limit <= Int64(Int32.max) else {
             throw HTTPError.badRequest(reason)
         }
@@ -301,7 +293,7 @@ extension CouchServer {
             try await request.response.sendJSON(.ok, ["total_rows": .integer(Int64(listed.count)), "indexes": .array(listed)])
         case (.POST, 0):
             try requireWritable(request)
-            let body = try await request.body.json(limit: Limits.jsonBody)
+            let body = try await request.body.json(limit: ServerTuning.jsonBody)
             guard case .object(let object) = body else { throw HTTPError.badRequest("the index must be a JSON object") }
             let index = try MangoIndex(request: object)
             let created = try await blocking { try db.createIndex(index) }
@@ -321,7 +313,7 @@ extension CouchServer {
     }
 
     private func mangoQuery(_ request: Request) async throws -> MangoQuery {
-        let body = try await request.body.json(limit: Limits.jsonBody)
+        let body = try await request.body.json(limit: ServerTuning.jsonBody)
         guard case .object(let object) = body else { throw HTTPError.badRequest("the query must be a JSON object") }
         return try MangoQuery(object)
     }
@@ -346,7 +338,7 @@ extension CouchServer {
         let names: [String]
         switch request.method {
         case .POST:
-            guard let keys = try await request.body.json(limit: Limits.jsonBody)["keys"]?.arrayValue else {
+            guard let keys = try await request.body.json(limit: ServerTuning.jsonBody)["keys"]?.arrayValue else {
                 throw HTTPError.badRequest("`keys` member must exist.")
             }
             names = keys.compactMap(\.stringValue)
@@ -357,9 +349,9 @@ extension CouchServer {
         }
         var rows: [JSONValue] = []
         for name in names {
-            if let info = try? await information(name) {
-                rows.append(["key": .string(name), "info": .object(info)])
-            } else {
+            do {
+                rows.append(["key": .string(name), "info": .object(try await information(name))])
+            } catch let error as HTTPError where error.status == .notFound {
                 rows.append(["key": .string(name), "error": "not_found"])
             }
         }
@@ -402,7 +394,7 @@ extension CouchServer {
         case .GET, .HEAD:
             keys = try request.jsonQuery("keys")?.arrayValue?.compactMap(\.stringValue)
         case .POST:
-            let body = try await request.body.json(limit: Limits.jsonBody)
+            let body = try await request.body.json(limit: ServerTuning.jsonBody)
             keys = body["keys"]?.arrayValue?.compactMap(\.stringValue)
         default: throw HTTPError.methodNotAllowed
         }
@@ -455,7 +447,7 @@ extension CouchServer {
             if descending {
                 var cursor: String?
                 while true {
-                    let page = try await blocking { [cursor] in try db.documents(after: cursor, limit: 1000) }
+                    let page = try await blocking { [cursor] in try db.documents(after: cursor, limit: ServerTuning.descendingDocumentsPage) }
                     guard let last = page.last else { break }
                     descendingRows += page
                     cursor = last.docID
@@ -472,7 +464,7 @@ extension CouchServer {
                     descendingRows = []
                 } else {
                     let (from, including) = (cursor, inclusive)
-                    page = try await blocking { try db.documents(after: from, including: including, limit: 500) }
+                    page = try await blocking { try db.documents(after: from, including: including, limit: ServerTuning.documentsPage) }
                     inclusive = false
                 }
                 if page.isEmpty { break }

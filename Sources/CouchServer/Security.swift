@@ -199,8 +199,8 @@ final class Passwords: @unchecked Sendable {
         }
         guard matches, document != nil else { return false }
         lock.withLock {
-            if verified.count > 10_000 { verified.removeAll() }
-            verified[memo] = Date().addingTimeInterval(600)
+            if verified.count > ServerTuning.verifiedPasswords { verified.removeAll() }
+            verified[memo] = Date().addingTimeInterval(ServerTuning.verifiedPasswordLifetime)
         }
         return true
     }

@@ -43,10 +43,10 @@ public final class CouchServer: @unchecked Sendable {
         /// How long a connection may take to send a request's head, counted from the end of the
         /// previous response (or the connection's start): an idle keep-alive connection, or one
         /// sending its headers a byte at a time (slowloris), is closed after it.
-        public var headerTimeout: TimeAmount = .seconds(60)
+        public var headerTimeout = ServerTuning.headerTimeout
         /// How long a request's body may pause: one that stops mid-way (shorter than its
         /// `Content-Length`, a chunked body without its last chunk) is closed after it.
-        public var bodyTimeout: TimeAmount = .seconds(60)
+        public var bodyTimeout = ServerTuning.bodyTimeout
         /// Open connections at most; past it the longest idle one is closed for a new one (or, with
         /// none idle, the new one). Nil: as many as the descriptor limit allows, less a reserve.
         public var maximumConnections: Int?
@@ -153,8 +153,7 @@ public final class CouchServer: @unchecked Sendable {
     /// Open connections, whether each is handling a request, and since when it is idle (the
     /// longest idle goes first when the connections run out). Guarded by `stopLock`.
     private var connections: [ObjectIdentifier: (channel: Channel, busy: Bool, since: DispatchTime)] = [:]
-    /// How long requests in progress (a continuous feed, a big upload) may run on after `stop()`.
-    static let stopGracePeriod: TimeAmount = .seconds(5)
+    static let stopGracePeriod = ServerTuning.stopGracePeriod
 
     /// Stops accepting connections, closes idle ones, and lets requests in progress
     /// finish (for at most `stopGracePeriod`).
@@ -189,6 +188,7 @@ public final class CouchServer: @unchecked Sendable {
     /// Releases threads; call after `run()` returned.
     public func shutdown() async {
         stopLock.withLock { forcedClose }?.cancel()
+        // Ending: a loop that fails to stop has nothing left to serve.
         try? await group.shutdownGracefully()
         try? await pool.shutdownGracefully()
     }
@@ -228,7 +228,7 @@ public final class CouchServer: @unchecked Sendable {
             let channel = connection.channel
             defer { stopLock.withLock { _ = connections.removeValue(forKey: ObjectIdentifier(channel)) } }
             guard admit(channel) else {
-                try? await channel.close()
+                try? await channel.close()  // refused for room: already closing is as good
                 return
             }
             guard setBusy(channel, false) else { return }
@@ -294,7 +294,7 @@ public final class CouchServer: @unchecked Sendable {
                 // A small unread body is read first: closing with unread bytes makes the kernel
                 // reset the connection, and the client may lose the answer.
                 if hasBody && !body.finished, let length = head.headers["Content-Length"].first.flatMap(Int.init), length <= 64 * 1024 {
-                    try? await body.drain()
+                    try? await body.drain()  // best effort before the close; lingerOnClose covers the rest
                 }
                 if hasBody && !body.finished { lingerOnClose() }
             }
@@ -419,9 +419,10 @@ final class DatabaseRegistry: @unchecked Sendable {
         for name in databases.keys { try DatabaseRegistry.validate(name) }
         self.paths = databases
         self.directory = directory
-        if let directory, let entries = try? FileManager.default.contentsOfDirectory(atPath: directory) {
-            for entry in entries where entry.hasSuffix(".sofa") {
+        if let directory, FileManager.default.fileExists(atPath: directory) {
+            for entry in try FileManager.default.contentsOfDirectory(atPath: directory) where entry.hasSuffix(".sofa") {
                 let name = DatabaseRegistry.name(ofFolder: String(entry.dropLast(5)))
+                // A folder whose name CouchDB would refuse as a database name is not served.
                 if paths[name] == nil, (try? DatabaseRegistry.validate(name)) != nil { paths[name] = "\(directory)/\(entry)" }
             }
         }
