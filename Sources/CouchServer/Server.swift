@@ -113,12 +113,14 @@ public final class CouchServer: @unchecked Sendable {
         try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            // (`.socketOption(.tcp_nodelay)` sets SOL_SOCKET's option 1, SO_DEBUG: this is TCP's.)
+            .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelOption(.maxMessagesPerRead, value: 4)
             // A client that sends its request and then closes its side still gets the answer.
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .bind(host: configuration.host, port: configuration.port) { [configuration] channel in
                 channel.eventLoop.makeCompletedFuture {
+                    self.accepted(channel)
                     let closer = LingeringClose()
                     try channel.pipeline.syncOperations.addHandler(closer)
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
@@ -127,7 +129,9 @@ public final class CouchServer: @unchecked Sendable {
                     try channel.pipeline.syncOperations.addHandler(ParseErrorWatcher(closer), position: .after(decoder))
                     try channel.pipeline.syncOperations.addHandler(
                         RequestDeadlines(header: configuration.headerTimeout, body: configuration.bodyTimeout), position: .after(decoder))
-                    return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel)
+                    let wrapped = try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel)
+                    self.stopLock.withLock { self.unserved[ObjectIdentifier(channel)] = wrapped }
+                    return wrapped
                 }
             }
     }
@@ -143,6 +147,11 @@ public final class CouchServer: @unchecked Sendable {
                     group.addTask { await self.serve(connection) }
                 }
             }
+            // Connections accepted as the server stopped, which the loop above never received.
+            for loop in self.group.makeIterator() { try? await loop.submit {}.get() }  // their setup has run
+            for connection in stopLock.withLock({ unserved.values }) {
+                group.addTask { await self.serve(connection) }
+            }
         }
         // Deferred bodies being fetched for clients end before the process does; so do replications.
         registry.shutDownBodySources()
@@ -152,7 +161,20 @@ public final class CouchServer: @unchecked Sendable {
 
     /// Open connections, whether each is handling a request, and since when it is idle (the
     /// longest idle goes first when the connections run out). Guarded by `stopLock`.
-    private var connections: [ObjectIdentifier: (channel: Channel, busy: Bool, since: DispatchTime)] = [:]
+    private var connections: [ObjectIdentifier: Connection] = [:]
+
+    /// An open connection: whether it is handling a request, and since when it is idle (from
+    /// its accept, or the end of its last request).
+    private struct Connection {
+        let channel: Channel
+        var busy: Bool
+        var since: DispatchTime
+    }
+    /// Connections set up and not yet handed to `serve`. An NIOAsyncChannel dropped without its
+    /// `executeThenClose` traps in its writer's deinit (SIGILL in `channelActive`: a SIGTERM
+    /// right after a burst of connections did it, 1 run in 3), and the accept loop drops the
+    /// ones that arrive as it ends; this keeps them until they are served. Guarded by `stopLock`.
+    private var unserved: [ObjectIdentifier: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>] = [:]
     static let stopGracePeriod = ServerTuning.stopGracePeriod
 
     /// Stops accepting connections, closes idle ones, and lets requests in progress
@@ -175,9 +197,18 @@ public final class CouchServer: @unchecked Sendable {
     }
 
     /// Marks a connection busy or idle; false when the server is stopping and the connection should end.
+    /// A connection's idle time counts from its accept or the end of its last request: its task
+    /// starting later (a burst queues them) must not make it look fresher than one accepted
+    /// since, or the room made for a new client is taken from that client.
     private func setBusy(_ channel: Channel, _ busy: Bool) -> Bool {
         stopLock.withLock {
-            connections[ObjectIdentifier(channel)] = (channel, busy, .now())
+            let id = ObjectIdentifier(channel)
+            // Closed meanwhile (made room for another): not counted again.
+            if var known = connections[id] {
+                if busy || known.busy { known.since = .now() }
+                known.busy = busy
+                connections[id] = known
+            }
             return !stopped
         }
     }
@@ -201,39 +232,66 @@ public final class CouchServer: @unchecked Sendable {
         if let maximum = configuration.maximumConnections { return maximum }
         var files = rlimit()
         getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &files)
-        return max(16, Int(min(files.rlim_cur, 1 << 20)) - 128)
+        return max(16, Int(min(files.rlim_cur, 1 << 20)) - ServerTuning.descriptorReserve)
     }()
 
-    /// Makes room for a new connection: false when it must be refused (every other one is busy).
-    private func admit(_ channel: Channel) -> Bool {
-        let shed = stopLock.withLock { () -> Channel?? in
-            guard connections.count >= connectionLimit else { return .some(nil) }
-            let idle = connections.filter { !$0.value.busy }
-            guard let oldest = idle.min(by: { $0.value.since < $1.value.since }) else { return nil }
-            return .some(oldest.value.channel)
+    /// Connections at most counting the young ones that may exceed `connectionLimit` for a
+    /// moment: half the descriptors' reserve above it (or half the limit given).
+    private lazy var hardConnectionLimit: Int = connectionLimit
+        + (configuration.maximumConnections.map { max(2, $0 / 2) } ?? ServerTuning.descriptorReserve / 2)
+
+    /// Counts a connection as it is accepted, on its event loop, before its task runs: a burst
+    /// of clients is counted at once, so the accepted sockets stay within the limits and
+    /// accepting never runs out of descriptors (it did: 400 idle clients at a limit of 256
+    /// descriptors filled them all, accepting stopped, and new clients waited for the 60 s
+    /// header timeout). Past `connectionLimit` the longest idle connection closes to make room,
+    /// if it has been idle for `ServerTuning.idleBeforeClosing` (one that just connected or just
+    /// got its answer is about to send). Connections active that recently may take the room up
+    /// to `hardConnectionLimit`; past it the new one is refused.
+    private func accepted(_ channel: Channel) {
+        let id = ObjectIdentifier(channel)
+        let (shed, refused, limit) = stopLock.withLock { () -> (Channel?, Bool, Int) in
+            let now = DispatchTime.now()
+            connections[id] = Connection(channel: channel, busy: false, since: now)
+            guard connections.count > connectionLimit else { return (nil, false, connectionLimit) }
+            let settled = UInt64(ServerTuning.idleBeforeClosing * 1e9)
+            let victim = connections.filter {
+                $0.key != id && !$0.value.busy && now.uptimeNanoseconds - $0.value.since.uptimeNanoseconds >= settled
+            }.min { $0.value.since < $1.value.since }
+            guard victim != nil || connections.count > hardConnectionLimit else { return (nil, false, connectionLimit) }
+            // Forgotten now, not when its close completes on its own loop: the next accept,
+            // maybe a moment later, must neither count it nor pick it again.
+            connections.removeValue(forKey: victim?.key ?? id)
+            return (victim?.value.channel ?? channel, victim == nil, connectionLimit)
         }
-        guard let shed else {
-            log.notice("refused a connection: \(connectionLimit) are open and busy")
-            return false
+        channel.closeFuture.whenComplete { [weak self] _ in
+            self?.stopLock.withLock { _ = self?.connections.removeValue(forKey: id) }
         }
-        if let shed {
-            log.info("closed an idle connection to make room: \(connectionLimit) are open")
-            shed.close(promise: nil)
+        guard let shed else { return }
+        if refused {
+            log.notice("refused a connection: \(limit) are open, and none has been idle for \(ServerTuning.idleBeforeClosing) s")
+        } else {
+            log.info("closed an idle connection to make room: \(limit) are open")
         }
-        return true
+        shed.close(promise: nil)
     }
 
+    /// Serves one connection. Every connection goes through `executeThenClose`, even one closed
+    /// before its turn (to make room, refused, or the server stopping): an NIOAsyncChannel
+    /// dropped without it traps in its writer's deinit (SIGILL in `channelActive`, which is what
+    /// a SIGTERM right after a burst of connections did).
     private func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
+        let channel = connection.channel
+        // Handed over once: the stragglers' pass after the accept loop takes only those left.
+        guard stopLock.withLock({ unserved.removeValue(forKey: ObjectIdentifier(channel)) != nil }) else { return }
+        defer { stopLock.withLock { _ = connections.removeValue(forKey: ObjectIdentifier(channel)) } }
         do {
-            let channel = connection.channel
-            defer { stopLock.withLock { _ = connections.removeValue(forKey: ObjectIdentifier(channel)) } }
-            guard admit(channel) else {
-                try? await channel.close()  // refused for room: already closing is as good
-                return
-            }
-            guard setBusy(channel, false) else { return }
-            let closer = try await channel.pipeline.handler(type: LingeringClose.self).get()
             try await connection.executeThenClose { inbound, outbound in
+                // The server is stopping, or the channel was closed since it was accepted (its
+                // pipeline is gone; a closed channel's inbound also just ends): nothing to serve.
+                // (Not `isActive`: the task may run before the channel's activation on its loop.)
+                guard setBusy(channel, false),
+                      let closer = try? await channel.pipeline.handler(type: LingeringClose.self).get() else { return }
                 let parts = InboundParts(inbound)
                 while let head = try await parts.nextHead() {
                     _ = setBusy(channel, true)

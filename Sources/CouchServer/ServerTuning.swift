@@ -21,6 +21,16 @@ enum ServerTuning {
     static let verifiedPasswordLifetime: TimeInterval = 600
     static let verifiedPasswords = 10_000
 
+    /// Descriptors kept back from connections (database files, blobs, SQLite's journal, the
+    /// event loops'): the connection limit is the process's descriptor limit less this.
+    static let descriptorReserve = 128
+
+    /// A connection is closed to make room for another only once it has been idle this long
+    /// (seconds): a client that just connected, or just got its answer, is about to send; one
+    /// silent for half a second is an idle socket. (Closed sooner, a client lost the answer it
+    /// was reading.)
+    static let idleBeforeClosing = 0.5
+
     /// How long requests in progress (a continuous feed, a big upload) may run on after `stop()`.
     static let stopGracePeriod: TimeAmount = .seconds(5)
 
