@@ -49,6 +49,9 @@ func folderBenchmark(_ options: Options) throws {
     @discardableResult
     func compare(_ label: String, files: Int, job: (_ target: String) -> String, into: String,
                  again: ((_ target: String) -> String)? = nil) throws -> Double {
+        // passthrough_ll holds a descriptor per file it has seen: the 1,000-document trees (22,000
+        // files and folders) pass the hard limit here, so it runs beside the one-document jobs only.
+        let withReference = into != "docs"
         // Nothing is removed until the end: ext4 (without a journal, as here) skips inodes freed
         // in the last 30 s one by one when it makes a file, so a run after a removal pays for it.
         let plain = "\(work)/plain-\(label.filter(\.isLetter))-\(files)"
@@ -80,7 +83,7 @@ func folderBenchmark(_ options: Options) throws {
         let db = try Database.open(at: dbPath)
         let info = try db.info()
         let bytes = info.databaseBytes
-        let reference = try referenceTime(label, files: files, job: job, into: into)
+        let reference = withReference ? try referenceTime(label, files: files, job: job, into: into) : nil
         row(label, String(format: "plain %7.2f s", plainTime), String(format: "mount %7.2f s", mountTime),
             "ratio " + ratio(plainTime / mountTime),
             String(format: "SQLite %5.0f B/file", Double(bytes) / Double(files)),
@@ -103,7 +106,7 @@ func folderBenchmark(_ options: Options) throws {
         try FileManager.default.createDirectory(atPath: "\(backing)/\(into)", withIntermediateDirectories: true)
         try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
         // It keeps a descriptor open per file it has seen: 10,000 files pass the usual 1,024.
-        _ = try timeShell("ulimit -n 1048576 && \(binary) -o source=\(backing) \(mountPoint)")
+        _ = try timeShell("ulimit -n $(ulimit -Hn) && \(binary) -o source=\(backing) \(mountPoint)")
         defer { _ = try? timeShell("fusermount3 -u \(mountPoint)") }
         _ = try timeShell("sync")
         return try timeShell("\(job("\(mountPoint)/\(into)")) && sync")

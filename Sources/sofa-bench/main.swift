@@ -3,6 +3,10 @@
 // Every ratio is the reference's time / Sofa's (Sofa's throughput as a fraction of the
 // reference's): higher is better, 1.00× is as fast (BENCHMARKS.md).
 //
+// `try?` here is only for clean-up (a work folder, a mount, a test database on CouchDB) and
+// for /proc readings of a process that may have ended (its peak RSS then reads 0, and is
+// printed so): neither can change a time or a ratio.
+//
 //   sofa-bench storage|mount|serve|sync [--dir DIR] [--documents N] [--attachment-mib N]
 
 @preconcurrency import Glibc
