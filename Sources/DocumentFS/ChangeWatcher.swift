@@ -17,6 +17,8 @@ public final class ChangeWatcher: @unchecked Sendable {
     private var lastSequence: Int64
     private var lastBodyEvent: Int64
     private let streamPosition: UInt64
+    /// The stream's `lastDocumentChange` at the start.
+    private let documentPosition: UInt64
     private var stopped = false
     private let lock = NSLock()
     private let log = Logger(label: "sofa.mount")
@@ -34,6 +36,7 @@ public final class ChangeWatcher: @unchecked Sendable {
         self.invalidate = invalidate
         // Where the stream stood before the first read: a commit after it is looked at.
         streamPosition = database.changeStream.current
+        documentPosition = database.changeStream.lastDocumentChange
         lastSequence = try database.lastSequence
         lastBodyEvent = try database.lastBodyEvent()
     }
@@ -42,12 +45,18 @@ public final class ChangeWatcher: @unchecked Sendable {
         let stream = database.changeStream
         let thread = Thread { [self] in
             var seen = streamPosition
+            var lookedAt = documentPosition
             var retry = false
             while !isStopped && !stream.isClosed {
                 // After a failed look, another one a second later even if nothing commits.
                 let now = stream.wait(after: seen, until: retry ? Date().addingTimeInterval(1) : nil, unless: { isStopped })
                 guard now != seen || retry else { continue }
                 seen = now
+                // Commits of this process that changed no document and no body (a burst's staged
+                // files: one commit per closed file) need no look.
+                let documents = stream.lastDocumentChange
+                guard documents != lookedAt || retry else { continue }
+                lookedAt = documents
                 do {
                     try look()
                     retry = false

@@ -19,6 +19,8 @@ public final class ChangeStream: @unchecked Sendable {
     // Sendable invariant: every mutable field is guarded by `condition`'s lock.
     private let condition = NSCondition()
     private var position: UInt64 = 0
+    /// See `lastDocumentChange`.
+    private var documentPosition: UInt64 = 0
     private var closed = false
     private var waiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
     /// The timer that ends each async wait at its deadline, cancelled when the wait ends first.
@@ -49,10 +51,21 @@ public final class ChangeStream: @unchecked Sendable {
 
     /// A commit happened (or may have): wakes every waiter. A stream that belongs to no
     /// database (`ChangeStream()`) is a plain signal its owner publishes.
-    public func publish() {
-        condition.withLock { position &+= 1 }
+    /// `documents`: whether it may have changed documents or bodies (a new sequence, a body
+    /// event); false for this process's commits that did neither (a mount's staged file, a
+    /// local document, a cache note). Another process's commit is always counted as one.
+    public func publish(documents: Bool = true) {
+        condition.withLock {
+            position &+= 1
+            if documents { documentPosition = position }
+        }
         wakeWaiters()
     }
+
+    /// The position of the last commit that may have changed documents or bodies: a reader
+    /// that only follows those passes over the others (a mount's own staged files, one commit
+    /// per closed file in a burst, woke its watcher into two queries each).
+    public var lastDocumentChange: UInt64 { condition.withLock { documentPosition } }
 
     /// Wakes every waiter without a change, so that one told to stop sees it.
     public func wakeWaiters() {

@@ -38,6 +38,7 @@ extension Database {
     /// Notes that the bodies named `digests` arrived or went, for mounts in other processes.
     func recordBodyEvent(_ digests: Set<String>, in connection: SQLiteConnection) throws {
         guard hasBodyEvents else { return }
+        connection.wroteChanges = true
         for digest in digests.sorted() {
             try connection.run("INSERT INTO body_events (digest) VALUES (?)", .text(digest))
         }

@@ -62,7 +62,8 @@ extension Database {
     }
 
     static func nextSequence(in connection: SQLiteConnection) throws -> Int64 {
-        try connection.query("UPDATE meta SET value = value + 1 WHERE key = 'last_sequence' RETURNING value") { $0.int64(0) }[0]
+        connection.wroteChanges = true
+        return try connection.query("UPDATE meta SET value = value + 1 WHERE key = 'last_sequence' RETURNING value") { $0.int64(0) }[0]
     }
 
     static func lastSequence(in connection: SQLiteConnection) throws -> Int64 {

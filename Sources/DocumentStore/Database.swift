@@ -205,18 +205,19 @@ public final class Database: @unchecked Sendable {
     /// is published on `changeStream`.
     func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         guard !isReadOnly else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
-        let result = try writeLock.withLock {
+        let (result, changed) = try writeLock.withLock {
+            writer.wroteChanges = false
             try writer.execute("BEGIN IMMEDIATE")
             do {
                 let result = try body(writer)
                 try writer.execute("COMMIT")
-                return result
+                return (result, writer.wroteChanges)
             } catch {
                 try? writer.execute("ROLLBACK")  // the error thrown below is the one that matters
                 throw error
             }
         }
-        changeStream.publish()
+        changeStream.publish(documents: changed)
         return result
     }
 

@@ -13,6 +13,7 @@ extension Database {
     @discardableResult
     public func purge(_ requested: [String: [RevisionID]]) throws -> [String: [RevisionID]] {
         try write { connection in
+            connection.wroteChanges = true  // a document purged away takes no new sequence
             var purged: [String: [RevisionID]] = [:]
             for (id, revisions) in requested {
                 purged[id] = []
@@ -80,6 +81,18 @@ extension Database {
                 return try connection.query("SELECT value FROM meta WHERE key = 'instance_start_time'") { $0.int64(0) }[0]
             }
         }
+    }
+
+    /// The shard count CouchDB reports as `cluster.q` for this database: what `PUT /db?q=N` gave
+    /// it (kept so a client reads back what it asked), else 2, CouchDB 3's default. Sofa keeps
+    /// one file whatever it says; it matters to clients that create databases as CouchDB does.
+    public var shardCount: Int {
+        get throws { try metaValue("cluster_q", { $0.int(0) }) ?? 2 }
+    }
+
+    public func setShardCount(_ count: Int) throws {
+        guard count >= 1 else { throw SofaError.invalidArgument("the shard count must be at least 1") }
+        try setMetaValue("cluster_q", SQLValue(count))
     }
 
     /// The `meta` row `key`, read by `column`; nil when there is none.

@@ -30,6 +30,10 @@ final class SQLiteConnection: @unchecked Sendable {
     let handle: OpaquePointer
     let path: String
     private var statements: [String: OpaquePointer] = [:]
+    /// Set by a write that readers of the change stream look for: a new sequence (a document
+    /// changed) or a body event. `Database.write` clears it before each transaction and tells
+    /// the stream. Used only under the database's write lock.
+    var wroteChanges = false
 
     /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
     static let busyTimeoutMilliseconds: Int32 = 30_000

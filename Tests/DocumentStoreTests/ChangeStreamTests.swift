@@ -32,6 +32,26 @@ import TestSupport
         #expect(stream.wait(after: before, until: Date().addingTimeInterval(10)) != before)
     }
 
+    /// The stream says which commits may have changed documents or bodies: a mount's watcher
+    /// passes over the others (a staged file commits once per closed file in a burst).
+    @Test func commitsThatChangeNoDocumentAreToldApart() throws {
+        let db = try directory.makeDatabase()
+        let stream = db.changeStream
+        try db.put("doc", ["n": 1])
+        let afterSave = stream.lastDocumentChange
+        #expect(afterSave == stream.current, "a save changes a document")
+        let blob = try db.blobs.write(Array("staged".utf8))
+        _ = try db.stage(StagedAttachment.Draft(docID: "doc", attachment: Attachment(name: "s.txt", contentType: "text/plain", blob: blob, revpos: 0),
+                                                expectedDigest: nil, base: try db.currentRevision(of: "doc")?.revID, given: LocalAttributes()))
+        _ = try db.replaceLocalDocument("_local/x", body: ["a": 1], after: nil)
+        #expect(stream.current != afterSave, "those commits are published")
+        #expect(stream.lastDocumentChange == afterSave, "but change no document")
+        let second = try db.put("other", ["n": 2])
+        #expect(stream.lastDocumentChange == stream.current && stream.lastDocumentChange != afterSave)
+        try db.purge(["other": [second.revID]])
+        #expect(stream.lastDocumentChange == stream.current, "a document purged away counts")
+    }
+
     /// Another connection's commit (another `Database` on the file, then another process) is
     /// found through inotify, long before the slow look (`Tuning.foreignChangeSafetyInterval`,
     /// 5 s) would find it: each wait here allows 2 s.
