@@ -89,7 +89,13 @@ extension CouchServer {
             case .PUT:
                 try requireServerAdmin()
                 try requireWritable(request)
-                _ = try await blocking { try self.registry.create(name) }
+                // CouchDB's shard count: a positive integer, read back in the info (one file here).
+                let shards = try request.query("q").map { text -> Int in
+                    guard let count = Int(text), count >= 1 else { throw HTTPError.badRequest("The `q` value should be a positive integer.") }
+                    return count
+                }
+                let created = try await blocking { try self.registry.create(name) }
+                if let shards { try await blocking { try created.setShardCount(shards) } }
                 return try await request.response.sendJSON(.created, ["ok": true],
                                                            headers: ["Location": location(request, [name])])
             case .DELETE:
@@ -376,7 +382,7 @@ extension CouchServer {
             "sizes": ["file": .integer(fileSize), "external": .integer(fileSize), "active": .integer(fileSize)],
             "props": [:],
             "instance_start_time": .string(start),
-            "cluster": ["q": 1, "n": 1, "w": 1, "r": 1],
+            "cluster": ["q": .integer(Int64(try await blocking { try db.shardCount })), "n": 1, "w": 1, "r": 1],
             "sofa": ["public_uuid": .string(db.publicUUID), "read_only": .bool(db.isReadOnly || configuration.readOnly)],
         ]
     }

@@ -27,6 +27,20 @@ extension CouchDBInteropTests {
         record("missing revs", try request("POST", "/\(db)/_missing_revs", ["a": [.string(revs["a"]!), "2-abc"], "zz": ["1-x"], "b": []]))
         record("missing revs bad rev", try request("POST", "/\(db)/_missing_revs", ["a": ["bad"]]))
         record("missing revs GET", try request("GET", "/\(db)/_missing_revs"))
+        // The shard count a database is made with is read back from its info; a bad one is refused.
+        func cluster(_ name: String) throws -> String {
+            let info = try request("GET", "/\(name)")
+            return "\(info.status) " + (info.json?["cluster"] ?? .null).jsonString(.canonical)
+        }
+        seen.append("default cluster: " + (try cluster(db)))
+        record("PUT q=16", try request("PUT", "/\(db)-q16?q=16"))
+        seen.append("q=16 cluster: " + (try cluster("\(db)-q16")))
+        record("PUT q=1", try request("PUT", "/\(db)-q1?q=1"))
+        seen.append("q=1 cluster: " + (try cluster("\(db)-q1")))
+        for bad in ["0", "-1", "1.5", "abc"] {
+            record("PUT q=\(bad)", try request("PUT", "/\(db)-bad?q=\(bad)"))
+            seen.append("q=\(bad) made nothing: \(try request("GET", "/\(db)-bad").status)")
+        }
         return seen
     }
 
