@@ -275,7 +275,7 @@ extension CouchServer {
         }
         try await request.response.sendJSON(.ok, [
             "dbname": .string(name), "index": .object(plan.index?.listing ?? MangoIndex.allDocsListing), "partitioned": false,
-            "selector": .object(query.selector.json),
+            "selector": .object(SelectorNormalForm.normalize(query.selector.json)),
             "opts": ["use_index": .array(useIndex), "bookmark": .string(query.bookmark?.token ?? "nil"),
                      "limit": .integer(Int64(query.limit)), "skip": .integer(Int64(query.skip)), "sort": .object(sort),
                      "fields": fields, "partition": "", "r": 1, "conflicts": false, "stale": false, "update": true,

@@ -152,7 +152,12 @@ public struct Selector: Sendable {
                 guard let items = argument.arrayValue else { throw badArgument() }
                 var nodes: [Node] = []
                 for item in items {
-                    guard let object = item.objectValue else { throw badArgument() }
+                    // A value that is not a selector is an equality (CouchDB: `{"a": {"$or": [1, 2]}}`
+                    // is a == 1 or a == 2; at the top level it compares the document itself).
+                    guard let object = item.objectValue else {
+                        nodes.append(.test(.eq(item)))
+                        continue
+                    }
                     nodes.append(try parse(object))
                 }
                 return nodes

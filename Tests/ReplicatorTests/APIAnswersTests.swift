@@ -37,6 +37,16 @@ extension CouchDBInteropTests {
         seen.append("q=16 cluster: " + (try cluster("\(db)-q16")))
         record("PUT q=1", try request("PUT", "/\(db)-q1?q=1"))
         seen.append("q=1 cluster: " + (try cluster("\(db)-q1")))
+        // _explain shows the selector in CouchDB's normal form.
+        let selectors = [#"{"a":1}"#, #"{"b":2,"a":{"$gt":1}}"#, #"{"a":{"b":1,"$gt":2}}"#, #"{"$not":{"a":1,"b":2}}"#,
+                         #"{"$nor":[{"a":1},{"b":{"$gt":2}}]}"#, #"{"a":{"$not":{"$gt":1,"$lt":3}}}"#,
+                         #"{"$not":{"a":{"$exists":true}}}"#, #"{"a":{"$not":{"$regex":"x"}}}"#, #"{"$not":{"$not":{"a":[1,2]}}}"#,
+                         #"{"a":{"$elemMatch":{"$gt":1}}}"#, #"{"a":{"$or":[1,{"$in":[2]}]}}"#, #"{"$and":[{"a":1},{"$and":[{"b":2}]}]}"#,
+                         #"{"$or":[{"a":1,"b":2}]}"#, #"{"a":{}}"#, #"{}"#, #"{"a":{"$allMatch":{"b":{"c":1}}}}"#]
+        for selector in selectors {
+            let explained = try request("POST", "/\(db)/_explain", ["selector": try JSONParser.parse(Array(selector.utf8))])
+            seen.append("explain \(selector): \(explained.status) " + (explained.json?["selector"] ?? .null).jsonString(.canonical))
+        }
         for bad in ["0", "-1", "1.5", "abc"] {
             record("PUT q=\(bad)", try request("PUT", "/\(db)-bad?q=\(bad)"))
             seen.append("q=\(bad) made nothing: \(try request("GET", "/\(db)-bad").status)")
