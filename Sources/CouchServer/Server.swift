@@ -284,7 +284,7 @@ public final class CouchServer: @unchecked Sendable {
         let channel = connection.channel
         // Handed over once: the stragglers' pass after the accept loop takes only those left.
         guard stopLock.withLock({ unserved.removeValue(forKey: ObjectIdentifier(channel)) != nil }) else { return }
-        defer { stopLock.withLock { _ = connections.removeValue(forKey: ObjectIdentifier(channel)) } }
+        // (Its entry in `connections` goes with the channel's close: see `accepted`.)
         do {
             try await connection.executeThenClose { inbound, outbound in
                 // The server is stopping, or the channel was closed since it was accepted (its

@@ -152,9 +152,9 @@ extension DocumentFileSystem {
                     empty = false
                     return false
                 }
-                guard empty else { throw MountError.notEmpty("/docs/\(FileNames.escape(toID))/attachments/\(toName)") }
-            case (.directory, _): throw MountError.notFolder("/docs/\(FileNames.escape(fromID))/attachments/\(fromName)")
-            case (_, .directory): throw MountError.isFolder("/docs/\(FileNames.escape(toID))/attachments/\(toName)")
+                guard empty else { throw MountError.notEmpty(.attachmentPath(toID, toName)) }
+            case (.directory, _): throw MountError.notFolder(.attachmentPath(fromID, fromName))
+            case (_, .directory): throw MountError.isFolder(.attachmentPath(toID, toName))
             default: break
             }
         }
@@ -174,12 +174,12 @@ extension DocumentFileSystem {
             noteEntryChange(toName, in: toID)
             return
         }
-        guard let source = try liveRevision(fromID) else { throw MountError.notFound("/docs/\(FileNames.escape(fromID))") }
+        guard let source = try liveRevision(fromID) else { throw MountError.notFound(.documentPath(fromID)) }
         let attachments = visibleAttachments(source)
         // A file, or a whole folder of attachments.
         let moving = attachments.filter { $0.name == fromName || $0.name.hasPrefix(prefix) }
         guard !moving.isEmpty else {
-            guard sourceKind == .directory else { throw MountError.notFound("/docs/\(FileNames.escape(fromID))/attachments/\(fromName)") }
+            guard sourceKind == .directory else { throw MountError.notFound(.attachmentPath(fromID, fromName)) }
             // A folder of empty folders: moved above, and its rows with it.
             try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: true)
             noteEntryChange(fromName, in: fromID)
@@ -201,7 +201,7 @@ extension DocumentFileSystem {
             try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: sourceKind == .directory)
             return
         }
-        guard try documentFolderExists(toID) else { throw MountError.notFound("/docs/\(FileNames.escape(toID))") }
+        guard try documentFolderExists(toID) else { throw MountError.notFound(.documentPath(toID)) }
         // No bytes move: the target refers to the same blobs.
         _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .attachment(toName)) { draft in
             for attachment in moving { try draft.setAttachment(attachment.with(name: renamed(attachment.name), revpos: 0)) }
@@ -215,9 +215,9 @@ extension DocumentFileSystem {
     func renameDocument(_ fromID: String, to toID: String) throws {
         try DocumentID.validate(toID)
         guard !DocumentID.isLocal(toID) else { throw SofaError.invalidDocumentID(toID, reason: "_local documents are not shown in the mount") }
-        guard try liveRevision(toID) == nil else { throw MountError.notEmpty("/docs/\(FileNames.escape(toID))") }
+        guard try liveRevision(toID) == nil else { throw MountError.notEmpty(.documentPath(toID)) }
         let fromScratch = scratchDirectory(fromID), toScratch = scratchDirectory(toID)
-        if isDirectory(toScratch) && !scratchIsEmpty(toScratch) { throw MountError.notEmpty("/docs/\(FileNames.escape(toID))") }
+        if isDirectory(toScratch) && !scratchIsEmpty(toScratch) { throw MountError.notEmpty(.documentPath(toID)) }
         if let source = try liveRevision(fromID) {
             // The same body and blobs under the new id; the old one is deleted.
             _ = try commit(toID, base: nil, change: .properties) { draft in
@@ -226,7 +226,7 @@ extension DocumentFileSystem {
             }
             try deleteDocument(fromID)
         } else if !isDirectory(fromScratch) {
-            throw MountError.notFound("/docs/\(FileNames.escape(fromID))")
+            throw MountError.notFound(.documentPath(fromID))
         }
         if isDirectory(fromScratch) {
             // The target's scratch folder is empty or absent (checked above); the rename says if it is in the way.

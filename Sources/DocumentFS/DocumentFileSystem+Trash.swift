@@ -9,11 +9,11 @@ extension DocumentFileSystem {
     /// written there as files (properties.json, attachments/, its scratch files), then the
     /// document is deleted (one tombstone). Restoring the folder saves it back.
     func trashDocument(_ id: String, to folder: String) throws {
-        guard let revision = try liveRevision(id) else { throw MountError.notFound("/docs/\(FileNames.escape(id))") }
+        guard let revision = try liveRevision(id) else { throw MountError.notFound(.documentPath(id)) }
         let attachments = visibleAttachments(revision)
         // A body that is not here cannot go to the trash: it would be lost. EXDEV: "delete permanently?".
         guard attachments.allSatisfy(\.contentAvailable) else {
-            throw MountError.crossDevice("docs/\(FileNames.escape(id))", why: "it has attachments whose bodies are not here")
+            throw MountError.crossDevice(.documentPath(id), why: "it has attachments whose bodies are not here")
         }
         guard !FileManager.default.fileExists(atPath: folder) else { throw MountError.exists(folder) }
         do {
@@ -39,7 +39,7 @@ extension DocumentFileSystem {
     /// revision (one), the other files its scratch files.
     func restoreDocument(_ id: String, from folder: String) throws {
         try DocumentID.validate(id)
-        guard try liveRevision(id) == nil else { throw MountError.notEmpty("/docs/\(FileNames.escape(id))") }
+        guard try liveRevision(id) == nil else { throw MountError.notEmpty(.documentPath(id)) }
         let properties = try parseProperties(try readSmallFile(folder + "/" + Node.propertiesFileName))
         let attachmentsFolder = folder + "/" + Node.attachmentsDirectoryName
         let blobsFolder = folder + "/" + Node.blobsDirectoryName

@@ -108,7 +108,7 @@ public struct MangoIndex: Sendable, Equatable {
         var def: JSONObject = ["fields": .array(zip(fields, definedFields).map { field, defined in
             .object([field: defined.objectValue?.entries.first?.value ?? "asc"])
         })]
-        if let partialFilter { def["partial_filter_selector"] = .object(Selector.normalized(partialFilter)) }
+        if let partialFilter { def["partial_filter_selector"] = .object(SelectorNormalForm.normalize(partialFilter)) }
         return ["ddoc": .string(designDocument), "name": .string(name), "type": "json", "partitioned": false, "def": .object(def)]
     }
 

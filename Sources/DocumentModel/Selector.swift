@@ -25,22 +25,6 @@ public struct Selector: Sendable {
         root = try Node.parse(object)
     }
 
-    /// The selector as CouchDB shows it back: implicit equality made `$eq`.
-    public static func normalized(_ object: JSONObject) -> JSONObject {
-        JSONObject(object.map { key, value -> (String, JSONValue) in
-            switch (key, value) {
-            case ("$and", .array(let items)), ("$or", .array(let items)), ("$nor", .array(let items)):
-                return (key, .array(items.map { $0.objectValue.map { .object(normalized($0)) } ?? $0 }))
-            case (_, .object(let nested)) where !nested.isEmpty:
-                return (key, .object(normalized(nested)))
-            case (_, _) where key.hasPrefix("$"):
-                return (key, value)
-            default:
-                return (key, ["$eq": value])
-            }
-        })
-    }
-
     /// Whether `document` (properties with `_id`, `_rev`, `_deleted` as wanted) matches.
     public func matches(_ document: JSONObject) -> Bool {
         root.matches(.object(document))

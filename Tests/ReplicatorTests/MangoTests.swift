@@ -93,6 +93,10 @@ extension CouchDBInteropTests {
         record("delete again", try request("DELETE", "/\(db)/_index/_design/tn/json/type-n", nil))
         record("list after", try request("GET", "/\(db)/_index", nil))
         try find("after delete", ["selector": ["type": "b", "n": ["$gt": 6]]])
+        // A partial filter is listed in CouchDB's normal form (dotted paths, $and, $not pushed down).
+        record("partial normal form", try request("POST", "/\(db)/_index", ["index": ["fields": ["a"], "partial_filter_selector":
+            ["b": 2, "a": ["$gt": 1], "$not": ["c": 1], "d": ["e": 1]]], "ddoc": "pn", "name": "pn"]))
+        record("list normal form", try request("GET", "/\(db)/_index", nil))
         return seen
     }
 
