@@ -11,4 +11,10 @@ static inline int cz_inflate_init_gzip(z_stream *stream) {
 static inline int cz_deflate_init_raw(z_stream *stream, int level) {
     return deflateInit2(stream, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
 }
+
+// gzip-wrapped deflate with zlib's default window and memory, as CouchDB's couch_stream
+// compresses attachment bodies (zlib:deflateInit(Z, Level, deflated, 31, 8, default)).
+static inline int cz_deflate_init_gzip(z_stream *stream, int level) {
+    return deflateInit2(stream, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
+}
 #endif

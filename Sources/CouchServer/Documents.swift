@@ -55,6 +55,7 @@ extension CouchServer {
             draft.properties = source.properties
             for name in draft.attachments.keys { try draft.removeAttachment(name) }
             for attachment in source.attachments { try draft.setAttachment(attachment.with(revpos: 0)) }
+            draft.orderAttachments(source.attachments.map(\.name))
             return try db.save(draft).revID
         }
         try await request.response.sendJSON(.created, ["ok": true, "id": .string(target), "rev": .string(saved.description)],
@@ -253,7 +254,7 @@ extension CouchServer {
         if document.rev == nil { document.rev = try requestedRev(request) }
         let stored = try await storeDocuments([(id, document)], received: [id: received], db: db, newEdits: newEdits)
         let rev = try stored[0].get()
-        try await sendSaved(request, id: id, rev: rev)
+        try await sendSaved(request, id: id, rev: rev, deleted: document.deleted)
     }
 
     func postDocument(_ request: Request, database db: Database) async throws {
@@ -262,17 +263,17 @@ extension CouchServer {
         let id = document.id ?? UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
         document.id = id
         let rev = try await storeDocuments([(id, document)], received: [:], db: db, newEdits: true)[0].get()
-        try await sendSaved(request, id: id, rev: rev)
+        try await sendSaved(request, id: id, rev: rev, deleted: document.deleted)
     }
 
-    /// 201 with the new revision; with `batch=ok`, CouchDB's 202 without one. (Sofa has
-    /// already saved it: the answer only keeps the protocol clients expect.)
-    private func sendSaved(_ request: Request, id: String, rev: RevisionID) async throws {
+    /// 201 with the new revision (200 for a deletion, as CouchDB); with `batch=ok`, CouchDB's
+    /// 202 without one. (Sofa has already saved it: the answer only keeps the protocol clients expect.)
+    private func sendSaved(_ request: Request, id: String, rev: RevisionID, deleted: Bool) async throws {
         if request.query("batch") == "ok" {
             return try await request.response.sendJSON(.accepted, ["ok": true, "id": .string(id)],
                                                         headers: ["Location": location(request, [request.segments[0], id])])
         }
-        try await request.response.sendJSON(.created, ["ok": true, "id": .string(id), "rev": .string(rev.description)],
+        try await request.response.sendJSON(deleted ? .ok : .created, ["ok": true, "id": .string(id), "rev": .string(rev.description)],
                                              headers: ["ETag": "\"\(rev)\"", "Location": location(request, [request.segments[0], id])])
     }
 
@@ -427,6 +428,7 @@ extension CouchServer {
                                         contentType: attachment.contentType ?? MIMEType.forFileName(attachment.name))
             }
         }
+        draft.orderAttachments(incoming.map(\.name))  // as sent: CouchDB keeps that order and derives the id from it
         return draft
     }
 
@@ -456,7 +458,7 @@ extension CouchServer {
             }
         }
         return ReplicatedRevision(docID: id, revID: rev, ancestors: document.ancestors, deleted: document.deleted,
-                                  properties: document.properties, attachments: attachments.sorted { $0.name < $1.name })
+                                  properties: document.properties, attachments: attachments)
     }
 
     private func deleteDocument(_ request: Request, _ db: Database, id: String) async throws {

@@ -85,6 +85,7 @@ extension DocumentFileSystem {
             // `rm -r conflicts/<rev>`: resolve by deleting that branch.
             guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             var draft = try database.newRevision(of: id, from: conflict.revID)
+            draft.properties = [:]  // as CouchDB's DELETE: a tombstone of nothing
             draft.deleted = true
             defer { documentChanged(id) }
             try database.save(draft, allowConflict: true)

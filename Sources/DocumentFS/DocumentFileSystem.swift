@@ -174,9 +174,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         let (removal, aside, staged) = withState { (removals[revision.docID], setAside[revision.docID], bursts[revision.docID]?.staged) }
         var attachments = revision.attachments
         if let staged, !staged.isEmpty {
-            let replaced = attachments.filter { staged[$0.name] == nil }
-            attachments = (replaced + staged.values.map(\.attachment)).sorted { $0.name < $1.name }
+            attachments = attachments.filter { staged[$0.name] == nil } + staged.values.map(\.attachment)
         }
+        // A revision keeps CouchDB's order; a folder lists by name.
+        attachments.sort { $0.name < $1.name }
         guard removal != nil || aside != nil else { return attachments }
         return attachments.filter { !(removal?.attachments.contains($0.name) ?? false) && aside?[$0.name] == nil }
     }

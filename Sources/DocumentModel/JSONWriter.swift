@@ -4,8 +4,8 @@ public enum JSONFormat: Sendable {
     case compact
     /// Two-space indentation, keys in stored order: what people read.
     case pretty
-    /// No whitespace, object keys sorted by Unicode code point: the stable form
-    /// that revision ids are derived from.
+    /// No whitespace, object keys sorted by Unicode code point: a stable form to compare
+    /// values by (revision ids are derived from CouchDB's term encoding instead).
     case canonical
 }
 

@@ -1,8 +1,8 @@
 /// A revision id, `GENERATION-SUFFIX` (`3-9b2f…`).
 ///
-/// Sofa derives the suffix from the parent id, the deleted flag and a canonical
-/// encoding of the body and attachment digests, so identical edits made on two
-/// replicas get identical ids. Revisions from other servers keep their own suffixes.
+/// Sofa derives the suffix as CouchDB does (`derive`), so identical edits made in Sofa and
+/// in CouchDB, or on two replicas, get identical ids. Revisions from other servers keep
+/// their own suffixes.
 public struct RevisionID: Hashable, Sendable, Comparable, CustomStringConvertible {
     public let generation: Int
     public let suffix: String
@@ -35,20 +35,75 @@ public struct RevisionID: Hashable, Sendable, Comparable, CustomStringConvertibl
         lhs.generation != rhs.generation ? lhs.generation < rhs.generation : lhs.suffix.utf8.lexicographicallyPrecedes(rhs.suffix.utf8)
     }
 
-    /// The id of a new revision with this content on top of `parent`.
-    ///
-    /// `attachments` are (name, digest) pairs; their order does not matter.
+    /// The id CouchDB gives a new revision with this content on top of `parent`
+    /// (`couch_db:new_revid/1`): the MD5 of `[Deleted, OldStart, OldRev, Body, Atts]` in
+    /// Erlang's term format, where OldRev is the parent's suffix as 16 bytes (as text when it
+    /// is not 32 hex digits) or 0, Body the properties in their order, and Atts each
+    /// attachment's `{Name, Type, MD5}` in the reverse of the revision's order. The same
+    /// edit of the same parent so gets the same id in Sofa and in CouchDB.
     public static func derive(parent: RevisionID?, deleted: Bool, properties: JSONObject,
-                              attachments: [(name: String, digest: String)]) -> RevisionID {
-        let sorted = attachments.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
-        let encoding: JSONValue = .array([
-            parent.map { .string($0.description) } ?? .null,
-            .bool(deleted),
-            .object(properties),
-            .array(sorted.map { .array([.string($0.name), .string($0.digest)]) }),
-        ])
-        let digest = MessageDigest.hash(.md5, encoding.serialized(.canonical))
+                              attachments: [RevisionAttachmentIdentity]) -> RevisionID {
+        var term = CouchRevisionTerm()
+        term.list(count: 5) { term, index in
+            switch index {
+            case 0: term.atom(deleted ? "true" : "false")
+            case 1: term.integer(Int64(parent?.generation ?? 0))
+            case 2:
+                if let parent {
+                    term.binary(parent.suffixBytes)
+                } else {
+                    term.integer(0)
+                }
+            case 3: term.object(properties)
+            default:
+                let reversed = Array(attachments.reversed())
+                term.list(count: reversed.count) { term, index in
+                    term.tuple(arity: 3)
+                    term.binary(reversed[index].name.utf8)
+                    term.binary(reversed[index].contentType.utf8)
+                    term.binary(reversed[index].md5)
+                }
+            }
+        }
+        let digest = MessageDigest.hash(.md5, term.bytes)
         return RevisionID(generation: (parent?.generation ?? 0) + 1, suffix: BlobKey.hexString(digest))
+    }
+
+    /// The suffix as CouchDB keeps it (`couch_doc:parse_revid/1`): 32 hex digits as the 16
+    /// bytes they spell, anything else as its text.
+    var suffixBytes: [UInt8] {
+        let utf8 = Array(suffix.utf8)
+        guard utf8.count == 32 else { return utf8 }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(16)
+        for index in stride(from: 0, to: 32, by: 2) {
+            guard let high = hexValue(utf8[index]), let low = hexValue(utf8[index + 1]) else { return utf8 }
+            bytes.append(high << 4 | low)
+        }
+        return bytes
+    }
+
+    private func hexValue(_ character: UInt8) -> UInt8? {
+        switch character {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): character - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): character - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): character - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}
+
+/// What a revision id says about one attachment: its name, type and the MD5 CouchDB keeps
+/// for its body (of the stored bytes: gzip-compressed ones for the types CouchDB compresses).
+public struct RevisionAttachmentIdentity: Hashable, Sendable {
+    public let name: String
+    public let contentType: String
+    public let md5: [UInt8]
+
+    public init(name: String, contentType: String, md5: [UInt8]) {
+        self.name = name
+        self.contentType = contentType
+        self.md5 = md5
     }
 }
 

@@ -38,15 +38,16 @@ extension Database {
         }
         guard let row = rows.first else { return nil }
         return Revision(docID: docID, revID: revID, parentRevID: row.parent, deleted: row.deleted, properties: row.body,
-                        attachments: try Database.loadAttachments(docKey: docKey, revID: revID, in: connection, blobs: blobs),
+                        attachments: try loadAttachments(docKey: docKey, revID: revID, in: connection, blobs: blobs),
                         sequence: row.sequence, savedAt: Date(timeIntervalSince1970: row.savedAt))
     }
 
-    /// Attachment rows of a revision; `contentAvailable` is checked against `blobs` when given.
-    static func loadAttachments(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection, blobs: BlobStore?) throws -> [Attachment] {
+    /// Attachment rows of a revision, in its order (CouchDB's: as they were given; rows from
+    /// before version 8 by name); `contentAvailable` is checked against `blobs` when given.
+    func loadAttachments(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection, blobs: BlobStore?) throws -> [Attachment] {
         try connection.query("""
             SELECT name, content_type, length, digest, blob_key, revpos FROM rev_attachments
-            WHERE doc_key = ? AND rev_id = ? ORDER BY name
+            WHERE doc_key = ? AND rev_id = ? ORDER BY \(hasAttachmentOrder ? "position, " : "")name
             """, .integer(docKey), .text(revID.description)
         ) { row in
             let key = row.optionalText(4).flatMap(BlobKey.init(hex:))
@@ -54,6 +55,14 @@ extension Database {
                               blobKey: key, revpos: row.int(5),
                               contentAvailable: key.map { blobs?.contains($0) ?? false } ?? false)
         }
+    }
+
+    /// The MD5s CouchDB keeps for a revision's attachment bodies, by name, where known.
+    func couchMD5s(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection) throws -> [String: [UInt8]] {
+        guard hasAttachmentOrder else { return [:] }
+        return Dictionary(try connection.query("""
+            SELECT name, couch_md5 FROM rev_attachments WHERE doc_key = ? AND rev_id = ? AND couch_md5 IS NOT NULL
+            """, .integer(docKey), .text(revID.description)) { ($0.text(0), $0.bytes(1)) }, uniquingKeysWith: { $1 })
     }
 
     static func deleteRevision(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection) throws {

@@ -89,7 +89,7 @@ extension Database {
 
         let parentAttachments: [String: Attachment]
         if let parent, let key = row?.key {
-            parentAttachments = Dictionary(try Database.loadAttachments(docKey: key, revID: parent, in: connection, blobs: nil)
+            parentAttachments = Dictionary(try loadAttachments(docKey: key, revID: parent, in: connection, blobs: nil)
                 .map { ($0.name, $0) }, uniquingKeysWith: { $1 })
         } else {
             parentAttachments = [:]
@@ -102,7 +102,9 @@ extension Database {
                                         blobs: blobs).rows(for: draft.properties, draftRows: draftRows)
         }
         let generation = (parent?.generation ?? 0) + 1
-        let attachments: [Attachment] = draft.deleted ? [] : draftRows.values.sorted { $0.name < $1.name }.map { attachment in
+        let ranks = Dictionary(draft.orderedAttachments.enumerated().map { ($1.name, $0) }, uniquingKeysWith: { first, _ in first })
+        let ordered = draftRows.values.sorted { (ranks[$0.name] ?? Int.max, $0.name) < (ranks[$1.name] ?? Int.max, $1.name) }
+        let attachments: [Attachment] = draft.deleted ? [] : ordered.map { attachment in
             // Keep revpos when neither body nor type changed since the parent.
             let old = parentAttachments[attachment.name]
             let unchanged = old.map { $0.digest == attachment.digest && $0.contentType == attachment.contentType } ?? false
@@ -118,8 +120,12 @@ extension Database {
             return Database.validationJSON(docID: draft.docID, rev: parent, history: tree.history(of: parent), deleted: false,
                                            properties: old.properties, attachments: old.attachments)
         }, author: Author.current, in: connection)
-        let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: properties,
-                                      attachments: attachments.map { ($0.name, $0.digest) })
+        let couchMD5s = try couchMD5s(of: attachments, parent: parent.flatMap { parent in row.map { ($0.key, parent) } },
+                                      parentAttachments: parentAttachments, in: connection)
+        // A tombstone keeps no properties here, but CouchDB's id covers those it was sent with.
+        let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: draft.properties, attachments: attachments.map {
+            RevisionAttachmentIdentity(name: $0.name, contentType: $0.contentType, md5: couchMD5s[$0.name]!)
+        })
         let docKey = try row?.key ?? Database.insertDocumentRow(draft.docID, revID: revID, in: connection)
         if tree.contains(revID) {
             // The same edit of the same parent was saved before.
@@ -127,8 +133,8 @@ extension Database {
         }
         // The same seconds value is stored and returned, so a reloaded revision compares equal.
         let savedAt = Date(timeIntervalSince1970: Date().timeIntervalSince1970)
-        try insertRevision(docKey: docKey, revID: revID, parent: parent, deleted: draft.deleted,
-                           properties: properties, attachments: attachments, savedAt: savedAt, in: connection)
+        try insertRevision(docKey: docKey, revID: revID, parent: parent, deleted: draft.deleted, properties: properties,
+                           attachments: attachments, couchMD5s: couchMD5s, savedAt: savedAt, in: connection)
         try noteSavedHere(attachments.filter { $0.revpos == generation && $0.blobKey != nil }.map(\.digest), in: connection)
         let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
         let sequence = try finishChange(docKey: docKey, docID: draft.docID, tree: tree, added: [newNode], in: connection)
@@ -188,23 +194,69 @@ extension Database {
         return true
     }
 
+    /// Stores a revision and its attachment rows, in `attachments`' order.
     private func insertRevision(docKey: Int64, revID: RevisionID, parent: RevisionID?, deleted: Bool,
-                                properties: JSONObject, attachments: [Attachment], savedAt: Date = Date(),
-                                in connection: SQLiteConnection) throws {
+                                properties: JSONObject, attachments: [Attachment], couchMD5s: [String: [UInt8]] = [:],
+                                savedAt: Date = Date(), in connection: SQLiteConnection) throws {
         let body = JSONValue.object(properties).jsonString()
         try connection.run("""
             INSERT INTO revs (doc_key, rev_id, parent_id, generation, deleted, leaf, body, sequence, saved_at)
             VALUES (?, ?, ?, ?, ?, 1, ?, 0, ?)
             """, .integer(docKey), .text(revID.description), SQLValue(parent?.description), SQLValue(revID.generation),
             SQLValue(deleted), .text(body), .real(savedAt.timeIntervalSince1970))
-        for attachment in attachments {
-            try connection.run("""
-                INSERT INTO rev_attachments (doc_key, rev_id, name, content_type, length, digest, blob_key, revpos)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                """, .integer(docKey), .text(revID.description), .text(attachment.name), .text(attachment.contentType),
-                .integer(attachment.length), .text(attachment.digest), SQLValue(attachment.blobKey?.hex),
-                SQLValue(attachment.revpos))
+        for (position, attachment) in attachments.enumerated() {
+            if hasAttachmentOrder {
+                try connection.run("""
+                    INSERT INTO rev_attachments (doc_key, rev_id, name, content_type, length, digest, blob_key, revpos, position, couch_md5)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """, .integer(docKey), .text(revID.description), .text(attachment.name), .text(attachment.contentType),
+                    .integer(attachment.length), .text(attachment.digest), SQLValue(attachment.blobKey?.hex),
+                    SQLValue(attachment.revpos), SQLValue(position), couchMD5s[attachment.name].map(SQLValue.blob) ?? .null)
+            } else {
+                try connection.run("""
+                    INSERT INTO rev_attachments (doc_key, rev_id, name, content_type, length, digest, blob_key, revpos)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    """, .integer(docKey), .text(revID.description), .text(attachment.name), .text(attachment.contentType),
+                    .integer(attachment.length), .text(attachment.digest), SQLValue(attachment.blobKey?.hex),
+                    SQLValue(attachment.revpos))
+            }
         }
+    }
+
+    /// The MD5 CouchDB keeps for each attachment's body, by name, for the revision id: the
+    /// parent's where the body and its kind (compressed or not) did not change, one worked
+    /// out before for the same body, else from the body (`CouchAttachmentMD5`); for a body
+    /// not here, its CouchDB digest (`md5-…`, the remote's own), else, with no way to know
+    /// CouchDB's, the MD5 of its digest string.
+    private func couchMD5s(of attachments: [Attachment], parent: (docKey: Int64, revID: RevisionID)?,
+                           parentAttachments: [String: Attachment], in connection: SQLiteConnection) throws -> [String: [UInt8]] {
+        guard !attachments.isEmpty else { return [:] }
+        let parentMD5s = try parent.map { try couchMD5s(docKey: $0.docKey, revID: $0.revID, in: connection) } ?? [:]
+        var result: [String: [UInt8]] = [:]
+        for attachment in attachments {
+            let compressible = CouchAttachmentMD5.isCompressible(attachment.contentType)
+            if let old = parentAttachments[attachment.name], old.digest == attachment.digest,
+               CouchAttachmentMD5.isCompressible(old.contentType) == compressible, let md5 = parentMD5s[attachment.name] {
+                result[attachment.name] = md5
+            } else if let key = attachment.blobKey, let known = try knownCouchMD5(of: key, compressible: compressible, in: connection) {
+                result[attachment.name] = known
+            } else if let key = attachment.blobKey, blobs.contains(key) {
+                result[attachment.name] = try CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs)
+            } else {
+                result[attachment.name] = CouchAttachmentMD5.md5(ofDigest: attachment.digest)
+                    ?? MessageDigest.hash(.md5, Array(attachment.digest.utf8))
+            }
+        }
+        return result
+    }
+
+    /// An MD5 worked out before for the body `key` stored as CouchDB stores `compressible` types or not.
+    private func knownCouchMD5(of key: BlobKey, compressible: Bool, in connection: SQLiteConnection) throws -> [UInt8]? {
+        guard hasAttachmentOrder else { return nil }
+        return try connection.query("""
+            SELECT content_type, couch_md5 FROM rev_attachments WHERE blob_key = ? AND couch_md5 IS NOT NULL LIMIT 8
+            """, .text(key.hex)) { (type: $0.text(0), md5: $0.bytes(1)) }
+            .first { CouchAttachmentMD5.isCompressible($0.type) == compressible }?.md5
     }
 
     /// After revisions were added: pick the winner, take a new sequence, prune old history.

@@ -42,6 +42,9 @@ public final class Database: @unchecked Sendable {
     /// Whether the file has `local_attributes` (version 7; older ones opened read-only keep
     /// `attachment_times`).
     let hasLocalAttributes: Bool
+    /// Whether `rev_attachments` has `position` and `couch_md5` (version 8; a read-only
+    /// older file does not).
+    let hasAttachmentOrder: Bool
     /// Every commit, this process's and others' (see `ChangeStream`).
     public let changeStream = ChangeStream()
     /// The design documents' `validate_doc_update` functions, read again when one changes.
@@ -82,6 +85,7 @@ public final class Database: @unchecked Sendable {
         self.hasMangoIndexes = schemaVersion >= 5
         self.hasStaging = schemaVersion >= 6
         self.hasLocalAttributes = schemaVersion >= 7
+        self.hasAttachmentOrder = schemaVersion >= 8
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))

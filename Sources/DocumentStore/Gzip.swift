@@ -42,3 +42,43 @@ public final class GzipDecoder {
         guard ended else { throw SofaError.invalidArgument("truncated gzip data") }
     }
 }
+
+/// zlib's deflate, fed piece by piece: raw (as zip entries hold it) or gzip-wrapped (as
+/// CouchDB stores the bodies of the types it compresses).
+final class Deflater {
+    enum Format { case raw, gzip }
+
+    private var stream = z_stream()
+    private var output = [UInt8](repeating: 0, count: 256 * 1024)
+
+    init(_ format: Format, level: Int32) throws {
+        let status = switch format {
+        case .raw: cz_deflate_init_raw(&stream, level)
+        case .gzip: cz_deflate_init_gzip(&stream, level)
+        }
+        guard status == Z_OK else { throw SofaError.invalidArgument("cannot start deflate") }
+    }
+
+    deinit { deflateEnd(&stream) }
+
+    func deflate(_ input: UnsafeRawBufferPointer, finish: Bool, into sink: ([UInt8]) throws -> Void) throws {
+        stream.next_in = UnsafeMutablePointer(mutating: input.bindMemory(to: Bytef.self).baseAddress)
+        stream.avail_in = uInt(input.count)
+        while true {
+            let (status, produced) = output.withUnsafeMutableBufferPointer { out -> (Int32, Int) in
+                stream.next_out = out.baseAddress
+                stream.avail_out = uInt(out.count)
+                let status = CGzip.deflate(&stream, finish ? Z_FINISH : Z_NO_FLUSH)
+                return (status, out.count - Int(stream.avail_out))
+            }
+            if produced > 0 { try sink(Array(output[..<produced])) }
+            if finish {
+                if status == Z_STREAM_END { return }
+                guard status == Z_OK || status == Z_BUF_ERROR else { throw SofaError.invalidArgument("deflate failed (\(status))") }
+            } else {
+                guard status == Z_OK || status == Z_BUF_ERROR else { throw SofaError.invalidArgument("deflate failed (\(status))") }
+                if stream.avail_in == 0 && stream.avail_out > 0 { return }
+            }
+        }
+    }
+}

@@ -146,6 +146,7 @@ extension Database {
             guard try change(&properties) else { return false }
             let empty = properties["views"]?.objectValue?.isEmpty == true && properties["language"]?.stringValue == "query"
             if empty && draft.parent != nil {
+                draft.properties = [:]  // as CouchDB's DELETE: a tombstone of nothing
                 draft.deleted = true
             } else {
                 draft.properties = properties

@@ -1,7 +1,7 @@
 import DocumentModel
 import Foundation
 
-/// The SQLite schema of `db.sqlite3`, version 7.
+/// The SQLite schema of `db.sqlite3`, version 8.
 ///
 /// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
 ///   `last_sequence`, `revs_limit`.
@@ -49,9 +49,22 @@ import Foundation
 ///   A folder's row is named with a `/` at its end (`/` alone: `attachments/`). Local, never
 ///   replicated. See `LocalAttributes.swift`.
 ///
+/// - `rev_attachments.position`, `rev_attachments.couch_md5` (version 8): a revision's
+///   attachments in their order (CouchDB keeps the order it was given them in, and derives
+///   revision ids from it; NULL in rows from before: by name) and the MD5 CouchDB keeps for
+///   each body (NULL: not worked out yet), which revision ids are derived from (see
+///   `RevisionID.derive`, `CouchAttachmentMD5`).
+///
 /// Older databases are upgraded when opened for writing (new tables and an index).
 enum Schema {
-    static let version = 7
+    static let version = 8
+
+    /// Version 8's columns, added to an older `rev_attachments`.
+    static func addAttachmentOrderColumns(_ connection: SQLiteConnection) throws {
+        let columns = try connection.query("PRAGMA table_info(rev_attachments)") { $0.text(1) }
+        if !columns.contains("position") { try connection.execute("ALTER TABLE rev_attachments ADD COLUMN position INTEGER") }
+        if !columns.contains("couch_md5") { try connection.execute("ALTER TABLE rev_attachments ADD COLUMN couch_md5 BLOB") }
+    }
 
     static let bodyDigestsTable = """
         CREATE TABLE IF NOT EXISTS body_digests (digest TEXT PRIMARY KEY, blob_key TEXT NOT NULL) WITHOUT ROWID;
@@ -171,6 +184,8 @@ enum Schema {
                     digest TEXT NOT NULL,
                     blob_key TEXT,
                     revpos INTEGER NOT NULL,
+                    position INTEGER,
+                    couch_md5 BLOB,
                     PRIMARY KEY (doc_key, rev_id, name)
                 ) WITHOUT ROWID;
                 CREATE INDEX rev_attachments_by_blob ON rev_attachments (blob_key);
@@ -210,6 +225,7 @@ enum Schema {
                 try connection.execute(bodyDigestsTable + version3Tables + version4Tables + version5Tables + version6Tables +
                                        version7Tables)
                 try moveAttachmentTimes(connection)
+                try addAttachmentOrderColumns(connection)
                 try connection.execute("PRAGMA user_version = \(version)")
                 try connection.execute("COMMIT")
             } catch {

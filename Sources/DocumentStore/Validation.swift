@@ -106,7 +106,7 @@ extension Database {
         if deleted { json["_deleted"] = true }
         if !history.isEmpty { json["_revisions"] = CouchFormat.revisions(history) }
         if !attachments.isEmpty {
-            json["_attachments"] = .object(JSONObject(attachments.sorted { $0.name < $1.name }.map { ($0.name, .object(CouchFormat.stub($0))) }))
+            json["_attachments"] = .object(JSONObject(attachments.map { ($0.name, .object(CouchFormat.stub($0))) }))
         }
         return json
     }

@@ -59,7 +59,9 @@ public struct Revision: Hashable, Sendable {
         attachments.first { $0.name == name }
     }
 
-    public var attachmentNames: [String] { attachments.map(\.name) }
+    /// The attachments' names in name order (`attachments` keeps the revision's own order,
+    /// CouchDB's).
+    public var attachmentNames: [String] { attachments.map(\.name).sorted() }
 }
 
 /// A document's entry in the changes feed: each document once, at its latest change.
@@ -172,6 +174,11 @@ public struct RevisionDraft: Sendable {
     public var properties: JSONObject
     public var deleted = false
     public private(set) var attachments: [String: Attachment]
+    /// The attachments' order, CouchDB's: as the parent had them, and one set since first
+    /// (CouchDB's `PUT /db/doc/name` puts the attachment first), unless `orderAttachments`
+    /// gave the order. Lower ranks first; the rank of a name no longer there is left (unused).
+    private var ranks: [String: Int] = [:]
+    private var nextFirst = -1
     let blobs: BlobStore
 
     init(docID: String, parent: RevisionID?, properties: JSONObject, attachments: [Attachment], blobs: BlobStore) {
@@ -179,7 +186,30 @@ public struct RevisionDraft: Sendable {
         self.parent = parent
         self.properties = properties
         self.attachments = Dictionary(attachments.map { ($0.name, $0) }, uniquingKeysWith: { $1 })
+        for (rank, attachment) in attachments.enumerated() where ranks[attachment.name] == nil { ranks[attachment.name] = rank }
         self.blobs = blobs
+    }
+
+    /// The attachments in the revision's order.
+    public var orderedAttachments: [Attachment] {
+        attachments.values.sorted { (ranks[$0.name] ?? Int.max, $0.name) < (ranks[$1.name] ?? Int.max, $1.name) }
+    }
+
+    /// Puts the attachments named in `names` first, in that order (a document's
+    /// `_attachments` as it was sent); the others follow in their order.
+    public mutating func orderAttachments(_ names: [String]) {
+        let given = Set(names)
+        let others = orderedAttachments.map(\.name).filter { !given.contains($0) }
+        ranks = [:]
+        for (rank, name) in (names + others).enumerated() where attachments[name] != nil && ranks[name] == nil { ranks[name] = rank }
+        nextFirst = -1
+    }
+
+    /// Sets an attachment and puts it first.
+    private mutating func place(_ attachment: Attachment) {
+        attachments[attachment.name] = attachment
+        ranks[attachment.name] = nextFirst
+        nextFirst -= 1
     }
 
     /// Whether saving this draft would repeat `revision`: the same deletion, properties and
@@ -201,7 +231,7 @@ public struct RevisionDraft: Sendable {
         // revpos 0 marks a changed attachment; the save gives it the new generation.
         let attachment = Attachment(name: name, contentType: type, blob: blob, revpos: 0)
         try updateBlobProperty(for: attachment)
-        attachments[name] = attachment
+        place(attachment)
     }
 
     public mutating func setAttachment(_ name: String, data: some ContiguousBytes, contentType: String? = nil) throws {
@@ -219,7 +249,7 @@ public struct RevisionDraft: Sendable {
     public mutating func setAttachment(_ attachment: Attachment) throws {
         try AttachmentName.validate(attachment.name)
         try updateBlobProperty(for: attachment)
-        attachments[attachment.name] = attachment
+        place(attachment)
     }
 
     /// Changes an attachment's content type, keeping its body.
@@ -257,7 +287,7 @@ public struct RevisionDraft: Sendable {
         } else {
             try moved.updateBlobProperty(for: renamed, keeping: blob)
         }
-        moved.attachments[newName] = renamed
+        moved.place(renamed)
         self = moved
     }
 

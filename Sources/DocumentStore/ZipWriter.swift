@@ -82,7 +82,7 @@ final class ZipWriter {
         var read: UInt64 = 0
         let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: ZipWriter.chunkSize, alignment: 16)
         defer { chunk.deallocate() }
-        var deflater: Deflater? = deflate ? try Deflater() : nil
+        var deflater: Deflater? = deflate ? try Deflater(.raw, level: Z_DEFAULT_COMPRESSION) : nil
         while true {
             let count = Glibc.read(input, chunk.baseAddress, chunk.count)
             if count < 0 {
@@ -213,39 +213,6 @@ final class ZipWriter {
         let time = UInt16(parts.tm_hour) << 11 | UInt16(parts.tm_min) << 5 | UInt16(parts.tm_sec / 2)
         let day = UInt16(year) << 9 | UInt16(parts.tm_mon + 1) << 5 | UInt16(parts.tm_mday)
         return (time, day)
-    }
-}
-
-/// zlib's raw deflate, fed piece by piece.
-private final class Deflater {
-    private var stream = z_stream()
-    private var output = [UInt8](repeating: 0, count: 256 * 1024)
-
-    init() throws {
-        guard cz_deflate_init_raw(&stream, Z_DEFAULT_COMPRESSION) == Z_OK else { throw SofaError.invalidArgument("cannot start deflate") }
-    }
-
-    deinit { deflateEnd(&stream) }
-
-    func deflate(_ input: UnsafeRawBufferPointer, finish: Bool, into sink: ([UInt8]) throws -> Void) throws {
-        stream.next_in = UnsafeMutablePointer(mutating: input.bindMemory(to: Bytef.self).baseAddress)
-        stream.avail_in = uInt(input.count)
-        while true {
-            let (status, produced) = output.withUnsafeMutableBufferPointer { out -> (Int32, Int) in
-                stream.next_out = out.baseAddress
-                stream.avail_out = uInt(out.count)
-                let status = CGzip.deflate(&stream, finish ? Z_FINISH : Z_NO_FLUSH)
-                return (status, out.count - Int(stream.avail_out))
-            }
-            if produced > 0 { try sink(Array(output[..<produced])) }
-            if finish {
-                if status == Z_STREAM_END { return }
-                guard status == Z_OK || status == Z_BUF_ERROR else { throw SofaError.invalidArgument("deflate failed (\(status))") }
-            } else {
-                guard status == Z_OK || status == Z_BUF_ERROR else { throw SofaError.invalidArgument("deflate failed (\(status))") }
-                if stream.avail_in == 0 && stream.avail_out > 0 { return }
-            }
-        }
     }
 }
 

@@ -87,7 +87,7 @@ final class RemotePeer: ReplicationPeer {
         }
         return ReplicatedRevision(docID: id, revID: rev, ancestors: document.ancestors, deleted: document.deleted,
                                   properties: document.properties,
-                                  attachments: (document.attachments ?? []).map { $0.metadata(of: rev) }.sorted { $0.name < $1.name })
+                                  attachments: (document.attachments ?? []).map { $0.metadata(of: rev) })
     }
 
     /// The requested revisions as `{"ok": doc}` / `{"error": …}` entries: one `_bulk_get`,

@@ -182,6 +182,7 @@ enum JSONLines {
             draft.deleted = parsed.deleted
             if replacingAttachments { for name in Array(draft.attachments.keys) { try draft.removeAttachment(name) } }
             for attachment in attachments { try draft.setAttachment(attachment) }
+            draft.orderAttachments(attachments.map(\.name))  // as the file lists them, as CouchDB keeps them
             // What is already the current revision is not saved again: reading the same file
             // twice makes one revision, not two.
             if let current = try database.currentRevision(of: id), draft.repeats(current) { return nil }

@@ -14,16 +14,36 @@ import Testing
         #expect(throws: SofaError.invalidRevisionID("nope")) { try RevisionID.parse("nope") }
     }
 
-    @Test func identicalEditsGiveIdenticalIDs() throws {
-        let parent = RevisionID("1-abc")
-        let a = RevisionID.derive(parent: parent, deleted: false, properties: ["x": 1, "y": "two"], attachments: [("a", "sha1-x"), ("b", "sha1-y")])
-        let b = RevisionID.derive(parent: parent, deleted: false, properties: ["y": "two", "x": 1], attachments: [("b", "sha1-y"), ("a", "sha1-x")])
-        #expect(a == b)
-        #expect(a.generation == 2 && a.suffix.count == 32)
-        #expect(a != RevisionID.derive(parent: parent, deleted: true, properties: ["x": 1, "y": "two"], attachments: [("a", "sha1-x"), ("b", "sha1-y")]))
-        #expect(a != RevisionID.derive(parent: parent, deleted: false, properties: ["x": 1, "y": "two"], attachments: [("a", "sha1-z"), ("b", "sha1-y")]))
-        #expect(a != RevisionID.derive(parent: RevisionID("1-abd"), deleted: false, properties: ["x": 1, "y": "two"], attachments: [("a", "sha1-x"), ("b", "sha1-y")]))
-        #expect(RevisionID.derive(parent: nil, deleted: false, properties: [:], attachments: []).generation == 1)
+    /// Ids CouchDB 3.4.3 gave these edits (recorded from the live server; CouchRevisionIDTests
+    /// repeats them side by side in CI).
+    @Test func derivesCouchDBsIDs() throws {
+        func derive(_ parent: String?, deleted: Bool = false, _ json: String, _ attachments: [RevisionAttachmentIdentity] = []) throws -> String {
+            let properties = try #require(JSONValue(parsing: json).objectValue)
+            return RevisionID.derive(parent: parent.flatMap(RevisionID.init), deleted: deleted, properties: properties,
+                                     attachments: attachments).description
+        }
+        let numbers = #"{"n":-5,"big":12345678901234567890,"neg":-300,"f":1.5,"f2":1.0,"e":1e2,"s":"h\u00e9llo \ud83d\ude00","nested":{"x":[1,2,300,[]],"y":{}},"t":true,"fa":false,"nu":null,"ints":[0,255,256]}"#
+        #expect(try derive(nil, numbers) == "1-c032c5e61f589e1b6092ce2ca0ad8315")
+        #expect(try derive("1-c032c5e61f589e1b6092ce2ca0ad8315", #"{"v":2}"#) == "2-fca1db26ae476c903c50e471cf1738cc")
+        #expect(try derive("2-fca1db26ae476c903c50e471cf1738cc", deleted: true, "{}") == "3-6657c7d164511ffbac11127dddc168ef")
+        let integers = #"{"arr":[1,2,3],"str":"","empty":[],"k":65536,"m":-2147483648,"mm":-2147483649,"x":4294967296}"#
+        #expect(try derive(nil, integers) == "1-d6839f0301dbff2de7099873d2b71caf")
+        #expect(try derive("1-d6839f0301dbff2de7099873d2b71caf", #"{"v":2}"#) == "2-de7459acbb68321e9381e595b3252c8d")
+        #expect(try derive("2-de7459acbb68321e9381e595b3252c8d", deleted: true, "{}") == "3-bb94d940eb2874d3ca8e3a05d04e1978")
+        // "hello" as text/plain (CouchDB keeps the MD5 of its gzip form) and as application/octet-stream.
+        let text = RevisionAttachmentIdentity(name: "x.txt", contentType: "text/plain", md5: hex("88c6a20bcc2a885943d8d8cb4de9af09"))
+        let binary = RevisionAttachmentIdentity(name: "y.bin", contentType: "application/octet-stream", md5: hex("5d41402abc4b2a76b9719d911017c592"))
+        #expect(try derive(nil, #"{"a":1}"#, [text, binary]) == "1-7a10cd0954aea81a12b11ff2fa559ef5")
+        // The same attachments kept as stubs, sent in the other order: the order counts.
+        #expect(try derive("1-7a10cd0954aea81a12b11ff2fa559ef5", #"{"b":2}"#, [binary, text]) == "2-53a4ee8b707eb9091365625c8bff52a9")
+        #expect(try derive("1-7a10cd0954aea81a12b11ff2fa559ef5", #"{"b":2}"#, [text, binary]) != "2-53a4ee8b707eb9091365625c8bff52a9")
+        // A parent suffix that is not 32 hex digits is hashed as its text.
+        #expect(try derive("1-abc", "{}") != derive("1-abd", "{}"))
+        #expect(try derive(nil, "{}").hasPrefix("1-"))
+    }
+
+    private func hex(_ text: String) -> [UInt8] {
+        stride(from: 0, to: text.count, by: 2).map { UInt8(text.dropFirst($0).prefix(2), radix: 16)! }
     }
 }
 

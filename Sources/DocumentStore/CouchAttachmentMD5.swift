@@ -1,0 +1,52 @@
+import CGzip
+import DocumentModel
+import Foundation
+
+/// The MD5 CouchDB keeps for an attachment body, which its revision ids are derived from
+/// (`RevisionID.derive`): of the bytes as CouchDB stores them. CouchDB 3 stores the types
+/// of its default `[attachments] compressible_types` gzip-compressed at its default
+/// `compression_level` (8), so for those it is the MD5 of that gzip stream (the digest
+/// CouchDB then shows, `md5-iMaiC8wq…` for "hello" as text/plain), and for any other
+/// type the MD5 of the bytes themselves. zlib's output at a given level is the same
+/// whatever the input's pieces, so the same body gives the same MD5 here and there.
+enum CouchAttachmentMD5 {
+    /// CouchDB's `compression_level` default.
+    static let compressionLevel: Int32 = 8
+
+    /// Whether CouchDB (with its defaults: `text/*, application/javascript,
+    /// application/json, application/xml`, any case, parameters after `;` ignored)
+    /// compresses bodies of this type.
+    static func isCompressible(_ contentType: String) -> Bool {
+        let type = (contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false).first ?? "")
+            .trimmingCharacters(in: .whitespaces).lowercased()
+        return type.hasPrefix("text/") || ["application/javascript", "application/json", "application/xml"].contains(type)
+    }
+
+    /// The MD5 of the blob `key` as CouchDB would store a body of `contentType`. Reads the
+    /// blob once, in pieces.
+    static func md5(of key: BlobKey, contentType: String, in blobs: BlobStore) throws -> [UInt8] {
+        let reader = try blobs.openReader(key)
+        let md5 = MessageDigest(.md5)
+        let deflater = isCompressible(contentType) ? try Deflater(.gzip, level: compressionLevel) : nil
+        var buffer = [UInt8](repeating: 0, count: BlobStore.chunkSize)
+        var offset: Int64 = 0
+        while true {
+            let count = try buffer.withUnsafeMutableBytes { try reader.read(into: $0, at: offset) }
+            guard count > 0 else { break }
+            offset += Int64(count)
+            try buffer.withUnsafeBytes { bytes in
+                let piece = UnsafeRawBufferPointer(rebasing: bytes[0..<count])
+                if let deflater { try deflater.deflate(piece, finish: false) { md5.update($0) } } else { md5.update(piece) }
+            }
+        }
+        guard offset == reader.length else { throw SofaError.blobCorrupted(key: key.hex, path: reader.path) }
+        try deflater?.deflate(UnsafeRawBufferPointer(start: nil, count: 0), finish: true) { md5.update($0) }
+        return md5.finalize()
+    }
+
+    /// The MD5 a digest string names, when it is CouchDB's kind (`md5-<base64>`).
+    static func md5(ofDigest digest: String) -> [UInt8]? {
+        guard digest.hasPrefix("md5-"), let data = Data(base64Encoded: String(digest.dropFirst(4))), data.count == 16 else { return nil }
+        return [UInt8](data)
+    }
+}

@@ -1,0 +1,165 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// #28 item 4: the same edit made in CouchDB and in Sofa gets the same revision id, so an
+/// identical change made on both sides is not a conflict. Every request goes to the live
+/// CouchDB and to `sofa serve`, and the answers (with their revision ids) must be equal.
+extension CouchDBInteropTests {
+    /// One server under test: JSON requests and raw uploads, with its credentials.
+    struct Target {
+        let port: Int
+        let headers: [(String, String)]
+
+        func json(_ method: String, _ path: String, _ body: JSONValue? = nil) throws -> HTTPResponse {
+            let connection = try HTTPConnection(port: port)
+            defer { connection.close() }
+            return try connection.json(method, path, body, headers: headers)
+        }
+
+        func upload(_ path: String, _ bytes: [UInt8], contentType: String) throws -> HTTPResponse {
+            let connection = try HTTPConnection(port: port)
+            defer { connection.close() }
+            return try connection.request("PUT", path, headers: headers + [("Content-Type", contentType)], body: bytes)
+        }
+    }
+
+    func revisionIDScenario(_ target: Target, db: String) throws -> [String] {
+        var seen: [String] = []
+        func record(_ label: String, _ response: HTTPResponse) -> String {
+            let rev = response.json?["rev"]?.stringValue ?? ""
+            seen.append("\(label): \(response.status) \(rev)")
+            return rev
+        }
+        /// The document's `_rev` and its attachments' names in the order the server keeps.
+        func show(_ id: String) throws {
+            let document = try target.json("GET", "/\(db)/\(id)").json?.objectValue ?? [:]
+            let names = document["_attachments"]?.objectValue?.entries.map(\.key) ?? []
+            seen.append("GET \(id): \(document["_rev"]?.stringValue ?? "-") \(names)")
+        }
+        func parse(_ json: String) throws -> JSONValue { try JSONParser.parse(Array(json.utf8)) }
+        func base64(_ text: String) -> JSONValue { .string(Data(text.utf8).base64EncodedString()) }
+
+        #expect(try target.json("PUT", "/\(db)").status == 201)
+        // Bodies: numbers of every size and kind, unicode, nesting, byte lists, empty values.
+        let bodies = [
+            #"{"n":-5,"big":12345678901234567890,"neg":-300,"f":1.5,"f2":1.0,"e":1e2,"tiny":-1.25e-7}"#,
+            #"{"s":"h\u00e9llo \ud83d\ude00 日本","nested":{"x":[1,2,300,[]],"y":{},"z":[{"a":null}]},"t":true,"fa":false,"nu":null}"#,
+            #"{"arr":[1,2,3],"str":"","empty":[],"k":65536,"m":-2147483648,"mm":-2147483649,"x":4294967296,"huge":-123456789012345678901234567890}"#,
+            #"{"b":1,"a":2}"#, #"{"a":2,"b":1}"#, #"{}"#,
+        ]
+        for (index, body) in bodies.enumerated() {
+            let rev = record("PUT body \(index)", try target.json("PUT", "/\(db)/body\(index)", try parse(body)))
+            let next = record("edit body \(index)", try target.json("PUT", "/\(db)/body\(index)", ["_rev": .string(rev), "v": 2]))
+            let gone = record("DELETE body \(index)", try target.json("DELETE", "/\(db)/body\(index)?rev=\(next)"))
+            // Made again on its tombstone, without a _rev.
+            _ = record("PUT again body \(index)", try target.json("PUT", "/\(db)/body\(index)", try parse(body)))
+            _ = gone
+        }
+        // A deletion that carries properties: CouchDB's id covers them.
+        let kept = record("PUT keep", try target.json("PUT", "/\(db)/keep", ["x": 1]))
+        _ = record("PUT _deleted with body", try target.json("PUT", "/\(db)/keep", ["_rev": .string(kept), "_deleted": true, "why": "done"]))
+        // Attachments inline: CouchDB keeps text and JSON compressed and derives from that MD5.
+        let longText = (0..<60_000).map { "line \($0) of a text attachment, \($0 * 7919 % 10007)\n" }.joined()
+        let attachments: JSONValue = [
+            "notes.txt": ["content_type": "text/plain", "data": base64("hello")],
+            "raw.bin": ["content_type": "application/octet-stream", "data": base64("hello")],
+            "data.json": ["content_type": "application/json; charset=utf-8", "data": base64(#"{"a":[1,2,3]}"#)],
+            "page.HTML": ["content_type": "TEXT/HTML", "data": base64("<p>hi</p>")],
+            "empty.txt": ["content_type": "text/plain", "data": ""],
+            "long.txt": ["content_type": "text/plain", "data": base64(longText)],
+            "image.png": ["content_type": "image/png", "data": "iVBORw0KGgo="],
+        ]
+        var rev = record("PUT attachments", try target.json("PUT", "/\(db)/files", ["kind": "files", "_attachments": attachments]))
+        try show("files")
+        // Kept as stubs, listed in another order: the order is CouchDB's and the id follows it.
+        let stubs = JSONValue.object(JSONObject(["image.png", "long.txt", "raw.bin", "notes.txt", "data.json", "page.HTML", "empty.txt"]
+            .map { ($0, ["stub": true] as JSONValue) }))
+        rev = record("PUT stubs reordered", try target.json("PUT", "/\(db)/files", ["_rev": .string(rev), "kind": "files", "v": 2, "_attachments": stubs]))
+        try show("files")
+        // One attachment PUT on its own goes first; one replaced moves first; one removed goes.
+        rev = record("PUT new attachment", try target.upload("/\(db)/files/extra.txt?rev=\(rev)", Array("extra".utf8), contentType: "text/plain"))
+        rev = record("PUT replaced attachment", try target.upload("/\(db)/files/raw.bin?rev=\(rev)", [0, 1, 2, 255], contentType: "application/x-thing"))
+        try show("files")
+        rev = record("DELETE attachment", try target.json("DELETE", "/\(db)/files/notes.txt?rev=\(rev)"))
+        try show("files")
+        // A document without _attachments drops them.
+        rev = record("PUT without attachments", try target.json("PUT", "/\(db)/files", ["_rev": .string(rev), "kind": "none"]))
+        // An attachment PUT makes a new document; _bulk_docs saves as PUT does.
+        _ = record("PUT attachment new doc", try target.upload("/\(db)/fresh/a%20b.txt", Array("fresh".utf8), contentType: "text/plain"))
+        let bulk = try target.json("POST", "/\(db)/_bulk_docs", ["docs": [["_id": "bulk1", "n": 1],
+                                                                          ["_id": "bulk2", "_attachments": ["x": ["content_type": "text/csv", "data": base64("a,b\n")]]]]])
+        seen.append("bulk: \(bulk.status) \((bulk.json?.arrayValue ?? []).map { $0["rev"]?.stringValue ?? "-" })")
+        // COPY keeps the source's attachments in its order.
+        let copy = try target.json("COPY", "/\(db)/bulk2", nil)
+        seen.append("COPY without destination: \(copy.status)")
+        let connection = try HTTPConnection(port: target.port)
+        defer { connection.close() }
+        let copied = try connection.request("COPY", "/\(db)/bulk2", headers: target.headers + [("Destination", "bulk3")])
+        _ = record("COPY", copied)
+        return seen
+    }
+
+    @Test func revisionIDsAreCouchDBs() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let couchDB = try couch.newDatabase("revids")
+        #expect(try couch.request("DELETE", "/\(couchDB)").status == 200)
+        let auth = [("Authorization", "Basic " + Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())]
+        let expected = try revisionIDScenario(Target(port: couch.port, headers: auth), db: couchDB)
+        let actual = try revisionIDScenario(Target(port: server.port, headers: []), db: "revids-sofa")
+        #expect(actual.count == expected.count)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+        #expect(expected.filter { $0.contains(": 20") }.count > 30, "\(expected)")
+    }
+}
+
+extension CouchDBInteropTests {
+    /// Edits through the CLI and the mount get the ids CouchDB gives the same edits.
+    @Test func cliAndMountEditsGetCouchDBsIDs() throws {
+        let couchDB = try couch.newDatabase("revids-local")
+        func couchRev(_ response: HTTPResponse) -> String { response.json?["rev"]?.stringValue ?? "\(response.status) \(response.text)" }
+        func lastLine(_ result: ProcessResult) -> String {
+            result.stdout.split(separator: "\n").last.map(String.init) ?? "exit \(result.status): \(result.stderr)"
+        }
+        let path = directory.appending("local.sofa")
+        #expect(try sofa("create", path).succeeded)
+
+        // The CLI: put, attach, rm.
+        let body = #"{"title":"from the CLI","n":[1,2,300],"nested":{"é":1.5}}"#
+        let cliRev = lastLine(try sofa("put", path, "cli", body))
+        var theirs = couchRev(try couch.request("PUT", "/\(couchDB)/cli", try JSONParser.parse(Array(body.utf8))))
+        #expect(cliRev == theirs)
+        let file = directory.appending("notes.txt")
+        let text = String(repeating: "attached by the CLI\n", count: 500)
+        try text.write(toFile: file, atomically: true, encoding: .utf8)
+        let attached = lastLine(try sofa("attach", path, "cli", "notes.txt", file, "--type", "text/plain"))
+        theirs = couchRev(try couch.upload("/\(couchDB)/cli/notes.txt?rev=\(theirs)", Array(text.utf8), contentType: "text/plain"))
+        #expect(attached == theirs)
+        let removed = lastLine(try sofa("rm", path, "cli"))
+        theirs = couchRev(try couch.request("DELETE", "/\(couchDB)/cli?rev=\(theirs)"))
+        #expect(removed == theirs)
+
+        // The mount: a new document's properties.json, a file added, the file removed.
+        let mount = try MountedDatabase(path)
+        let database = try Database.open(at: path)
+        func current() throws -> Revision? { try database.currentRevision(of: "m") }
+        #expect(mkdir(mount.path("docs/m"), 0o755) == 0)
+        let properties = #"{"z":"last key first","a":[{"b":null}],"n":-7}"#
+        try properties.write(toFile: mount.path("docs/m/properties.json"), atomically: false, encoding: .utf8)
+        #expect(try waitUntil { try current() != nil })
+        theirs = couchRev(try couch.request("PUT", "/\(couchDB)/m", try JSONParser.parse(Array(properties.utf8))))
+        #expect(try current()?.revID.description == theirs)
+        try "hello from the mount\n".write(toFile: mount.path("docs/m/attachments/hello.txt"), atomically: false, encoding: .utf8)
+        #expect(try waitUntil { try current()?.attachments.count == 1 })
+        let type = try #require(try current()?.attachments.first?.contentType)
+        theirs = couchRev(try couch.upload("/\(couchDB)/m/hello.txt?rev=\(theirs)", Array("hello from the mount\n".utf8), contentType: type))
+        #expect(try current()?.revID.description == theirs)
+        #expect(unlink(mount.path("docs/m/attachments/hello.txt")) == 0)
+        #expect(try waitUntil { try current()?.attachments.isEmpty == true })
+        theirs = couchRev(try couch.request("DELETE", "/\(couchDB)/m/hello.txt?rev=\(theirs)"))
+        #expect(try current()?.revID.description == theirs)
+        #expect(mount.unmount().succeeded)
+    }
+}
