@@ -27,7 +27,7 @@ extension CouchServer {
             break
         }
         switch first {
-        case "_all_dbs", "_dbs_info", "_active_tasks", "_scheduler", "_replicate":
+        case "_all_dbs", "_dbs_info", "_active_tasks", "_scheduler", "_replicate", "_db_updates":
             try requireServerAdmin()
         default:
             break
@@ -43,6 +43,8 @@ extension CouchServer {
             try await replicate(request)
         case "_dbs_info":
             try await databasesInformation(request)
+        case "_db_updates" where segments.count == 1:
+            try await databaseUpdates(request)
         case "_active_tasks":
             try await activeTasks(request)
         case "_scheduler":
@@ -191,7 +193,7 @@ extension CouchServer {
     /// error about database names or document ids that would send a client looking elsewhere.
     static let unimplementedServerEndpoints: Set<String> = [
         "_stats", "_node", "_membership", "_cluster_setup",
-        "_db_updates", "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
+        "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
     ]
     static let unimplementedDatabaseEndpoints: Set<String> = [
         "_purged_infos", "_design_docs",

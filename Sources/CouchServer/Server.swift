@@ -443,6 +443,8 @@ final class DatabaseRegistry: @unchecked Sendable {
     let directory: String?
     /// Published when a database is created or deleted.
     let namesChanged = ChangeStream()
+    /// What `_db_updates` lists.
+    let updates = DatabaseUpdates()
 
     /// Body sources by database path, made on first need. Guarded by `lock`.
     private var bodySources: [String: (any BodySource)?] = [:]
@@ -513,6 +515,7 @@ final class DatabaseRegistry: @unchecked Sendable {
             guard let path = paths[name] else { throw HTTPError.databaseNotFound }
             let database = try Database.open(at: path)
             open[name] = database
+            updates.follow(database, as: name)
             return database
         }
     }
@@ -528,6 +531,8 @@ final class DatabaseRegistry: @unchecked Sendable {
             let database = try Database.create(at: path)
             paths[name] = path
             open[name] = database
+            updates.record(name, .created)
+            updates.follow(database, as: name)
             namesChanged.publish()
             return database
         }
@@ -540,6 +545,7 @@ final class DatabaseRegistry: @unchecked Sendable {
         }
         // Whoever still follows it (a feed, `_replicator`) stops waiting.
         database?.changeStream.close()
+        updates.record(name, .deleted)
         namesChanged.publish()
         try FileManager.default.removeItem(atPath: path)
     }

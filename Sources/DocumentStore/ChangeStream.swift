@@ -37,6 +37,8 @@ public final class ChangeStream: @unchecked Sendable {
     }
     private var startForeign: (() -> ForeignCommits?)?
     private var foreignStarted = false
+    /// Called at each publish (see `observe`).
+    private var observers: [@Sendable (_ documents: Bool) -> Void] = []
 
     public init() {}
 
@@ -55,11 +57,20 @@ public final class ChangeStream: @unchecked Sendable {
     /// event); false for this process's commits that did neither (a mount's staged file, a
     /// local document, a cache note). Another process's commit is always counted as one.
     public func publish(documents: Bool = true) {
-        condition.withLock {
+        let observers = condition.withLock {
             position &+= 1
             if documents { documentPosition = position }
+            return self.observers
         }
         wakeWaiters()
+        for observer in observers { observer(documents) }
+    }
+
+    /// Calls `observer` at every publish from now on, on the publishing thread (after the
+    /// commit; it must be quick): for a subscriber that only counts changes and must not
+    /// start the watch for other processes' commits that a wait starts (`_db_updates`).
+    public func observe(_ observer: @escaping @Sendable (_ documents: Bool) -> Void) {
+        condition.withLock { observers.append(observer) }
     }
 
     /// The position of the last commit that may have changed documents or bodies: a reader
