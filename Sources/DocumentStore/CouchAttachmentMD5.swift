@@ -9,9 +9,21 @@ import Foundation
 /// CouchDB then shows, `md5-iMaiC8wq…` for "hello" as text/plain), and for any other
 /// type the MD5 of the bytes themselves. zlib's output at a given level is the same
 /// whatever the input's pieces, so the same body gives the same MD5 here and there.
+///
+/// Working it out costs a second pass over the body: MD5 runs at ~550 MB/s here (a 1 GiB
+/// file copied into the mount took 1.2–1.6 s, and 3.4 s with the pass), and zlib at level 8
+/// at 10–25 MB/s on text (a 150 MB log: 15.6 s). So it is worked out from the body only up to
+/// a size (`exactLimit`); a body beyond it is named by what is known for free where that is
+/// CouchDB's MD5 (a body from CouchDB of a type it does not compress keeps that MD5 as its
+/// digest; one that came gzip-encoded keeps CouchDB's name in `body_digests`), else by the MD5
+/// of its SHA-1 digest: the same for the same body on every Sofa replica, not CouchDB's.
 enum CouchAttachmentMD5 {
     /// CouchDB's `compression_level` default.
     static let compressionLevel: Int32 = 8
+
+    /// The largest body whose MD5 is worked out from its bytes: 1 MiB of a compressed type
+    /// (at most ~0.1 s of gzip), 64 MiB of any other (~0.12 s of MD5).
+    static func exactLimit(compressible: Bool) -> Int64 { compressible ? 1 << 20 : 64 << 20 }
 
     /// Whether CouchDB (with its defaults: `text/*, application/javascript,
     /// application/json, application/xml`, any case, parameters after `;` ignored)

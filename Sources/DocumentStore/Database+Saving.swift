@@ -225,9 +225,11 @@ extension Database {
 
     /// The MD5 CouchDB keeps for each attachment's body, by name, for the revision id: the
     /// parent's where the body and its kind (compressed or not) did not change, one worked
-    /// out before for the same body, else from the body (`CouchAttachmentMD5`); for a body
-    /// not here, its CouchDB digest (`md5-…`, the remote's own), else, with no way to know
-    /// CouchDB's, the MD5 of its digest string.
+    /// out before for the same body, one known for free (`md5-` digest of a type CouchDB does
+    /// not compress, CouchDB's name of a gzip-encoded body), else from the body up to
+    /// `CouchAttachmentMD5.exactLimit`; for a body not here, its CouchDB digest (`md5-…`, the
+    /// remote's own); else, with no way to know CouchDB's at a cost worth paying, the MD5 of
+    /// its digest string.
     private func couchMD5s(of attachments: [Attachment], parent: (docKey: Int64, revID: RevisionID)?,
                            parentAttachments: [String: Attachment], in connection: SQLiteConnection) throws -> [String: [UInt8]] {
         guard !attachments.isEmpty else { return [:] }
@@ -240,7 +242,13 @@ extension Database {
                 result[attachment.name] = md5
             } else if let key = attachment.blobKey, let known = try knownCouchMD5(of: key, compressible: compressible, in: connection) {
                 result[attachment.name] = known
-            } else if let key = attachment.blobKey, blobs.contains(key) {
+            } else if !compressible || attachment.blobKey == nil, let md5 = CouchAttachmentMD5.md5(ofDigest: attachment.digest) {
+                // A body of a type CouchDB stores as it is, named by its MD5; or one not here, by the remote's.
+                result[attachment.name] = md5
+            } else if compressible, let key = attachment.blobKey, let encoded = try encodedBodyMD5(of: key, in: connection) {
+                result[attachment.name] = encoded
+            } else if let key = attachment.blobKey, attachment.length <= CouchAttachmentMD5.exactLimit(compressible: compressible),
+                      blobs.contains(key) {
                 result[attachment.name] = try CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs)
             } else {
                 result[attachment.name] = CouchAttachmentMD5.md5(ofDigest: attachment.digest)
@@ -248,6 +256,15 @@ extension Database {
             }
         }
         return result
+    }
+
+    /// CouchDB's MD5 of the gzip form of body `key`, when it came gzip-encoded from CouchDB
+    /// (`body_digests`).
+    private func encodedBodyMD5(of key: BlobKey, in connection: SQLiteConnection) throws -> [UInt8]? {
+        guard hasBodyDigests else { return nil }
+        return try connection.query("SELECT digest FROM body_digests WHERE blob_key = ? AND digest LIKE 'md5-%' LIMIT 1", .text(key.hex)) {
+            $0.text(0)
+        }.first.flatMap(CouchAttachmentMD5.md5(ofDigest:))
     }
 
     /// An MD5 worked out before for the body `key` stored as CouchDB stores `compressible` types or not.

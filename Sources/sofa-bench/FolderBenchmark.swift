@@ -14,9 +14,10 @@ func folderBenchmark(_ options: Options) throws {
     print("ratios are plain time / mount time (1.00× = as fast as ext4 + sync)")
     print(String(repeating: "-", count: 96))
 
-    /// A tree of `count` files of 4 KiB in 100 folders, and its tarball.
-    func makeTree(_ count: Int, spreadOver documents: Int? = nil) throws -> String {
-        let root = "\(work)/src-\(count)-\(documents ?? 1)"
+    /// A tree of `count` files of 4 KiB in 100 folders, and its tarball. `text`: `.txt` files of
+    /// lines of words (CouchDB compresses text, so a revision id works out its gzip form's MD5).
+    func makeTree(_ count: Int, spreadOver documents: Int? = nil, text: Bool = false) throws -> String {
+        let root = "\(work)/src-\(count)-\(documents ?? 1)\(text ? "-text" : "")"
         var state: UInt64 = UInt64(count)
         for i in 0..<count {
             let folder = documents.map { "\(root)/doc-\(i % $0)/attachments/d\((i / $0) % 10)" } ?? "\(root)/d\(i % 100)"
@@ -24,11 +25,17 @@ func folderBenchmark(_ options: Options) throws {
                 try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
             }
             var bytes = [UInt8](repeating: 0, count: 4096)
+            let words = ["the", "mount", "saves", "each", "file", "as", "an", "attachment", "of", "one", "document", "and"]
             for j in stride(from: 0, to: 4096, by: 8) {
                 state = state &* 6364136223846793005 &+ 1442695040888963407
-                withUnsafeBytes(of: state) { bytes.replaceSubrange(j..<j + 8, with: $0) }
+                if text {
+                    let word = Array((words[Int(state >> 60) % words.count] + (state & 7 == 0 ? "\n" : " ") + "        ").utf8.prefix(8))
+                    bytes.replaceSubrange(j..<j + 8, with: word)
+                } else {
+                    withUnsafeBytes(of: state) { bytes.replaceSubrange(j..<j + 8, with: $0) }
+                }
             }
-            try Data(bytes).write(to: URL(fileURLWithPath: "\(folder)/f\(i).bin"))
+            try Data(bytes).write(to: URL(fileURLWithPath: "\(folder)/f\(i).\(text ? "txt" : "bin")"))
         }
         _ = try timeShell("tar cf \(root).tar -C \(root) .")
         return root
@@ -129,6 +136,8 @@ func folderBenchmark(_ options: Options) throws {
     let fewer = try copyAll(try makeTree(small), files: small, into: "docs/folder/attachments", "one document")
     let more = try copyAll(try makeTree(large), files: large, into: "docs/folder/attachments", "one document")
     row("cp -r: \(large) files / \(small) files", String(format: "%.1f× the time for 10× the files", more / fewer))
+    let texts = try makeTree(large, text: true)
+    try compare("cp -r, \(large) text files, one document", files: large, job: { "cp -r \(texts)/. \($0)" }, into: "docs/folder/attachments")
     _ = try copyAll(try makeTree(large, spreadOver: large / 10), files: large, into: "docs", "\(large / 10) documents")
     print(String(repeating: "-", count: 96))
     row("peak RSS of the mount process (largest run)", String(format: "%.0f MB", Double(peak) / 1e6))

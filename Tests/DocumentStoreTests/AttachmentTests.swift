@@ -220,3 +220,32 @@ import TestSupport
         #expect(FileManager.default.fileExists(atPath: alive))
     }
 }
+
+/// The MD5 a revision id takes for each body (CouchAttachmentMD5): CouchDB's, worked out from
+/// the body up to its limit, and beyond it the same on every replica.
+@Suite struct RevisionIDBodyTests {
+    let directory = TemporaryDirectory()
+
+    func save(_ db: Database, _ id: String, _ bytes: [UInt8], type: String) throws -> RevisionID {
+        var draft = try db.newDocument(id)
+        let name = "a"
+        try draft.setAttachment(name, data: bytes, contentType: type)
+        return try db.save(draft).revID
+    }
+
+    @Test func aBodyBeyondTheLimitIsNamedTheSameOnEveryReplica() throws {
+        let one = try directory.makeDatabase("one.sofa")
+        let two = try directory.makeDatabase("two.sofa")
+        let text = Array((0..<40_000).map { "line \($0), \($0 * 31 % 977)\n" }.joined().utf8)  // ~0.6 MiB: worked out
+        let big = Array((0..<120_000).map { "line \($0), \($0 * 31 % 977)\n" }.joined().utf8)  // ~1.9 MiB: past 1 MiB
+        var ids: [RevisionID] = []
+        for (index, (bytes, type)) in [(text, "text/plain"), (big, "text/plain"), (big, "application/octet-stream")].enumerated() {
+            let id = try save(one, "doc\(index)", bytes, type: type)
+            #expect(try save(two, "doc\(index)", bytes, type: type) == id)
+            ids.append(id)
+        }
+        // The type still counts past the limit, and another body is another id.
+        #expect(Set(ids).count == 3)
+        #expect(try save(one, "other", big.reversed(), type: "text/plain") != ids[1])
+    }
+}

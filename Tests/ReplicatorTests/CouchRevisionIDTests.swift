@@ -7,6 +7,19 @@ import TestSupport
 /// #28 item 4: the same edit made in CouchDB and in Sofa gets the same revision id, so an
 /// identical change made on both sides is not a conflict. Every request goes to the live
 /// CouchDB and to `sofa serve`, and the answers (with their revision ids) must be equal.
+/// Reproducible bytes for a test (SplitMix64).
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
 extension CouchDBInteropTests {
     /// One server under test: JSON requests and raw uploads, with its credentials.
     struct Target {
@@ -62,7 +75,10 @@ extension CouchDBInteropTests {
         let kept = record("PUT keep", try target.json("PUT", "/\(db)/keep", ["x": 1]))
         _ = record("PUT _deleted with body", try target.json("PUT", "/\(db)/keep", ["_rev": .string(kept), "_deleted": true, "why": "done"]))
         // Attachments inline: CouchDB keeps text and JSON compressed and derives from that MD5.
-        let longText = (0..<60_000).map { "line \($0) of a text attachment, \($0 * 7919 % 10007)\n" }.joined()
+        // Text up to CouchAttachmentMD5's limit (1 MiB) is gzipped for its MD5; 3 MiB of other bytes span three reads.
+        let longText = (0..<17_000).map { "line \($0) of a text attachment, \($0 * 7919 % 10007)\n" }.joined()
+        var generator = SplitMix(seed: 7)
+        let noise = Data((0..<(3 << 20)).map { _ in UInt8(truncatingIfNeeded: generator.next()) }).base64EncodedString()
         let attachments: JSONValue = [
             "notes.txt": ["content_type": "text/plain", "data": base64("hello")],
             "raw.bin": ["content_type": "application/octet-stream", "data": base64("hello")],
@@ -71,11 +87,12 @@ extension CouchDBInteropTests {
             "empty.txt": ["content_type": "text/plain", "data": ""],
             "long.txt": ["content_type": "text/plain", "data": base64(longText)],
             "image.png": ["content_type": "image/png", "data": "iVBORw0KGgo="],
+            "noise.jpg": ["content_type": "image/jpeg", "data": .string(noise)],
         ]
         var rev = record("PUT attachments", try target.json("PUT", "/\(db)/files", ["kind": "files", "_attachments": attachments]))
         try show("files")
         // Kept as stubs, listed in another order: the order is CouchDB's and the id follows it.
-        let stubs = JSONValue.object(JSONObject(["image.png", "long.txt", "raw.bin", "notes.txt", "data.json", "page.HTML", "empty.txt"]
+        let stubs = JSONValue.object(JSONObject(["image.png", "long.txt", "raw.bin", "noise.jpg", "notes.txt", "data.json", "page.HTML", "empty.txt"]
             .map { ($0, ["stub": true] as JSONValue) }))
         rev = record("PUT stubs reordered", try target.json("PUT", "/\(db)/files", ["_rev": .string(rev), "kind": "files", "v": 2, "_attachments": stubs]))
         try show("files")
