@@ -140,13 +140,16 @@ extension CouchServer {
         case "_design":
             guard rest.count >= 2 else { throw HTTPError.notFound }
             if rest.count >= 3, rest[2].hasPrefix("_") {
-                // Views, shows, lists, updates…: design documents are stored and replicated, never run.
-                throw HTTPError.notImplemented("\(rest[2]) (design document functions)")
+                return try await designFunction(request, db, design: rest[1], path: Array(rest.dropFirst(2)))
             }
             try await documentOrAttachment(request, db, id: "_design/" + rest[1], attachment: Array(rest.dropFirst(2)))
         case _ where CouchServer.unimplementedDatabaseEndpoints.contains(rest[0]):
             throw HTTPError.notImplemented(rest[0])
-        case "_compact", "_view_cleanup":
+        case "_view_cleanup":
+            try requireWritable(request)
+            _ = try await blocking { try db.cleanUpViewIndexes() }
+            try await request.response.sendJSON(.accepted, ["ok": true])
+        case "_compact":
             try requireWritable(request)
             _ = try await blocking { try db.compact() }
             try await request.response.sendJSON(.accepted, ["ok": true])

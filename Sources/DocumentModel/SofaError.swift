@@ -31,7 +31,7 @@ public enum SofaError: Error, Hashable, Sendable {
     /// The attachment's body is not on this machine (`contentAvailable == false`).
     case bodyNotAvailable(docID: String, name: String)
     case invalidArgument(String)
-    /// A Mango query or index CouchDB would refuse: its error name and reason.
+    /// A Mango query or index, or a design document's views, CouchDB would refuse: its error name and reason.
     case invalidQuery(error: String, reason: String)
     /// A design document's `validate_doc_update` refused the change (`throw({forbidden: …})`).
     case forbidden(reason: JSONValue)
@@ -88,7 +88,7 @@ extension SofaError: CustomStringConvertible, LocalizedError {
     /// change is the reason, not the storage, so the other changes of a batch go on.
     public var isRefusedByDesign: Bool {
         switch self {
-        case .forbidden, .unauthorized, .designFunctionFailed: true
+        case .forbidden, .unauthorized, .designFunctionFailed, .invalidQuery: true
         default: false
         }
     }

@@ -66,6 +66,7 @@ extension Database {
             throw SofaError.invalidDocumentID(draft.docID, reason: "_local documents are saved with putLocalDocument")
         }
         try Database.validateProperties(draft.properties)
+        if !draft.deleted { try Database.checkViews(ofDesign: draft.docID, properties: draft.properties) }
         let row = try Database.documentRow(draft.docID, in: connection)
         let tree = try row.map { try Database.loadTree(docKey: $0.key, in: connection) } ?? RevisionTree([])
 
@@ -149,6 +150,7 @@ extension Database {
             throw SofaError.invalidDocumentID(revision.docID, reason: "_local documents do not replicate")
         }
         try Database.validateProperties(revision.properties)
+        if !revision.deleted { try Database.checkViews(ofDesign: revision.docID, properties: revision.properties) }
         for attachment in revision.attachments { try AttachmentName.validate(attachment.name) }
         var expected = revision.revID.generation
         for ancestor in revision.ancestors {

@@ -49,6 +49,8 @@ public final class Database: @unchecked Sendable {
     public let changeStream = ChangeStream()
     /// The design documents' `validate_doc_update` functions, read again when one changes.
     let validators = Validators()
+    /// One updater at a time per design document's view index (`updateViewIndex`).
+    let viewLocks = Locked<[String: NSLock]>([:])
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
     var readNotes = ReadNotes()
     let readNotesLock = Lock()

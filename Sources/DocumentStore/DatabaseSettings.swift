@@ -38,6 +38,7 @@ extension Database {
                     try documentChanged(docKey: row.key, docID: id, winner: (winner.id, winner.deleted), in: connection)
                 } else {
                     try documentChanged(docKey: nil, docID: id, winner: nil, in: connection)
+                    try Database.forgetInViews(id, in: connection)
                     try connection.run("DELETE FROM docs WHERE doc_key = ?", .integer(row.key))
                     if hasLocalAttributes {
                         try connection.run("DELETE FROM local_attributes WHERE doc_id = ?", .text(id))

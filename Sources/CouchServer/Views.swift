@@ -1,0 +1,419 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import QueryServer
+
+/// A view query's parameters, as CouchDB 3.4 reads them from the query string (and, for
+/// `POST`, the JSON body).
+struct ViewQuery {
+    var keys: [JSONValue]?
+    var range = ViewRange()
+    var limit = Int.max
+    var skip = 0
+    var reduce: Bool?
+    var group = false
+    var groupLevel: Int?
+    var includeDocs = false
+    var conflicts = false
+    var updateSeq = false
+    var update = "true"
+
+    init(_ request: Request, body: JSONObject) throws {
+        func value(_ names: String...) throws -> JSONValue? {
+            for name in names {
+                if let given = body[name] { return given }
+                if let text = request.query(name) {
+                    do { return try JSONParser.parse(Array(text.utf8)) } catch {
+                        throw HTTPError(.badRequest, "bad_request", "invalid UTF-8 JSON")
+                    }
+                }
+            }
+            return nil
+        }
+        func text(_ names: String...) -> String? {
+            for name in names {
+                if let given = body[name] { return given.stringValue ?? given.jsonString() }
+                if let given = request.query(name) { return given }
+            }
+            return nil
+        }
+        func boolean(_ name: String) throws -> Bool? {
+            guard let given = text(name) else { return nil }
+            switch given {
+            case "true": return true
+            case "false": return false
+            default: throw HTTPError(.badRequest, "query_parse_error", "Invalid boolean parameter: \"\(given)\"")
+            }
+        }
+        func integer(_ name: String) throws -> Int? {
+            guard let given = text(name) else { return nil }
+            guard let number = Int(given) else { throw HTTPError(.badRequest, "query_parse_error", "Invalid integer parameter: \"\(given)\"") }
+            return number
+        }
+        if case .array(let list)? = try value("keys") { keys = list } else if try value("keys") != nil {
+            throw HTTPError(.badRequest, "bad_request", "`keys` member must be an array.")
+        }
+        let key = try value("key")
+        range.startKey = try key ?? value("startkey", "start_key")
+        range.endKey = try key ?? value("endkey", "end_key")
+        range.startDocID = text("startkey_docid", "start_key_doc_id")
+        range.endDocID = text("endkey_docid", "end_key_doc_id")
+        range.descending = try boolean("descending") ?? false
+        range.inclusiveEnd = try boolean("inclusive_end") ?? true
+        if let limit = try integer("limit") {
+            guard limit >= 0 else { throw HTTPError(.badRequest, "query_parse_error", "Invalid value for positive int: \"\(limit)\"") }
+            self.limit = limit
+        }
+        if let skip = try integer("skip") {
+            guard skip >= 0 else { throw HTTPError(.badRequest, "query_parse_error", "Invalid value for positive int: \"\(skip)\"") }
+            self.skip = skip
+        }
+        reduce = try boolean("reduce")
+        group = try boolean("group") ?? false
+        if let level = try integer("group_level") {
+            guard level >= 0 else { throw HTTPError(.badRequest, "query_parse_error", "Invalid value for positive int: \"\(level)\"") }
+            groupLevel = level
+        }
+        includeDocs = try boolean("include_docs") ?? false
+        conflicts = try boolean("conflicts") ?? false
+        updateSeq = try boolean("update_seq") ?? false
+        if let update = text("update") {
+            guard ["true", "false", "lazy"].contains(update) else {
+                throw HTTPError(.badRequest, "query_parse_error", "Invalid value for `update`: \"\(update)\"")
+            }
+            self.update = update
+        }
+        if try boolean("stable") == true, text("update") == nil { self.update = "false" }
+    }
+}
+
+extension CouchServer {
+    /// `/{db}/_design/{ddoc}/_view/{view}` (GET, or POST with `keys`), `…/_view/{view}/queries`
+    /// (POST with `queries`), `/{db}/_design/{ddoc}/_info`; other design functions answer 501.
+    func designFunction(_ request: Request, _ db: Database, design: String, path: [String]) async throws {
+        let designID = "_design/" + design
+        switch path.first {
+        case "_view" where path.count == 2 || (path.count == 3 && path[2] == "queries"):
+            guard request.method == .GET || request.method == .POST else { throw HTTPError.methodNotAllowed }
+            var body = JSONObject()
+            if request.method == .POST {
+                guard request.headers.mediaType == "application/json" else {
+                    throw HTTPError(.unsupportedMediaType, "bad_content_type", "Content-Type must be application/json")
+                }
+                guard case .object(let object) = try await request.body.json(limit: ServerTuning.jsonBody) else {
+                    throw HTTPError.badRequest("Request body must be a JSON object")
+                }
+                body = object
+            }
+            if path.count == 3 {
+                guard request.method == .POST, case .array(let queries)? = body["queries"] else {
+                    throw HTTPError.badRequest("Request body must contain a `queries` array")
+                }
+                var results: [JSONValue] = []
+                for query in queries {
+                    guard case .object(let object) = query else { throw HTTPError.badRequest("Each query must be a JSON object") }
+                    results.append(try await viewAnswer(request, db, designID: designID, view: path[1], query: ViewQuery(request, body: object)))
+                }
+                return try await request.response.sendJSON(.ok, ["results": .array(results)])
+            }
+            let answer = try await viewAnswer(request, db, designID: designID, view: path[1], query: ViewQuery(request, body: body))
+            try await sendViewAnswer(request, answer)
+        case "_info" where path.count == 1:
+            guard request.method == .GET else { throw HTTPError.methodNotAllowed }
+            guard let designDocument = try await blocking({ try db.document(withID: designID) }) else { throw HTTPError(.notFound, "not_found", "missing") }
+            let definition = ViewDefinition(designID: designID, body: designDocument.properties)
+                ?? ViewDefinition(designID: designID, body: ["views": [:]])!
+            let state = try await blocking { try db.viewIndexState(definition) }
+            try await request.response.sendJSON(.ok, [
+                "name": .string(design),
+                "view_index": [
+                    "updates_pending": ["minimum": 0, "preferred": 0, "total": 0],
+                    "waiting_commit": false, "waiting_clients": 0, "updater_running": false, "update_seq": .integer(state?.sequence ?? 0),
+                    "sizes": ["file": 0, "external": 0, "active": 0], "signature": .string(definitionSignature(definition)),
+                    "purge_seq": 0, "language": "javascript", "compact_running": false,
+                ],
+            ])
+        default:
+            throw HTTPError.notImplemented("\(path.first ?? "") (design document functions other than views)")
+        }
+    }
+
+    private func definitionSignature(_ definition: ViewDefinition) -> String {
+        BlobKey.hexString(MessageDigest.hash(.md5, Array(definition.views.map { "\($0.name)\u{0}\($0.map)\u{0}\($0.reduce ?? "")" }
+            .joined(separator: "\u{1}").utf8)))
+    }
+
+    /// A view's answer as CouchDB lays it out.
+    private func sendViewAnswer(_ request: Request, _ answer: JSONValue) async throws {
+        let response = request.response
+        try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
+        var head = "{"
+        for (key, value) in answer.objectValue ?? [:] where key != "rows" {
+            head += "\"\(key)\":" + value.jsonString() + ","
+        }
+        head += "\"rows\":[\r\n"
+        let rows = (answer["rows"]?.arrayValue ?? []).map { $0.jsonString() }.joined(separator: ",\r\n")
+        try await response.write(head + rows + "\r\n]}\n")
+        try await response.finish()
+    }
+
+    /// Runs one view query: `total_rows`, `offset` and `rows` (map), or `rows` (reduce).
+    func viewAnswer(_ request: Request, _ db: Database, designID: String, view name: String, query: ViewQuery) async throws -> JSONValue {
+        guard let design = try await blocking({ try db.document(withID: designID) }) else {
+            throw HTTPError(.notFound, "not_found", "missing")
+        }
+        guard let definition = ViewDefinition(designID: designID, body: design.properties), let view = definition.view(named: name),
+              let position = definition.views.firstIndex(where: { $0.name == name }) else {
+            throw HTTPError(.notFound, "not_found", "missing_named_view")
+        }
+        let reducing = query.reduce ?? (view.reduce != nil)
+        if reducing, view.reduce == nil { throw HTTPError(.badRequest, "query_parse_error", "Reduce is invalid for map-only views.") }
+        if reducing, query.includeDocs { throw HTTPError(.badRequest, "query_parse_error", "`include_docs` is invalid for reduce") }
+        if !reducing, query.group || query.groupLevel != nil, view.reduce == nil {
+            throw HTTPError(.badRequest, "query_parse_error", "Invalid use of grouping on a map view.")
+        }
+        let state: (id: Int64, sequence: Int64)? = try await blocking {
+            switch query.update {
+            case "false": return try db.viewIndexState(definition)
+            case "lazy":
+                let state = try db.viewIndexState(definition)
+                Thread.detachNewThread { _ = try? db.updateViewIndex(definition) }  // a failure shows at the next query
+                return state
+            default: return try db.updateViewIndex(definition)
+            }
+        }
+        var answer = JSONObject()
+        guard let state else {
+            // update=false on an index never built: nothing, as an empty index answers.
+            if !reducing { answer["total_rows"] = 0; answer["offset"] = 0 }
+            if query.updateSeq { answer["update_seq"] = CouchJSON.sequence(0) }
+            answer["rows"] = []
+            return .object(answer)
+        }
+        if reducing {
+            let rows = try await blocking { try self.reducedRows(db, state.id, position, view, query) }
+            if query.updateSeq { answer["update_seq"] = CouchJSON.sequence(state.sequence) }
+            answer["rows"] = .array(rows)
+            return .object(answer)
+        }
+        let (total, offset, rows) = try await blocking { () -> (Int, Int, [ViewRow]) in
+            let total = try db.viewRowCount(index: state.id, view: position)
+            guard let keys = query.keys else {
+                let (offset, rows) = try db.viewRows(index: state.id, view: position, range: query.range, skip: query.skip, limit: query.limit)
+                return (total, offset, rows)
+            }
+            var all: [ViewRow] = []
+            var offset = 0
+            for (index, key) in keys.enumerated() {
+                var range = ViewRange()
+                range.startKey = key
+                range.endKey = key
+                range.descending = query.range.descending
+                let (before, rows) = try db.viewRows(index: state.id, view: position, range: range, skip: 0, limit: Int.max)
+                if index == 0 { offset = before }  // CouchDB's: the rows before the first key
+                all += rows
+            }
+            return (total, offset, Array(all.dropFirst(query.skip).prefix(query.limit)))
+        }
+        answer["total_rows"] = .integer(Int64(total))
+        answer["offset"] = .integer(Int64(offset))
+        if query.updateSeq { answer["update_seq"] = CouchJSON.sequence(state.sequence) }
+        var rendered: [JSONValue] = []
+        for row in rows {
+            var object: JSONObject = ["id": .string(row.docID), "key": row.key, "value": row.value]
+            if query.includeDocs {
+                object["doc"] = try await blocking { try self.linkedDocument(db, row, conflicts: query.conflicts) }
+            }
+            rendered.append(.object(object))
+        }
+        answer["rows"] = .array(rendered)
+        return .object(answer)
+    }
+
+    /// The document a row leads to (`include_docs`): the one its value names with `_id` (and
+    /// `_rev`), else the one that emitted it; null when deleted or missing.
+    private func linkedDocument(_ db: Database, _ row: ViewRow, conflicts: Bool) throws -> JSONValue {
+        var id = row.docID
+        var revision: Revision?
+        if case .object(let value) = row.value, let linked = value["_id"]?.stringValue {
+            id = linked
+            if let rev = value["_rev"]?.stringValue.flatMap(RevisionID.init) { revision = try db.revisionIfPresent(rev, of: id) }
+        }
+        if revision == nil { revision = try db.document(withID: id) }
+        guard let revision, !revision.deleted, let tree = try db.revisionTreeIfPresent(of: id) else { return .null }
+        var options = CouchFormat.Options()
+        options.conflicts = conflicts
+        return .object(try CouchFormat.render(revision, tree: tree, options: options, readBody: { _ in [] }).json)
+    }
+
+    /// The reduce rows of a query: one per group (by the whole key with `group`, by its first
+    /// `group_level` elements, or one for all), in the query's order, after `skip`, at most `limit`.
+    private func reducedRows(_ db: Database, _ indexID: Int64, _ position: Int, _ view: ViewDefinition.View, _ query: ViewQuery) throws -> [JSONValue] {
+        // group_level=0 is one group, as no grouping is.
+        let level: Int? = (query.groupLevel ?? (query.group ? Int.max : nil)).flatMap { $0 == 0 ? nil : $0 }
+        var groups: [(key: JSONValue, rows: [ViewRow])] = []
+        func add(_ rows: [ViewRow]) {
+            for row in rows {
+                let key: JSONValue
+                if let level {
+                    if case .array(let parts) = row.key, level != Int.max { key = .array(Array(parts.prefix(level))) } else { key = row.key }
+                } else {
+                    key = .null
+                }
+                if let last = groups.last, level == nil || Collation.compare(last.key, key) == 0 {
+                    groups[groups.count - 1].rows.append(row)
+                } else {
+                    groups.append((key, [row]))
+                }
+            }
+        }
+        if let keys = query.keys {
+            for key in keys {
+                var range = ViewRange()
+                range.startKey = key
+                range.endKey = key
+                range.descending = query.range.descending
+                let rows = try db.viewRows(index: indexID, view: position, range: range, skip: 0, limit: Int.max).rows
+                if level == nil {
+                    add(rows)  // without grouping, one row for all the keys' rows
+                } else if !rows.isEmpty {
+                    groups.append((key, rows))
+                }
+            }
+        } else {
+            add(try db.viewRows(index: indexID, view: position, range: query.range, skip: 0, limit: Int.max).rows)
+        }
+        let source = view.reduce ?? "_count"
+        return try groups.dropFirst(query.skip).prefix(query.limit).map { group in
+            ["key": level == nil ? .null : group.key, "value": try ViewReduce.reduce(source, group.rows)]
+        }
+    }
+}
+
+/// Reduce functions: CouchDB's built-in ones here, JavaScript ones in the query server (in
+/// pieces, then `rereduce`d, as CouchDB's B-tree does).
+enum ViewReduce {
+    static let piece = 1000
+
+    static func reduce(_ source: String, _ rows: [ViewRow]) throws -> JSONValue {
+        switch source.trimmingCharacters(in: .whitespacesAndNewlines) {
+        case "_count": return .integer(Int64(rows.count))
+        // A value these cannot add up is CouchDB's error object in the row, not a failed request.
+        case "_sum":
+            do { return try sum(rows.map(\.value)) } catch let error as BuiltinReduceError { return error.value }
+        case "_stats": return try stats(rows.map(\.value))
+        case "_approx_count_distinct":
+            var seen = Set<[UInt8]>()
+            for row in rows { seen.insert(Collation.key(row.key)) }
+            return .integer(Int64(seen.count))
+        case let other where other.hasPrefix("_"):
+            throw HTTPError(.badRequest, "query_parse_error", "Unknown builtin reduce function: \(other)")
+        default:
+            return try javascript(source, rows)
+        }
+    }
+
+    /// A JavaScript reduce; one that throws reduces to null, as in CouchDB 3.4.
+    private static func javascript(_ source: String, _ rows: [ViewRow]) throws -> JSONValue {
+        do {
+            return try QueryServerPool.shared.withProcess { process in
+                let timeout = QueryServerPool.shared.timeout
+                var partials: [JSONValue] = []
+                for start in stride(from: 0, to: max(rows.count, 1), by: piece) {
+                    let pairs: [JSONValue] = rows[start..<min(start + piece, rows.count)].map { [[$0.key, .string($0.docID)], $0.value] }
+                    let answer = try process.call(["reduce", [.string(source)], .array(pairs)], timeout: timeout)
+                    partials.append(answer[1]?[0] ?? .null)
+                }
+                if partials.count == 1 { return partials[0] }
+                let answer = try process.call(["rereduce", [.string(source)], .array(partials)], timeout: timeout)
+                return answer[1]?[0] ?? .null
+            }
+        } catch let error as QueryServerError {
+            switch error {
+            case .function: return .null
+            default: throw HTTPError(.internalServerError, "os_process_error", "\(error)")
+            }
+        }
+    }
+
+    /// CouchDB's answer for values a built-in reduce cannot take, shown as the row's value.
+    struct BuiltinReduceError: Error {
+        let value: JSONValue
+
+        init(reason: String, causedBy: JSONValue) {
+            value = ["error": "builtin_reduce_error", "reason": .string(reason), "caused_by": causedBy]
+        }
+    }
+
+    private static func sumError(_ value: JSONValue) -> BuiltinReduceError {
+        BuiltinReduceError(reason: "The _sum function requires that map values be numbers, arrays of numbers, or objects. Objects cannot be mixed with other data structures. Objects can be arbitrarily nested, provided that the values for all fields are themselves numbers, arrays of numbers, or objects.",
+                           causedBy: value)
+    }
+
+    /// CouchDB's `_sum`: numbers, arrays of numbers element by element, objects field by field.
+    static func sum(_ values: [JSONValue]) throws -> JSONValue {
+        var total: JSONValue = .integer(0)
+        var refused: JSONValue?
+        for value in values {
+            do { total = try add(total, value) } catch { refused = value }  // CouchDB names the last one it met
+        }
+        if let refused { throw sumError(refused) }
+        return total
+    }
+
+    private static func add(_ a: JSONValue, _ b: JSONValue) throws -> JSONValue {
+        switch (a, b) {
+        case (.integer(let x), .integer(let y)):
+            let (sum, overflow) = x.addingReportingOverflow(y)
+            return overflow ? .double(Double(x) + Double(y)) : .integer(sum)
+        case (_, _) where a.numberValue != nil && b.numberValue != nil:
+            return .double(a.numberValue! + b.numberValue!)
+        case (.array(let x), .array(let y)):
+            var result: [JSONValue] = []
+            for index in 0..<max(x.count, y.count) {
+                result.append(try add(index < x.count ? x[index] : .integer(0), index < y.count ? y[index] : .integer(0)))
+            }
+            return .array(result)
+        case (.integer(0), .array), (.integer(0), .object): return b
+        case (.array(let x), _) where b.numberValue != nil:
+            return .array(try x.enumerated().map { try $0.offset == 0 ? add($0.element, b) : $0.element })
+        case (.object(let x), .object(let y)):
+            var result = x
+            for (key, value) in y { result[key] = try result[key].map { try add($0, value) } ?? value }
+            return .object(result)
+        default:
+            throw sumError(b)
+        }
+    }
+
+    /// CouchDB's `_stats` of numbers: sum, count, min, max, sumsqr.
+    static func stats(_ values: [JSONValue]) throws -> JSONValue {
+        var sum: JSONValue = .integer(0), sumsqr: JSONValue = .integer(0)
+        var low: JSONValue?, high: JSONValue?
+        for value in values {
+            guard let number = value.numberValue else {
+                // CouchDB fails the request (its reason shows the Erlang term).
+                throw HTTPError(.internalServerError, "invalid_value",
+                                "The _stats function requires that map values be numbers or arrays of numbers, not '\(value.jsonString())'")
+            }
+            sum = try add(sum, value)
+            sumsqr = try add(sumsqr, value.isInteger ? .integer(Int64(number) &* Int64(number)) : .double(number * number))
+            if low.map({ number < $0.numberValue! }) ?? true { low = value }
+            if high.map({ number > $0.numberValue! }) ?? true { high = value }
+        }
+        return ["sum": sum, "count": .integer(Int64(values.count)), "min": low ?? .integer(0), "max": high ?? .integer(0), "sumsqr": sumsqr]
+    }
+}
+
+private extension JSONValue {
+    var numberValue: Double? {
+        switch self {
+        case .integer(let value): Double(value)
+        case .double(let value): value
+        case .bigInteger(let digits): Double(digits)
+        default: nil
+        }
+    }
+
+    var isInteger: Bool { if case .integer = self { true } else { false } }
+}

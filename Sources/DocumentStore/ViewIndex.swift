@@ -1,0 +1,355 @@
+import DocumentModel
+import Foundation
+import QueryServer
+
+/// A design document's map/reduce views, as CouchDB defines them: `views.NAME.map` (and
+/// `reduce`), `views.lib` for `require`, `language` (JavaScript), `options.include_design`.
+public struct ViewDefinition: Sendable {
+    public struct View: Sendable {
+        public let name: String
+        public let map: String
+        public let reduce: String?
+    }
+
+    public let designID: String
+    public let views: [View]
+    let library: JSONValue
+    let includeDesign: Bool
+    /// What the index depends on: the rows are made again when it changes.
+    let signature: String
+
+    /// The views of `_design/…` `designID` with the properties `body`; nil when it has none.
+    public init?(designID: String, body: JSONObject) {
+        guard case .object(let views)? = body["views"] else { return nil }
+        var found: [View] = []
+        for (name, value) in views where name != "lib" {
+            guard let map = value["map"]?.stringValue else { continue }
+            found.append(View(name: name, map: map, reduce: value["reduce"]?.stringValue))
+        }
+        found.sort { $0.name < $1.name }
+        self.designID = designID
+        self.views = found
+        library = views["lib"] ?? .object([:])
+        includeDesign = body["options"]?["include_design"]?.boolValue ?? false
+        let signed: JSONValue = ["language": body["language"] ?? "javascript", "views": .object(views),
+                                 "include_design": .bool(includeDesign)]
+        signature = BlobKey.hexString(MessageDigest.hash(.md5, signed.serialized(.canonical)))
+    }
+
+    public func view(named name: String) -> View? { views.first { $0.name == name } }
+    func position(of name: String) -> Int? { views.firstIndex { $0.name == name } }
+}
+
+/// One row of a view: what a map function emitted for a document.
+public struct ViewRow: Sendable {
+    public let key: JSONValue
+    public let docID: String
+    public let value: JSONValue
+}
+
+/// Where a view query starts and ends, in CouchDB's terms (already in the query's direction).
+public struct ViewRange: Sendable {
+    public var startKey: JSONValue?
+    public var startDocID: String?
+    public var endKey: JSONValue?
+    public var endDocID: String?
+    public var inclusiveEnd = true
+    public var descending = false
+
+    public init() {}
+}
+
+/// Views' indexes: rows in SQLite (`view_indexes`, `view_rows`), keyed by CouchDB's collation
+/// (`Collation.key`) then the document id's bytes, as CouchDB orders them; brought up to date
+/// from the database's sequence when queried (`update`), by the JavaScript query server's
+/// `map_doc`; made again from nothing when the design document's views change. Readers share
+/// them; one updater at a time per design document (others wait for it, then find nothing to do).
+extension Database {
+    static let viewTables = """
+        CREATE TABLE IF NOT EXISTS view_indexes (
+            index_id INTEGER PRIMARY KEY,
+            ddoc TEXT NOT NULL UNIQUE,
+            signature TEXT NOT NULL,
+            update_seq INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS view_rows (
+            index_id INTEGER NOT NULL,
+            view INTEGER NOT NULL,
+            key BLOB NOT NULL,
+            doc_id TEXT NOT NULL,
+            emit INTEGER NOT NULL,
+            key_json TEXT NOT NULL,
+            value_json TEXT NOT NULL,
+            PRIMARY KEY (index_id, view, key, doc_id, emit)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS view_rows_by_doc ON view_rows (index_id, doc_id);
+        """
+
+    /// The views of the live design document `designID` (`_design/…`); nil when it is missing
+    /// or deleted, or defines no views.
+    public func viewDefinition(_ designID: String) throws -> ViewDefinition? {
+        guard let revision = try document(withID: designID) else { return nil }
+        return ViewDefinition(designID: designID, body: revision.properties)
+    }
+
+    /// Brings the index of `definition` up to the database's current sequence; returns its
+    /// id and the sequence it reflects.
+    @discardableResult
+    public func updateViewIndex(_ definition: ViewDefinition) throws -> (id: Int64, sequence: Int64) {
+        let lock = viewLocks.withLock { locks in
+            if let lock = locks[definition.designID] { return lock }
+            let lock = NSLock()
+            locks[definition.designID] = lock
+            return lock
+        }
+        return try lock.withLock {
+            var (indexID, sequence) = try write { connection -> (Int64, Int64) in
+                try connection.execute(Database.viewTables)
+                let found = try connection.query("SELECT index_id, signature, update_seq FROM view_indexes WHERE ddoc = ?",
+                                                 .text(definition.designID)) { ($0.int64(0), $0.text(1), $0.int64(2)) }.first
+                if let found, found.1 == definition.signature { return (found.0, found.2) }
+                if let found {
+                    try connection.run("DELETE FROM view_rows WHERE index_id = ?", .integer(found.0))
+                    try connection.run("UPDATE view_indexes SET signature = ?, update_seq = 0 WHERE index_id = ?",
+                                       .text(definition.signature), .integer(found.0))
+                    return (found.0, 0)
+                }
+                try connection.run("INSERT INTO view_indexes (ddoc, signature, update_seq) VALUES (?, ?, 0)",
+                                   .text(definition.designID), .text(definition.signature))
+                return (try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0], 0)
+            }
+            guard try lastSequence > sequence else { return (indexID, sequence) }
+            try QueryServerPool.shared.withProcess { process in
+                let timeout = QueryServerPool.shared.timeout
+                do {
+                    _ = try process.call(["reset", [:]], timeout: timeout)
+                    _ = try process.call(["add_lib", definition.library], timeout: timeout)
+                    for view in definition.views { _ = try process.call(["add_fun", .string(view.map)], timeout: timeout) }
+                    while true {
+                        let changes = try self.changes(since: sequence, limit: ViewTuning.updateBatch)
+                        guard let last = changes.last else { break }
+                        var rows: [(docID: String, emitted: [[(key: JSONValue, value: JSONValue)]])] = []
+                        for change in changes {
+                            guard !change.deleted, definition.includeDesign || !DocumentID.isDesign(change.docID),
+                                  let document = try mapDocument(change) else {
+                                rows.append((change.docID, []))
+                                continue
+                            }
+                            let answer = try process.call(["map_doc", .object(document)], timeout: timeout)
+                            let perView = (answer.arrayValue ?? []).map { emitted in
+                                (emitted.arrayValue ?? []).compactMap { pair -> (key: JSONValue, value: JSONValue)? in
+                                    guard case .array(let parts) = pair, parts.count == 2 else { return nil }
+                                    return (parts[0], parts[1])
+                                }
+                            }
+                            rows.append((change.docID, perView))
+                        }
+                        let moved = try write { connection -> Bool in
+                            let stored = try connection.query("SELECT update_seq FROM view_indexes WHERE index_id = ?", .integer(indexID)) {
+                                $0.int64(0)
+                            }.first
+                            guard stored == sequence else { return true }  // another process moved it: read again
+                            for (docID, perView) in rows {
+                                try connection.run("DELETE FROM view_rows WHERE index_id = ? AND doc_id = ?", .integer(indexID), .text(docID))
+                                for (view, emitted) in perView.enumerated() {
+                                    for (emit, row) in emitted.enumerated() {
+                                        try connection.run("""
+                                            INSERT OR REPLACE INTO view_rows (index_id, view, key, doc_id, emit, key_json, value_json)
+                                            VALUES (?, ?, ?, ?, ?, ?, ?)
+                                            """, .integer(indexID), SQLValue(view), .blob(Collation.key(row.key)), .text(docID),
+                                            SQLValue(emit), .text(row.key.jsonString()), .text(row.value.jsonString()))
+                                    }
+                                }
+                            }
+                            try connection.run("UPDATE view_indexes SET update_seq = ? WHERE index_id = ?", .integer(last.sequence), .integer(indexID))
+                            return false
+                        }
+                        if moved {
+                            let now = try read { connection in
+                                try connection.query("SELECT index_id, update_seq FROM view_indexes WHERE ddoc = ?",
+                                                     .text(definition.designID)) { ($0.int64(0), $0.int64(1)) }.first
+                            }
+                            guard let now else { break }
+                            (indexID, sequence) = now
+                        } else {
+                            sequence = last.sequence
+                        }
+                    }
+                } catch let error as QueryServerError {
+                    // The process's map functions are this index's: it must not serve another caller's.
+                    process.stop()
+                    switch error {
+                    case .function(let name, let reason): throw SofaError.designFunctionFailed(error: name, reason: reason)
+                    default: throw SofaError.designFunctionFailed(error: "os_process_error", reason: "\(definition.designID): \(error)")
+                    }
+                }
+                // Leave the process as a validator or filter expects it: no map functions loaded.
+                _ = try? process.call(["reset", [:]], timeout: timeout)  // a failure stops the process; the next caller starts one
+            }
+            return (indexID, sequence)
+        }
+    }
+
+    /// A document as a map function gets it: `_id`, `_rev`, its properties, attachment stubs.
+    private func mapDocument(_ change: Change) throws -> JSONObject? {
+        guard let revision = try revisionIfPresent(change.revID, of: change.docID) else { return nil }
+        var json: JSONObject = ["_id": .string(change.docID), "_rev": .string(change.revID.description)]
+        for (key, value) in revision.properties { json[key] = value }
+        if !revision.attachments.isEmpty {
+            json["_attachments"] = .object(JSONObject(revision.attachments.map { ($0.name, .object(CouchFormat.stub($0))) }))
+        }
+        return json
+    }
+
+    /// CouchDB's check of a design document's views as it is written: each `map` and each
+    /// JavaScript `reduce` must compile (`compilation_error`, naming the view), a built-in
+    /// reduce must be one CouchDB has (`invalid_design_doc`). Other languages (Mango's `query`)
+    /// are not checked here.
+    static func checkViews(ofDesign docID: String, properties: JSONObject) throws {
+        guard DocumentID.isDesign(docID), (properties["language"]?.stringValue ?? "javascript") == "javascript",
+              case .object(let views)? = properties["views"] else { return }
+        var sources: [(view: String, kind: String, source: String)] = []
+        for (name, value) in views where name != "lib" {
+            guard case .object(let view) = value else {
+                throw SofaError.invalidQuery(error: "invalid_design_doc", reason: "View \(name) must be an object")
+            }
+            if let map = view["map"] {
+                guard let source = map.stringValue else {
+                    throw SofaError.invalidQuery(error: "invalid_design_doc", reason: "View \(name) must have a string `map`")
+                }
+                sources.append((name, "map", source))
+            }
+            if let reduce = view["reduce"] {
+                guard let source = reduce.stringValue else {
+                    throw SofaError.invalidQuery(error: "invalid_design_doc", reason: "View \(name) must have a string `reduce`")
+                }
+                let trimmed = source.trimmingCharacters(in: .whitespacesAndNewlines)
+                if trimmed.hasPrefix("_") {
+                    guard ["_sum", "_count", "_stats", "_approx_count_distinct"].contains(trimmed) else {
+                        throw SofaError.invalidQuery(error: "invalid_design_doc", reason: "`\(trimmed)` is not a supported reduce function.")
+                    }
+                } else {
+                    sources.append((name, "reduce", source))
+                }
+            }
+        }
+        guard !sources.isEmpty else { return }
+        do {
+            try QueryServerPool.shared.withProcess { process in
+                let timeout = QueryServerPool.shared.timeout
+                defer { _ = try? process.call(["reset", [:]], timeout: timeout) }  // a failure stops the process; the next caller starts one
+                _ = try process.call(["reset", [:]], timeout: timeout)
+                for (view, kind, source) in sources {
+                    do {
+                        _ = try process.call(["add_fun", .string(source)], timeout: timeout)
+                    } catch QueryServerError.function(_, let reason) {
+                        throw SofaError.invalidQuery(error: "compilation_error",
+                                                     reason: "Compilation of the \(kind) function in the '\(view)' view failed: \(reason)")
+                    }
+                }
+            }
+        } catch let error as QueryServerError {
+            throw SofaError.designFunctionFailed(error: "os_process_error", reason: "\(docID): \(error)")
+        }
+    }
+
+    /// Removes a purged document's rows from every view index: no change is left to tell
+    /// an index's update that it went.
+    static func forgetInViews(_ docID: String, in connection: SQLiteConnection) throws {
+        guard try connection.query("SELECT count(*) FROM sqlite_master WHERE name = 'view_indexes'") { $0.int(0) }[0] > 0 else { return }
+        try connection.run("DELETE FROM view_rows WHERE index_id IN (SELECT index_id FROM view_indexes) AND doc_id = ?", .text(docID))
+    }
+
+    /// The index's state without updating it: its id and sequence, or nil when it was never built
+    /// or its design document changed since.
+    public func viewIndexState(_ definition: ViewDefinition) throws -> (id: Int64, sequence: Int64)? {
+        try read { connection in
+            guard try connection.query("SELECT count(*) FROM sqlite_master WHERE name = 'view_indexes'") { $0.int(0) }[0] > 0 else { return nil }
+            return try connection.query("SELECT index_id, update_seq FROM view_indexes WHERE ddoc = ? AND signature = ?",
+                                        .text(definition.designID), .text(definition.signature)) { ($0.int64(0), $0.int64(1)) }.first
+        }
+    }
+
+    /// The number of rows of view `view` (its position) of index `indexID`.
+    public func viewRowCount(index indexID: Int64, view: Int) throws -> Int {
+        try read { connection in
+            try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ?", .integer(indexID), SQLValue(view)) { $0.int(0) }[0]
+        }
+    }
+
+    /// Rows of a view in `range`, in its direction, after skipping `skip`, at most `limit`; and
+    /// the offset of the first (rows before it in that direction).
+    public func viewRows(index indexID: Int64, view: Int, range: ViewRange, skip: Int, limit: Int) throws -> (offset: Int, rows: [ViewRow]) {
+        try read { connection in
+            var conditions: [String] = []
+            var arguments: [SQLValue] = [.integer(indexID), SQLValue(view)]
+            // (key, doc_id) against a bound, in the query's direction: `after` for the start.
+            func bound(_ key: JSONValue, _ docID: String?, isStart: Bool, inclusive: Bool) {
+                let forward = range.descending ? !isStart : isStart
+                let op = forward ? (inclusive ? ">=" : ">") : (inclusive ? "<=" : "<")
+                if let docID {
+                    conditions.append("(key, doc_id) \(op) (?, ?)")
+                    arguments += [.blob(Collation.key(key)), .text(docID)]
+                } else {
+                    // No document id: every row of that key is inside an inclusive bound, none of an exclusive one.
+                    conditions.append("key \(op) ?")
+                    arguments.append(.blob(Collation.key(key)))
+                }
+            }
+            if let start = range.startKey { bound(start, range.startDocID, isStart: true, inclusive: true) }
+            if let end = range.endKey { bound(end, range.endDocID, isStart: false, inclusive: range.inclusiveEnd) }
+            // One document's rows of one key stay in the order it emitted them, either way (CouchDB
+        // keeps them as one entry).
+        let direction = range.descending ? "DESC" : "ASC"
+            let filter = conditions.isEmpty ? "" : " AND " + conditions.joined(separator: " AND ")
+            let rows = try connection.query("""
+                SELECT key_json, doc_id, value_json FROM view_rows WHERE index_id = ? AND view = ?\(filter)
+                ORDER BY key \(direction), doc_id \(direction), emit LIMIT ? OFFSET ?
+                """, arguments + [SQLValue(min(limit, Int(Int64.max))), SQLValue(skip)]) { row in
+                ViewRow(key: try JSONParser.parse(row.bytes(0)), docID: row.text(1), value: try JSONParser.parse(row.bytes(2)))
+            }
+            // The offset: rows before the range's start in this direction, plus those skipped.
+            var before = 0
+            if let start = range.startKey {
+                var startArguments: [SQLValue] = [.integer(indexID), SQLValue(view), .blob(Collation.key(start))]
+                let op = range.descending ? ">" : "<"
+                var condition = "key \(op) ?"
+                if let docID = range.startDocID {
+                    condition = "(key, doc_id) \(op) (?, ?)"
+                    startArguments.append(.text(docID))
+                }
+                before = try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ? AND \(condition)",
+                                              startArguments) { $0.int(0) }[0]
+            }
+            let inRange = try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ?\(filter)", arguments) { $0.int(0) }[0]
+            return (before + min(skip, inRange), rows)
+        }
+    }
+
+    /// Drops the indexes of design documents that are gone or whose views changed
+    /// (`_view_cleanup`). Returns how many were dropped.
+    @discardableResult
+    public func cleanUpViewIndexes() throws -> Int {
+        let indexes = try read { connection -> [(Int64, String, String)] in
+            guard try connection.query("SELECT count(*) FROM sqlite_master WHERE name = 'view_indexes'") { $0.int(0) }[0] > 0 else { return [] }
+            return try connection.query("SELECT index_id, ddoc, signature FROM view_indexes") { ($0.int64(0), $0.text(1), $0.text(2)) }
+        }
+        var dropped = 0
+        for (indexID, designID, signature) in indexes where try viewDefinition(designID)?.signature != signature {
+            try write { connection in
+                try connection.run("DELETE FROM view_rows WHERE index_id = ?", .integer(indexID))
+                try connection.run("DELETE FROM view_indexes WHERE index_id = ?", .integer(indexID))
+            }
+            dropped += 1
+        }
+        return dropped
+    }
+}
+
+/// The views' tunables.
+enum ViewTuning {
+    /// Changes mapped between two commits of an index: large enough that a commit's cost
+    /// (its fsync) is spread over many documents, small enough that a reader waiting for the
+    /// write lock waits for one batch only.
+    static let updateBatch = 500
+}

@@ -1,0 +1,167 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import Testing
+import TestSupport
+
+/// Map/reduce views of `sofa serve` (#29), side by side with the live CouchDB: the same
+/// documents and design document in both, the same queries, the same status and JSON.
+extension CouchDBInteropTests {
+    static let viewDesign: JSONValue = [
+        "views": [
+            "by_type": ["map": "function (doc) { if (doc.type) emit(doc.type, doc.n); }", "reduce": "_sum"],
+            "mixed": ["map": "function (doc) { if ('k' in doc) emit(doc.k, doc._id); }"],
+            "composite": ["map": "function (doc) { if (doc.type) emit([doc.type, doc.n, doc._id], 1); }", "reduce": "_count"],
+            "stats": ["map": "function (doc) { if (typeof doc.n === 'number') emit(doc.type || null, doc.n); }", "reduce": "_stats"],
+            "js": ["map": "function (doc) { if (doc.type) emit(doc.type, doc.n); }",
+                   "reduce": "function (keys, values, rereduce) { return sum(values) * (rereduce ? 1 : 1); }"],
+            "twice": ["map": "function (doc) { if (doc.type) { emit(doc.type, 1); emit(doc.type, 2); } }"],
+            "links": ["map": "function (doc) { if (doc.link) emit(doc._id, {_id: doc.link}); }"],
+            "distinct": ["map": "function (doc) { if (doc.type) emit(doc.type, null); }", "reduce": "_approx_count_distinct"],
+            "arrays": ["map": "function (doc) { if (doc.type) emit(doc.type, [doc.n, 1]); }", "reduce": "_sum"],
+        ],
+    ]
+
+    func viewScenario(_ target: Target, db: String) throws -> [String] {
+        var seen: [String] = []
+        func record(_ label: String, _ response: HTTPResponse) {
+            seen.append("\(label): \(response.status) " + (response.json ?? .string(response.text)).jsonString(.canonical))
+        }
+        func get(_ query: String, view: String = "by_type") throws -> HTTPResponse {
+            try target.json("GET", "/\(db)/_design/v/_view/\(view)" + (query.isEmpty ? "" : "?" + query))
+        }
+        #expect(try target.json("PUT", "/\(db)?q=1").status == 201)
+        var docs: [JSONValue] = []
+        let keys: [JSONValue] = [.null, false, true, -1, 0, 1.5, 2, 10, "", "a", "A", "b", "B", "é", "e", "z", "😀", ["a"], ["a", 1], ["b"], [:], ["x": 1]]
+        for (index, key) in keys.enumerated() { docs.append(["_id": .string(String(format: "k%02d", index)), "k": key]) }
+        let types = ["apple", "pear", "plum", "apple", "pear", "apple", "fig"]
+        for (index, type) in types.enumerated() {
+            docs.append(["_id": .string("t\(index)"), "type": .string(type), "n": .integer(Int64(index * 3 % 7)), "link": .string("k0\(index)")])
+        }
+        docs.append(["_id": "float", "type": "fig", "n": 2.5])
+        #expect(try target.json("POST", "/\(db)/_bulk_docs", ["docs": .array(docs)]).status == 201)
+        #expect(try target.json("PUT", "/\(db)/_design/v", CouchDBInteropTests.viewDesign).status == 201)
+
+        // Map views: every parameter.
+        for query in ["reduce=false", "reduce=false&descending=true", "reduce=false&key=%22apple%22", "reduce=false&key=%22none%22",
+                      "reduce=false&startkey=%22pear%22", "reduce=false&endkey=%22pear%22", "reduce=false&endkey=%22pear%22&inclusive_end=false",
+                      "reduce=false&startkey=%22pear%22&startkey_docid=t4", "reduce=false&endkey=%22apple%22&endkey_docid=t3",
+                      "reduce=false&descending=true&startkey=%22pear%22&endkey=%22apple%22",
+                      "reduce=false&descending=true&startkey=%22pear%22&endkey=%22apple%22&inclusive_end=false",
+                      "reduce=false&limit=2", "reduce=false&skip=2&limit=3", "reduce=false&skip=100", "reduce=false&limit=0",
+                      "reduce=false&start_key=%22fig%22&end_key=%22pear%22", "reduce=false&update_seq=false"] {
+            record(query, try get(query))
+        }
+        for query in ["", "descending=true", "startkey=%22a%22&endkey=%22z%22", "startkey=1&endkey=%22b%22", "startkey=%5B%22a%22%5D",
+                      "key=%22e%22", "key=null", "key=%7B%7D", "startkey=%22A%22&endkey=%22B%22&inclusive_end=false"] {
+            record("mixed \(query)", try get(query, view: "mixed"))
+        }
+        // Byte for byte: CouchDB's \r\n between rows.
+        seen.append("raw map: " + (try get("reduce=false&limit=2")).text)
+        seen.append("raw reduce: " + (try get("group=true")).text)
+        seen.append("raw empty: " + (try get("reduce=false&key=%22none%22")).text)
+        record("twice", try get("", view: "twice"))
+        record("twice desc", try get("descending=true&limit=3", view: "twice"))
+        record("links include_docs", try get("include_docs=true", view: "links"))
+        // Reduces, grouped and not.
+        for view in ["by_type", "stats", "js", "distinct", "arrays", "composite"] {
+            for query in ["", "group=true", "group=true&descending=true", "group=true&skip=1&limit=2", "startkey=%22b%22",
+                          "key=%22apple%22", "group=true&key=%22nothing%22"] {
+                record("\(view) \(query)", try get(query, view: view))
+            }
+        }
+        for query in ["group_level=1", "group_level=2", "group_level=0", "group_level=1&descending=true"] {
+            record("composite \(query)", try get(query, view: "composite"))
+        }
+        // POST with keys, and the errors CouchDB answers.
+        record("keys map", try target.json("POST", "/\(db)/_design/v/_view/by_type?reduce=false", ["keys": ["pear", "nothing", "apple"]]))
+        record("keys group", try target.json("POST", "/\(db)/_design/v/_view/by_type?group=true", ["keys": ["pear", "apple"]]))
+        record("keys reduce", try target.json("POST", "/\(db)/_design/v/_view/by_type", ["keys": ["pear"]]))
+        record("keys limit", try target.json("POST", "/\(db)/_design/v/_view/by_type", ["keys": ["pear", "apple"], "reduce": false, "limit": 3]))
+        record("missing view", try get("", view: "nope"))
+        record("missing design", try target.json("GET", "/\(db)/_design/none/_view/x"))
+        record("reduce on map view", try get("reduce=true", view: "mixed"))
+        record("include_docs on reduce", try get("include_docs=true"))
+        record("group on map view", try get("group=true", view: "mixed"))
+        record("bad key", try get("key=%7Bnope"))
+        record("keys and key", try target.json("POST", "/\(db)/_design/v/_view/by_type?key=%22a%22", ["keys": ["a"]]))
+        // Functions that fail, and design documents CouchDB refuses (compared by status and error:
+        // the reasons quote the JavaScript engine, QuickJS there and SpiderMonkey here).
+        func brief(_ label: String, _ response: HTTPResponse) {
+            seen.append("\(label): \(response.status) \(response.json?["error"]?.stringValue ?? "-")")
+        }
+        #expect(try target.json("PUT", "/\(db)/_design/e", ["views": [
+            "throws": ["map": "function (doc) { if (doc.n === undefined) throw new Error('no n'); emit(doc.n, 1); }"],
+            "badreduce": ["map": "function (doc) { emit(doc._id, 1); }", "reduce": "function (k, v, r) { throw new Error('boom'); }"],
+            "sumbad": ["map": "function (doc) { if (doc.k !== undefined) emit(doc._id, doc.k); }", "reduce": "_sum"],
+        ]]).status == 201)
+        // In its own design document: CouchDB works reductions out as it builds an index, so this
+        // one fails every view of its design document there (here only its own queries).
+        #expect(try target.json("PUT", "/\(db)/_design/s", ["views": [
+            "statsbad": ["map": "function (doc) { if (typeof doc.k === 'string') emit(doc._id, doc.k); }", "reduce": "_stats"],
+        ]]).status == 201)
+        record("map throws", try target.json("GET", "/\(db)/_design/e/_view/throws?limit=3"))
+        record("reduce throws", try target.json("GET", "/\(db)/_design/e/_view/badreduce"))
+        record("_sum of strings", try target.json("GET", "/\(db)/_design/e/_view/sumbad?group=true&limit=4"))
+        brief("_stats of strings", try target.json("GET", "/\(db)/_design/s/_view/statsbad"))
+        brief("map does not compile", try target.json("PUT", "/\(db)/_design/f", ["views": ["x": ["map": "function (doc) { emit(doc.n"]]]))
+        brief("reduce does not compile", try target.json("PUT", "/\(db)/_design/f", ["views": ["x": ["map": "function (doc) { emit(1) }", "reduce": "function (a, b) {"]]]))
+        brief("map not a function", try target.json("PUT", "/\(db)/_design/f", ["views": ["x": ["map": "42"]]]))
+        brief("unknown built-in", try target.json("PUT", "/\(db)/_design/f", ["views": ["x": ["map": "function (doc) { emit(1) }", "reduce": "_nope"]]]))
+        brief("refused ddoc made nothing", try target.json("GET", "/\(db)/_design/f"))
+        // A write, seen by the next query (and not by update=false), then the views replaced.
+        #expect(try target.json("PUT", "/\(db)/late", ["type": "apple", "n": 100]).status == 201)
+        record("stale", try get("update=false&group=true"))
+        record("fresh", try get("group=true"))
+        let rev = try #require(try target.json("GET", "/\(db)/_design/v").json?["_rev"]?.stringValue)
+        #expect(try target.json("PUT", "/\(db)/_design/v", ["_rev": .string(rev), "views": [
+            "by_type": ["map": "function (doc) { if (doc.type) emit(doc.n, doc.type); }"]]]).status == 201)
+        record("replaced", try get(""))
+        record("replaced view gone", try get("", view: "stats"))
+        return seen
+    }
+
+    @Test func viewsAnswerAsCouchDBs() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        // One shard: a clustered CouchDB adds up each shard's offset for `keys` queries.
+        let couchDB = "views-\(UUID().uuidString.prefix(8).lowercased())"
+        let auth = [("Authorization", "Basic " + Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())]
+        let expected = try viewScenario(Target(port: couch.port, headers: auth), db: couchDB)
+        let actual = try viewScenario(Target(port: server.port, headers: []), db: "views-sofa")
+        #expect(actual.count == expected.count)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+        #expect(expected.filter { $0.contains(": 200 ") }.count > 60, "\(expected)")
+    }
+}
+
+extension CouchDBInteropTests {
+    /// A map function that never ends: the query gets CouchDB's 500 when the query server's
+    /// time is up (5 s), the server answers other requests meanwhile, and the next query of a
+    /// view that works is answered by a fresh process.
+    @Test func aMapFunctionThatNeverEndsFailsOnlyItsQuery() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let target = Target(port: server.port, headers: [])
+        #expect(try target.json("PUT", "/loops").status == 201)
+        #expect(try target.json("PUT", "/loops/doc", ["n": 1]).status == 201)
+        #expect(try target.json("PUT", "/loops/_design/bad", ["views": ["forever": ["map": "function (doc) { while (true) {} }"]]]).status == 201)
+        #expect(try target.json("PUT", "/loops/_design/good", ["views": ["n": ["map": "function (doc) { emit(doc.n, null); }"]]]).status == 201)
+        let answer = Locked<(HTTPResponse?, Double)>((nil, 0))
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let started = Date()
+            let response = try? target.json("GET", "/loops/_design/bad/_view/forever")
+            answer.withLock { $0 = (response, Date().timeIntervalSince(started)) }
+            done.signal()
+        }
+        usleep(500_000)
+        let started = Date()
+        #expect(try target.json("GET", "/loops").status == 200)
+        #expect(Date().timeIntervalSince(started) < 2, "the server answered other requests while the function ran")
+        #expect(done.wait(timeout: .now() + 30) == .success)
+        let (response, seconds) = answer.withLock { $0 }
+        #expect(response?.status == 500 && response?.json?["error"] == "os_process_error", "\(response?.text ?? "none")")
+        #expect(seconds >= 4 && seconds < 20, "\(seconds) s")
+        let good = try target.json("GET", "/loops/_design/good/_view/n")
+        #expect(good.status == 200 && good.json?["rows"]?[0]?["key"] == 1, "\(good.text)")
+    }
+}
