@@ -126,31 +126,37 @@ extension Database {
                     _ = try process.call(["add_lib", definition.library], timeout: timeout)
                     for view in definition.views { _ = try process.call(["add_fun", .string(view.map)], timeout: timeout) }
                     while true {
-                        let changes = try self.changes(since: sequence, limit: ViewTuning.updateBatch)
-                        guard let last = changes.last else { break }
+                        let batch = try read { try self.mapBatch(after: sequence, in: $0) }
+                        guard let last = batch.last else { break }
                         var rows: [(docID: String, emitted: [[(key: JSONValue, value: JSONValue)]])] = []
-                        for change in changes {
-                            guard !change.deleted, definition.includeDesign || !DocumentID.isDesign(change.docID),
-                                  let document = try mapDocument(change) else {
-                                rows.append((change.docID, []))
-                                continue
-                            }
-                            let answer = try process.call(["map_doc", .object(document)], timeout: timeout)
-                            let perView = (answer.arrayValue ?? []).map { emitted in
+                        var commands: [[UInt8]] = []
+                        var mapped: [Int] = []  // the batch's entries that were sent, in order
+                        for (index, entry) in batch.enumerated() {
+                            guard let document = entry.document, definition.includeDesign || !DocumentID.isDesign(entry.docID) else { continue }
+                            commands.append(Array(#"["map_doc","#.utf8) + document + [UInt8(ascii: "]")])
+                            mapped.append(index)
+                        }
+                        var answers = [JSONValue?](repeating: nil, count: batch.count)
+                        for (index, answer) in zip(mapped, try process.callPipelined(commands, timeout: timeout)) { answers[index] = answer }
+                        for (entry, answer) in zip(batch, answers) {
+                            let perView = (answer?.arrayValue ?? []).map { emitted in
                                 (emitted.arrayValue ?? []).compactMap { pair -> (key: JSONValue, value: JSONValue)? in
                                     guard case .array(let parts) = pair, parts.count == 2 else { return nil }
                                     return (parts[0], parts[1])
                                 }
                             }
-                            rows.append((change.docID, perView))
+                            rows.append((entry.docID, perView))
                         }
+                        let fresh = sequence == 0  // nothing to remove from an index being built from nothing
                         let moved = try write { connection -> Bool in
                             let stored = try connection.query("SELECT update_seq FROM view_indexes WHERE index_id = ?", .integer(indexID)) {
                                 $0.int64(0)
                             }.first
                             guard stored == sequence else { return true }  // another process moved it: read again
                             for (docID, perView) in rows {
-                                try connection.run("DELETE FROM view_rows WHERE index_id = ? AND doc_id = ?", .integer(indexID), .text(docID))
+                                if !fresh {
+                                    try connection.run("DELETE FROM view_rows WHERE index_id = ? AND doc_id = ?", .integer(indexID), .text(docID))
+                                }
                                 for (view, emitted) in perView.enumerated() {
                                     for (emit, row) in emitted.enumerated() {
                                         try connection.run("""
@@ -190,15 +196,39 @@ extension Database {
         }
     }
 
-    /// A document as a map function gets it: `_id`, `_rev`, its properties, attachment stubs.
-    private func mapDocument(_ change: Change) throws -> JSONObject? {
-        guard let revision = try revisionIfPresent(change.revID, of: change.docID) else { return nil }
-        var json: JSONObject = ["_id": .string(change.docID), "_rev": .string(change.revID.description)]
-        for (key, value) in revision.properties { json[key] = value }
-        if !revision.attachments.isEmpty {
-            json["_attachments"] = .object(JSONObject(revision.attachments.map { ($0.name, .object(CouchFormat.stub($0))) }))
+    /// The next changes after `sequence` with each live document as a map function gets it
+    /// (`_id`, `_rev`, its properties, attachment stubs), as JSON text spliced from the stored
+    /// body: a document is neither parsed nor written again on its way to the query server.
+    /// A deleted document (or one whose body is gone) has none: its rows just go.
+    private func mapBatch(after sequence: Int64, in connection: SQLiteConnection) throws
+        -> [(docID: String, sequence: Int64, document: [UInt8]?)] {
+        let rows = try connection.query("""
+            SELECT d.doc_id, d.current_rev, d.deleted, d.sequence, r.body, d.doc_key,
+                   EXISTS (SELECT 1 FROM rev_attachments a WHERE a.doc_key = d.doc_key AND a.rev_id = d.current_rev)
+            FROM docs d LEFT JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
+            WHERE d.sequence > ? ORDER BY d.sequence LIMIT ?
+            """, .integer(sequence), SQLValue(ViewTuning.updateBatch)) { row in
+            (docID: row.text(0), rev: row.text(1), deleted: row.bool(2), sequence: row.int64(3),
+             body: row.isNull(4) ? nil : row.bytes(4), docKey: row.int64(5), hasAttachments: row.bool(6))
         }
-        return json
+        return try rows.map { row in
+            guard !row.deleted, var body = row.body, body.first == UInt8(ascii: "{"), body.last == UInt8(ascii: "}") else {
+                return (row.docID, row.sequence, nil)
+            }
+            var document = Array("{\"_id\":".utf8) + JSONValue.string(row.docID).serialized()
+                + Array(",\"_rev\":".utf8) + JSONValue.string(row.rev).serialized()
+            // The properties without their braces (nothing for `{}`), then the stubs.
+            body.removeFirst()
+            body.removeLast()
+            if !body.isEmpty { document += [UInt8(ascii: ",")] + body }
+            if row.hasAttachments {
+                let attachments = try loadAttachments(docKey: row.docKey, revID: try Database.revisionID(row.rev), in: connection, blobs: blobs)
+                document += Array(",\"_attachments\":".utf8)
+                    + JSONValue.object(JSONObject(attachments.map { ($0.name, .object(CouchFormat.stub($0))) })).serialized()
+            }
+            document.append(UInt8(ascii: "}"))
+            return (row.docID, row.sequence, document)
+        }
     }
 
     /// CouchDB's check of a design document's views as it is written: each `map` and each

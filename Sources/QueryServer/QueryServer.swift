@@ -97,23 +97,12 @@ public final class QueryServerProcess {
         guard alive else { throw QueryServerError.failed("the process has ended") }
         do {
             try write(command.serialized() + [0x0A])
-            let deadline = Date().addingTimeInterval(timeout)
-            while true {
-                let line = try readLine(until: deadline, timeout: timeout)
-                let answer: JSONValue
-                do { answer = try JSONParser.parse(line) } catch {
-                    throw QueryServerError.failed("it answered something that is not JSON: \(String(decoding: line.prefix(200), as: UTF8.self))")
-                }
-                if case .array(let items) = answer, items.first == "log", items.count == 2 {
-                    log(items[1].stringValue ?? items[1].jsonString())
-                    continue
-                }
-                if case .array(let items) = answer, items.first == "error", items.count == 3 {
-                    throw QueryServerError.function(error: items[1].stringValue ?? items[1].jsonString(),
-                                                    reason: items[2].stringValue ?? items[2].jsonString())
-                }
-                return answer
+            let answer = try readAnswer(until: Date().addingTimeInterval(timeout), timeout: timeout, log: log)
+            if case .array(let items) = answer, items.first == "error", items.count == 3 {
+                throw QueryServerError.function(error: items[1].stringValue ?? items[1].jsonString(),
+                                                reason: items[2].stringValue ?? items[2].jsonString())
             }
+            return answer
         } catch let error as QueryServerError {
             if case .function = error {} else { stop() }
             throw error
@@ -121,14 +110,87 @@ public final class QueryServerProcess {
     }
 
     private func write(_ bytes: [UInt8]) throws {
+        if let problem = QueryServerProcess.writeAll(input, bytes) {
+            throw QueryServerError.failed("it stopped reading (\(problem))\(exitDescription())")
+        }
+    }
+
+    /// Writes every byte to `fd`; the reason when it cannot.
+    private static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> String? {
         var offset = 0
         while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes { Glibc.write(input, $0.baseAddress, $0.count) }
+            let written = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
             if written < 0 {
                 if errno == EINTR { continue }
-                throw QueryServerError.failed("it stopped reading (\(String(cString: strerror(errno))))\(exitDescription())")
+                return String(cString: strerror(errno))
             }
             offset += written
+        }
+        return nil
+    }
+
+    /// Sends several commands at once, each given as its JSON text: a thread writes them while
+    /// the answers are read, so the query server works on the next ones while this process
+    /// handles those already back (one wait per batch, not per command, and both processes
+    /// busy at once). Returns the answers in order, each within `timeout` of the one before;
+    /// an `["error", …]` answer is thrown once every answer is read, so the stream stays in step.
+    public func callPipelined(_ commands: [[UInt8]], timeout: Double, log: (String) -> Void = { _ in }) throws -> [JSONValue] {
+        guard alive else { throw QueryServerError.failed("the process has ended") }
+        guard !commands.isEmpty else { return [] }
+        var payload: [UInt8] = []
+        payload.reserveCapacity(commands.reduce(0) { $0 + $1.count + 1 })
+        for command in commands {
+            payload += command
+            payload.append(0x0A)
+        }
+        let writerFailure = Locked<String?>(nil)
+        let written = DispatchSemaphore(value: 0)
+        let fd = input
+        Thread.detachNewThread { [payload] in
+            if let problem = QueryServerProcess.writeAll(fd, payload) { writerFailure.withLock { $0 = problem } }
+            written.signal()
+        }
+        var answers: [JSONValue] = []
+        var refusal: QueryServerError?
+        do {
+            for _ in commands {
+                let answer = try readAnswer(until: Date().addingTimeInterval(timeout), timeout: timeout, log: log)
+                if case .array(let items) = answer, items.first == "error", items.count == 3 {
+                    refusal = refusal ?? .function(error: items[1].stringValue ?? items[1].jsonString(),
+                                                   reason: items[2].stringValue ?? items[2].jsonString())
+                }
+                answers.append(answer)
+            }
+        } catch {
+            // Killed first: the writer, if it still waits on a full pipe, then fails and ends
+            // before its descriptor is closed.
+            kill(pid, SIGKILL)
+            written.wait()
+            stop()
+            throw error
+        }
+        written.wait()
+        if let problem = writerFailure.withLock({ $0 }) {
+            stop()
+            throw QueryServerError.failed("it stopped reading (\(problem))")
+        }
+        if let refusal { throw refusal }
+        return answers
+    }
+
+    /// The next answer line as JSON; `["log", …]` lines on the way go to `log`.
+    private func readAnswer(until deadline: Date, timeout: Double, log: (String) -> Void) throws -> JSONValue {
+        while true {
+            let line = try readLine(until: deadline, timeout: timeout)
+            let answer: JSONValue
+            do { answer = try JSONParser.parse(line) } catch {
+                throw QueryServerError.failed("it answered something that is not JSON: \(String(decoding: line.prefix(200), as: UTF8.self))")
+            }
+            if case .array(let items) = answer, items.first == "log", items.count == 2 {
+                log(items[1].stringValue ?? items[1].jsonString())
+                continue
+            }
+            return answer
         }
     }
 

@@ -27,9 +27,9 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders": suite = argument
+            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders", "views": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find|folders|views [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -263,6 +263,7 @@ do {
     case "deferred": try deferredBenchmark(options)
     case "find": try findBenchmark(options)
     case "folders": try folderBenchmark(options)
+    case "views": try viewBenchmark(options)
     default: try storage(options)
     }
 } catch {

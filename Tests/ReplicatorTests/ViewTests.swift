@@ -19,6 +19,8 @@ extension CouchDBInteropTests {
             "links": ["map": "function (doc) { if (doc.link) emit(doc._id, {_id: doc.link}); }"],
             "distinct": ["map": "function (doc) { if (doc.type) emit(doc.type, null); }", "reduce": "_approx_count_distinct"],
             "arrays": ["map": "function (doc) { if (doc.type) emit(doc.type, [doc.n, 1]); }", "reduce": "_sum"],
+            "atts": ["map": "function (doc) { for (var n in (doc._attachments || {})) { var a = doc._attachments[n]; emit([doc._id, n], [a.content_type, a.length, a.stub, a.revpos, Object.keys(doc)]); } }"],
+            "everything": ["map": "function (doc) { emit(doc._id, Object.keys(doc).length); }"],
         ],
     ]
 
@@ -39,6 +41,9 @@ extension CouchDBInteropTests {
             docs.append(["_id": .string("t\(index)"), "type": .string(type), "n": .integer(Int64(index * 3 % 7)), "link": .string("k0\(index)")])
         }
         docs.append(["_id": "float", "type": "fig", "n": 2.5])
+        docs.append(["_id": "with-files", "_attachments": ["b.txt": ["content_type": "text/plain", "data": "aGk="],
+                                                           "a.bin": ["content_type": "application/octet-stream", "data": ""]]])
+        docs.append(["_id": "empty"])
         #expect(try target.json("POST", "/\(db)/_bulk_docs", ["docs": .array(docs)]).status == 201)
         #expect(try target.json("PUT", "/\(db)/_design/v", CouchDBInteropTests.viewDesign).status == 201)
 
@@ -60,6 +65,8 @@ extension CouchDBInteropTests {
         seen.append("raw map: " + (try get("reduce=false&limit=2")).text)
         seen.append("raw reduce: " + (try get("group=true")).text)
         seen.append("raw empty: " + (try get("reduce=false&key=%22none%22")).text)
+        record("attachments as a map function sees them", try get("", view: "atts"))
+        record("every document", try get("", view: "everything"))
         record("twice", try get("", view: "twice"))
         record("twice desc", try get("descending=true&limit=3", view: "twice"))
         record("links include_docs", try get("include_docs=true", view: "links"))
