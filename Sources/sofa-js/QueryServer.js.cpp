@@ -119,6 +119,20 @@ extern const char sofaQueryServerScript[] = R"JS(
     return entry.compiled.get(key);
   }
 
+  // What a show or update function throws is CouchDB's render_error, unless it is an error
+  // it names ({error, reason} or ["error", name, reason]), passed on as it is.
+  function rendering(call) {
+    try {
+      return call();
+    } catch (error) {
+      if (error instanceof ProtocolError || (Array.isArray(error) && error[0] === "error")) throw error;
+      if (error && typeof error === "object" && !(error instanceof Error) && error.error !== undefined && error.reason !== undefined) throw error;
+      throw new ProtocolError("render_error", "function raised error: " + String(error) + " \nstacktrace: " + (error && error.stack));
+    }
+  }
+
+  function wrapResponse(answer) { return typeof answer === "string" ? { body: answer } : answer; }
+
   function runDesignFunction(id, path, args) {
     const fn = designFunction(id, path);
     switch (path[0]) {
@@ -144,6 +158,22 @@ extern const char sofaQueryServerScript[] = R"JS(
           emitted = [];
           try { fn(doc); return emitted.length > 0; } finally { emitted = null; }
         })];
+      }
+      // Shows and updates as CouchDB's main.js runs them: `this` is the design document, a
+      // string answer is the body, anything else the response object.
+      case "shows": {
+        const answer = wrapResponse(rendering(() => fn.apply(designDocuments.get(id).body, args)) || {});
+        if (typeof answer !== "object") throw new ProtocolError("render_error", "undefined response from show function");
+        return ["resp", answer];
+      }
+      case "updates": {
+        if (args[1] && args[1].method === "GET") throw new ProtocolError("method_not_allowed", "Update functions do not allow GET");
+        const result = rendering(() => fn.apply(designDocuments.get(id).body, args)) || [];
+        const answer = result[1];
+        if (answer === null || (typeof answer !== "object" && typeof answer !== "string")) {
+          throw new ProtocolError("render_error", "undefined response from update function");
+        }
+        return ["up", result[0] === undefined ? null : result[0], wrapResponse(answer)];
       }
       default:
         throw new ProtocolError("unknown_command", "sofa-js does not run " + path[0] + " functions");
@@ -187,6 +217,8 @@ extern const char sofaQueryServerScript[] = R"JS(
     } catch (error) {
       if (error instanceof ProtocolError) {
         answer = ["error", error.error, error.reason];
+      } else if (Array.isArray(error) && error[0] === "error" && error.length === 3) {
+        answer = ["error", String(error[1]), String(error[2])];  // throw(["error", name, reason]), as CouchDB's functions may
       } else if (error && typeof error === "object" && error.error !== undefined && !(error instanceof Error)) {
         answer = ["error", String(error.error), String(error.reason === undefined ? "" : error.reason)];
       } else {

@@ -172,3 +172,72 @@ extension CouchDBInteropTests {
         #expect(good.status == 200 && good.json?["rows"]?[0]?["key"] == 1, "\(good.text)")
     }
 }
+
+extension CouchDBInteropTests {
+    static let showDesign: JSONValue = [
+        "shows": [
+            "plain": "function (doc, req) { return '<p>' + (doc ? doc.title : 'none') + '</p>'; }",
+            "obj": "function (doc, req) { return {code: 202, headers: {'X-Thing': 'yes'}, json: {id: req.id, q: req.query, keys: doc ? Object.keys(doc) : null, path: req.path, method: req.method, body: req.body, form: req.form}}; }",
+            "b64": "function (doc, req) { return {base64: 'aGVsbG8='}; }",
+            "nothing": "function (doc, req) { }",
+            "typed": "function (doc, req) { return {headers: {'Content-Type': 'text/plain'}, body: 'typed ' + this._id}; }",
+            "throws": "function (doc, req) { throw new Error('bad'); }",
+            "refuses": "function (doc, req) { throw(['error', 'not_found', 'nope']); }",
+            "forbids": "function (doc, req) { throw({forbidden: 'no shows for you'}); }",
+        ],
+        "updates": [
+            "bump": "function (doc, req) { if (!doc) { return [{_id: req.id, n: 1}, 'made']; } doc.n = (doc.n || 0) + 1; return [doc, {json: {n: doc.n}}]; }",
+            "noop": "function (doc, req) { return [null, 'nothing ' + req.body]; }",
+            "bad": "function (doc, req) { return [null, 42]; }",
+            "throws": "function (doc, req) { throw new Error('boom'); }",
+        ],
+    ]
+
+    func showScenario(_ target: Target, db: String) throws -> [String] {
+        var seen: [String] = []
+        func record(_ label: String, _ response: HTTPResponse, fullBody: Bool = true) {
+            let headers = ["Content-Type", "X-Thing", "X-Couch-Id", "X-Couch-Update-NewRev"].compactMap { name in
+                response.header(name).map { "\(name): \($0)" }
+            }
+            let body = response.json.map { $0.jsonString(.canonical) } ?? response.text
+            seen.append("\(label): \(response.status) \(headers) " + (fullBody ? body : response.json?["error"]?.stringValue ?? "-"))
+        }
+        func request(_ method: String, _ path: String, body: String? = nil, type: String = "application/json") throws -> HTTPResponse {
+            let connection = try HTTPConnection(port: target.port)
+            defer { connection.close() }
+            return try connection.request(method, "/\(db)/_design/s/" + path, headers: target.headers + [("Content-Type", type)],
+                                          body: Array((body ?? "").utf8))
+        }
+        #expect(try target.json("PUT", "/\(db)?q=1").status == 201)
+        #expect(try target.json("PUT", "/\(db)/d1", ["title": "hello"]).status == 201)
+        #expect(try target.json("PUT", "/\(db)/_design/s", CouchDBInteropTests.showDesign).status == 201)
+        for path in ["_show/plain/d1", "_show/plain", "_show/plain/missing", "_show/obj/d1?a=1&b=x%20y", "_show/obj", "_show/b64",
+                     "_show/nothing", "_show/typed", "_show/refuses", "_show/forbids", "_show/absent"] {
+            record("GET \(path)", try request("GET", path))
+        }
+        record("POST form", try request("POST", "_show/obj/d1", body: "a=1&b=two+words", type: "application/x-www-form-urlencoded"))
+        record("show throws", try request("GET", "_show/throws"), fullBody: false)
+        // Updates: an edit, a new document by id, nothing saved, and the errors.
+        record("PUT bump/d1", try request("PUT", "_update/bump/d1"))
+        record("PUT bump/d1 again", try request("PUT", "_update/bump/d1"))
+        record("POST bump/newone", try request("POST", "_update/bump/newone"))
+        record("POST noop", try request("POST", "_update/noop", body: "hi", type: "text/plain"))
+        record("GET bump/d1", try request("GET", "_update/bump/d1"))
+        record("PUT bad/d1", try request("PUT", "_update/bad/d1"))
+        record("PUT absent/d1", try request("PUT", "_update/absent/d1"))
+        record("update throws", try request("PUT", "_update/throws/d1"), fullBody: false)
+        record("GET d1 after", try target.json("GET", "/\(db)/d1"))
+        record("GET newone after", try target.json("GET", "/\(db)/newone"))
+        return seen
+    }
+
+    @Test func showsAndUpdatesAnswerAsCouchDBs() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let couchDB = "shows-\(UUID().uuidString.prefix(8).lowercased())"
+        let auth = [("Authorization", "Basic " + Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())]
+        let expected = try showScenario(Target(port: couch.port, headers: auth), db: couchDB)
+        let actual = try showScenario(Target(port: server.port, headers: []), db: "shows-sofa")
+        #expect(actual.count == expected.count)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs.replacingOccurrences(of: couchDB, with: "shows-sofa")) }
+    }
+}
