@@ -89,8 +89,8 @@ struct ViewQuery {
 
 extension CouchServer {
     /// `/{db}/_design/{ddoc}/_view/{view}` (GET, or POST with `keys`), `…/_view/{view}/queries`
-    /// (POST with `queries`), `/{db}/_design/{ddoc}/_info`, `_show` and `_update`; other design
-    /// functions (`_list`, `_rewrite`) answer 501.
+    /// (POST with `queries`), `/{db}/_design/{ddoc}/_info`, `_show`, `_list` and `_update`; other
+    /// design functions (`_rewrite`) answer 501.
     func designFunction(_ request: Request, _ db: Database, design: String, path: [String]) async throws {
         let designID = "_design/" + design
         switch path.first {
@@ -136,8 +136,10 @@ extension CouchServer {
             ])
         case "_show", "_update":
             try await showOrUpdate(request, db, designID: designID, path: path)
+        case "_list":
+            try await list(request, db, designID: designID, path: path)
         default:
-            throw HTTPError.notImplemented("\(path.first ?? "") (design document functions other than views, shows and updates)")
+            throw HTTPError.notImplemented("\(path.first ?? "") (design document functions other than views, shows, lists and updates)")
         }
     }
 

@@ -286,13 +286,21 @@ public final class QueryServerPool: @unchecked Sendable {
     /// document first to a process that does not have this revision of it.
     public func run(designDocument id: String, revision: String, body: JSONValue, path: [String], arguments: [JSONValue],
                     log: (String) -> Void = { _ in }) throws -> JSONValue {
+        try withDesignDocument(id, revision: revision, body: body, log: log) { process in
+            try process.call(["ddoc", .string(id), .array(path.map(JSONValue.string)), .array(arguments)], timeout: timeout, log: log)
+        }
+    }
+
+    /// Runs `body` with a process that has this revision of the design document (sent first
+    /// when it has not): for exchanges of several commands, such as a list function's rows.
+    public func withDesignDocument<T>(_ id: String, revision: String, body: JSONValue, log: (String) -> Void = { _ in },
+                                      _ work: (QueryServerProcess) throws -> T) throws -> T {
         try withProcess { process in
             if process.loadedDesignDocuments[id] != revision {
                 _ = try process.call(["ddoc", "new", .string(id), body], timeout: timeout, log: log)
                 process.loadedDesignDocuments[id] = revision
             }
-            return try process.call(["ddoc", .string(id), .array(path.map(JSONValue.string)), .array(arguments)],
-                                    timeout: timeout, log: log)
+            return try work(process)
         }
     }
 }

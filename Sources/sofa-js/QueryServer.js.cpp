@@ -10,6 +10,7 @@ extern const char sofaQueryServerScript[] = R"JS(
   delete global.print;
 
   let config = {}, mapFunctions = [], library = {}, emitted = null;
+  let listing = null;   // the list function running: { chunks, head, started, lastRow }
   const designDocuments = new Map();   // id -> { body, compiled: Map(path -> function) }
 
   function respond(value) { printLine(JSON.stringify(value)); }
@@ -31,6 +32,27 @@ extern const char sofaQueryServerScript[] = R"JS(
     sum(values) { let total = 0; for (const value of values) total += value; return total; },
     isArray: Array.isArray,
     toJSON: JSON.stringify,
+    // List functions' side of the protocol, as CouchDB's render.js: `start` sets the response
+    // head, `send` adds to the body, `getRow` hands over what was sent and asks for a row.
+    start(head) { if (listing) listing.head = head; },
+    send(chunk) { if (listing) listing.chunks.push(String(chunk)); },
+    getRow() {
+      if (!listing) throw new ProtocolError("invalid_call", "getRow() is only for list functions");
+      if (listing.lastRow) return null;
+      if (!listing.started) {
+        listing.started = true;
+        respond(["start", listing.chunks, listing.head || {}]);
+      } else {
+        respond(["chunks", listing.chunks]);
+      }
+      listing.chunks = [];
+      const line = readLine();
+      if (line === null) throw new ProtocolError("list_error", "the list ended before its rows");
+      const message = JSON.parse(line);
+      if (message[0] === "list_end") { listing.lastRow = true; return null; }
+      if (message[0] !== "list_row") throw new ProtocolError("list_error", "expected a row, got " + message[0]);
+      return message[1];
+    },
   };
   for (const name of Object.keys(helpers)) global[name] = helpers[name];
 
@@ -165,6 +187,17 @@ extern const char sofaQueryServerScript[] = R"JS(
         const answer = wrapResponse(rendering(() => fn.apply(designDocuments.get(id).body, args)) || {});
         if (typeof answer !== "object") throw new ProtocolError("render_error", "undefined response from show function");
         return ["resp", answer];
+      }
+      case "lists": {
+        listing = { chunks: [], head: null, started: false, lastRow: false };
+        try {
+          const tail = rendering(() => fn.apply(designDocuments.get(id).body, args));
+          if (tail !== undefined && tail !== null) listing.chunks.push(String(tail));
+          while (!listing.lastRow) helpers.getRow();  // every row is read, as CouchDB's does
+          return ["end", listing.chunks];
+        } finally {
+          listing = null;
+        }
       }
       case "updates": {
         if (args[1] && args[1].method === "GET") throw new ProtocolError("method_not_allowed", "Update functions do not allow GET");

@@ -26,7 +26,7 @@ import TestSupport
         for (method, path, named) in [("GET", "/db/_purged_infos", "_purged_infos"),
                                       ("GET", "/_stats", "/_stats"), ("GET", "/_membership", "/_membership"),
                                       ("GET", "/_node/_local/_config", "/_node"), ("GET", "/_scheduler/foo", "/_scheduler/foo"),
-                                      ("GET", "/db/_design/d/_list/l/v", "_list"), ("GET", "/db/_design/d/_rewrite/x", "_rewrite")] {
+                                      ("GET", "/db/_design/d/_rewrite/x", "_rewrite")] {
             let answer = try http.request(method, path)
             #expect(answer.status == 501 && answer.json?["error"] == "not_implemented", "\(method) \(path): \(answer.status)")
             #expect(answer.json?["reason"]?.stringValue?.contains(named) == true, "\(path): \(answer.json ?? .null)")

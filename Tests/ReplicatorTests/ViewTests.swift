@@ -241,3 +241,55 @@ extension CouchDBInteropTests {
         for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs.replacingOccurrences(of: couchDB, with: "shows-sofa")) }
     }
 }
+
+extension CouchDBInteropTests {
+    static let listDesign: JSONValue = [
+        "views": [
+            "all": ["map": "function (doc) { if (doc.n) emit(doc._id, doc.n); }"],
+            "red": ["map": "function (doc) { if (doc.n) emit(doc.n % 2, doc.n); }", "reduce": "_sum"],
+        ],
+        "lists": [
+            "ids": "function (head, req) { var row, out = []; while ((row = getRow())) { out.push(row.id); } return JSON.stringify({head: head, ids: out}); }",
+            "html": "function (head, req) { start({code: 203, headers: {'X-List': '1'}}); send('<ul>'); var row; while ((row = getRow())) { send('<li>' + row.key + '=' + row.value + '</li>'); } send('</ul>'); }",
+            "early": "function (head, req) { var row = getRow(); return 'first ' + row.id; }",
+            "none": "function (head, req) { }",
+            "throws": "function (head, req) { getRow(); throw new Error('x'); }",
+            "rows": "function (head, req) { var row, out = []; while ((row = getRow())) out.push(row); return JSON.stringify({head: head, rows: out}); }",
+        ],
+    ]
+
+    func listScenario(_ target: Target, db: String) throws -> [String] {
+        var seen: [String] = []
+        func record(_ label: String, _ response: HTTPResponse, fullBody: Bool = true) {
+            let headers = ["Content-Type", "X-List"].compactMap { name in response.header(name).map { "\(name): \($0)" } }
+            seen.append("\(label): \(response.status) \(headers) " + (fullBody ? response.text : ""))
+        }
+        #expect(try target.json("PUT", "/\(db)?q=1").status == 201)
+        #expect(try target.json("POST", "/\(db)/_bulk_docs", ["docs": [["_id": "a", "n": 1], ["_id": "b", "n": 2], ["_id": "c", "n": 3],
+                                                                      ["_id": "d"]]]).status == 201)
+        #expect(try target.json("PUT", "/\(db)/_design/l", CouchDBInteropTests.listDesign).status == 201)
+        #expect(try target.json("PUT", "/\(db)/_design/other", ["views": ["keys": ["map": "function (doc) { emit(doc._id, null); }"]]]).status == 201)
+        for path in ["ids/all", "ids/all?limit=2&skip=1", "ids/all?startkey=%22b%22", "html/all", "early/all", "none/all",
+                     "rows/red", "rows/red?group=true", "rows/all?reduce=false&key=%22c%22", "ids/other/keys", "ids/missing", "absent/all"] {
+            let connection = try HTTPConnection(port: target.port)
+            defer { connection.close() }
+            record(path, try connection.request("GET", "/\(db)/_design/l/_list/\(path)", headers: target.headers))
+        }
+        let posted = try target.json("POST", "/\(db)/_design/l/_list/ids/all", ["keys": ["c", "a"]])
+        record("POST keys", posted)
+        let connection = try HTTPConnection(port: target.port)
+        defer { connection.close() }
+        record("throws", try connection.request("GET", "/\(db)/_design/l/_list/throws/all", headers: target.headers), fullBody: false)
+        return seen
+    }
+
+    @Test func listsAnswerAsCouchDBs() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let couchDB = "lists-\(UUID().uuidString.prefix(8).lowercased())"
+        let auth = [("Authorization", "Basic " + Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())]
+        let expected = try listScenario(Target(port: couch.port, headers: auth), db: couchDB)
+        let actual = try listScenario(Target(port: server.port, headers: []), db: "lists-sofa")
+        #expect(actual.count == expected.count)
+        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+    }
+}

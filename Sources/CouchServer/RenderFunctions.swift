@@ -4,11 +4,75 @@ import Foundation
 import NIOHTTP1
 import QueryServer
 
-/// `_show` and `_update` functions of design documents, run by the query server as CouchDB
-/// runs them: `shows.NAME(doc, req)` answers a response (a string is its body), and
-/// `updates.NAME(doc, req)` answers `[doc, response]`, the document (when not null) saved
-/// as an edit, with `X-Couch-Id` and `X-Couch-Update-NewRev`.
+/// `_show`, `_list` and `_update` functions of design documents, run by the query server as
+/// CouchDB runs them: `shows.NAME(doc, req)` answers a response (a string is its body);
+/// `lists.NAME(head, req)` reads a view's rows with `getRow()` and answers with `send`,
+/// `start` and what it returns; `updates.NAME(doc, req)` answers `[doc, response]`, the
+/// document (when not null) saved as an edit, with `X-Couch-Id` and `X-Couch-Update-NewRev`.
 extension CouchServer {
+    /// `…/_list/{list}/{view}` or `…/_list/{list}/{ddoc}/{view}`: the view queried with the
+    /// request's parameters (or a POST body's `keys`), its rows given to the list function.
+    func list(_ request: Request, _ db: Database, designID: String, path: [String]) async throws {
+        guard path.count == 3 || path.count == 4 else { throw HTTPError.notFound }
+        guard request.method == .GET || request.method == .POST else { throw HTTPError.methodNotAllowed }
+        guard let design = try await blocking({ try db.document(withID: designID) }), !design.deleted else {
+            throw HTTPError(.notFound, "not_found", "missing")
+        }
+        let name = path[1]
+        guard design.properties["lists"]?[name]?.stringValue != nil else {
+            throw HTTPError(.notFound, "not_found", "missing json key: \(name)")
+        }
+        var parameters = JSONObject()
+        if request.method == .POST, request.headers.mediaType == "application/json",
+           case .object(let object) = try await request.body.json(limit: ServerTuning.jsonBody) {
+            parameters = object
+        }
+        let viewDesignID = path.count == 4 ? "_design/" + path[2] : designID
+        let answer = try await viewAnswer(request, db, designID: viewDesignID, view: path[path.count - 1],
+                                          query: ViewQuery(request, body: parameters))
+        var head = answer.objectValue ?? [:]
+        let rows = head["rows"]?.arrayValue ?? []
+        head["rows"] = nil
+        let security = try await blocking { try db.securityObject }
+        var req = try await requestObject(request, db, body: nil, security: security).objectValue ?? [:]
+        req["body"] = parameters.isEmpty ? "undefined" : .string(JSONValue.object(parameters).jsonString())
+        var body = design.properties
+        body["_id"] = .string(designID)
+        body["_rev"] = .string(design.revID.description)
+        let (start, chunks): (JSONObject, [String]) = try await blocking { [body, head, req] in
+            do {
+                return try QueryServerPool.shared.withDesignDocument(designID, revision: design.revID.description, body: .object(body)) { process in
+                    let timeout = QueryServerPool.shared.timeout
+                    func strings(_ value: JSONValue?) -> [String] { (value?.arrayValue ?? []).map { $0.stringValue ?? $0.jsonString() } }
+                    let first = try process.call(["ddoc", .string(designID), ["lists", .string(name)], [.object(head), .object(req)]],
+                                                 timeout: timeout)
+                    guard first[0] == "start" else { throw HTTPError(.internalServerError, "list_error", "the list did not start: \(first.jsonString())") }
+                    var chunks = strings(first[1])
+                    var ended = false
+                    for row in rows {
+                        let next = try process.call(["list_row", row], timeout: timeout)
+                        chunks += strings(next[1])
+                        if next[0] == "end" { ended = true; break }
+                    }
+                    if !ended { chunks += strings(try process.call(["list_end"], timeout: timeout)[1]) }
+                    return (first[2]?.objectValue ?? [:], chunks)
+                }
+            } catch let error as QueryServerError {
+                switch error {
+                case .function(let name, let reason): throw HTTPError(CouchServer.status(ofFunctionError: name), name, reason)
+                default: throw HTTPError(.internalServerError, "os_process_error", "\(designID): \(error)")
+                }
+            }
+        }
+        let text = chunks.joined()
+        var headers = HTTPHeaders()
+        for (header, value) in start["headers"]?.objectValue ?? [:] { headers.add(name: header, value: value.stringValue ?? value.jsonString()) }
+        // CouchDB's: JSON unless the list says otherwise, and no type at all for an empty answer.
+        if headers["Content-Type"].isEmpty, !text.isEmpty || !start.isEmpty { headers.add(name: "Content-Type", value: "application/json") }
+        let code = start["code"]?.int64Value.map(Int.init) ?? 200
+        try await request.response.send(HTTPResponseStatus(statusCode: code), headers: headers, body: Array(text.utf8))
+    }
+
     func showOrUpdate(_ request: Request, _ db: Database, designID: String, path: [String]) async throws {
         guard path.count >= 2 else { throw HTTPError.notFound }
         let kind = path[0] == "_show" ? "shows" : "updates"
