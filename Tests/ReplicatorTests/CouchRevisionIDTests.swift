@@ -7,19 +7,6 @@ import TestSupport
 /// #28 item 4: the same edit made in CouchDB and in Sofa gets the same revision id, so an
 /// identical change made on both sides is not a conflict. Every request goes to the live
 /// CouchDB and to `sofa serve`, and the answers (with their revision ids) must be equal.
-/// Reproducible bytes for a test (SplitMix64).
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 extension CouchDBInteropTests {
     /// One server under test: JSON requests and raw uploads, with its credentials.
     struct Target {
@@ -37,6 +24,24 @@ extension CouchDBInteropTests {
             defer { connection.close() }
             return try connection.request("PUT", path, headers: headers + [("Content-Type", contentType)], body: bytes)
         }
+    }
+
+    /// Runs `scenario` against the live CouchDB and against a fresh `sofa serve`, each in a
+    /// database of its own, and expects the same lines (the CouchDB database's name is read as
+    /// Sofa's where an answer quotes it). Returns CouchDB's lines.
+    @discardableResult
+    func sideBySide(_ label: String, sourceLocation: SourceLocation = #_sourceLocation,
+                    _ scenario: (Target, String) throws -> [String]) throws -> [String] {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let couchDB = "\(label)-\(UUID().uuidString.prefix(8).lowercased())"
+        let auth = [("Authorization", "Basic " + Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())]
+        let expected = try scenario(Target(port: couch.port, headers: auth), couchDB)
+        let actual = try scenario(Target(port: server.port, headers: []), "\(label)-sofa")
+        #expect(actual.count == expected.count, sourceLocation: sourceLocation)
+        for (mine, theirs) in zip(actual, expected) {
+            #expect(mine == theirs.replacingOccurrences(of: couchDB, with: "\(label)-sofa"), sourceLocation: sourceLocation)
+        }
+        return expected
     }
 
     func revisionIDScenario(_ target: Target, db: String) throws -> [String] {
@@ -77,8 +82,7 @@ extension CouchDBInteropTests {
         // Attachments inline: CouchDB keeps text and JSON compressed and derives from that MD5.
         // Text up to CouchAttachmentMD5's limit (1 MiB) is gzipped for its MD5; 3 MiB of other bytes span three reads.
         let longText = (0..<17_000).map { "line \($0) of a text attachment, \($0 * 7919 % 10007)\n" }.joined()
-        var generator = SplitMix(seed: 7)
-        let noise = Data((0..<(3 << 20)).map { _ in UInt8(truncatingIfNeeded: generator.next()) }).base64EncodedString()
+        let noise = Data((0..<(3 << 20)).map { UInt8(truncatingIfNeeded: ($0 &* 2_654_435_761) >> 13) }).base64EncodedString()
         let attachments: JSONValue = [
             "notes.txt": ["content_type": "text/plain", "data": base64("hello")],
             "raw.bin": ["content_type": "application/octet-stream", "data": base64("hello")],
@@ -120,14 +124,7 @@ extension CouchDBInteropTests {
     }
 
     @Test func revisionIDsAreCouchDBs() throws {
-        let server = try ServedDatabases(["--directory", directory.path])
-        let couchDB = try couch.newDatabase("revids")
-        #expect(try couch.request("DELETE", "/\(couchDB)").status == 200)
-        let auth = [("Authorization", "Basic " + Data("\(couch.user):\(couch.password)".utf8).base64EncodedString())]
-        let expected = try revisionIDScenario(Target(port: couch.port, headers: auth), db: couchDB)
-        let actual = try revisionIDScenario(Target(port: server.port, headers: []), db: "revids-sofa")
-        #expect(actual.count == expected.count)
-        for (mine, theirs) in zip(actual, expected) { #expect(mine == theirs) }
+        let expected = try sideBySide("revids") { try revisionIDScenario($0, db: $1) }
         #expect(expected.filter { $0.contains(": 20") }.count > 30, "\(expected)")
     }
 }
