@@ -48,6 +48,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// no handle), and a new rendering could differ from what the open reads, so a reader
     /// sizing its read by `fstat` (Foundation's `Data(contentsOf:)`) would cut it off.
     var openStatusFiles: [String: (bytes: [UInt8], opens: Int)] = [:]
+    /// The last failures answered to programs (newest last, at most `Tuning.recentFailures`),
+    /// shown in `.sofa/status.json` with their reasons. Guarded by `stateLock`.
+    var recentFailures: [JSONValue] = []
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
     var pendingFiles: [String: WriteHandle] = [:]
     /// Attachments renamed to a scratch name in their own document, by document id and name:
@@ -524,7 +527,23 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             "downloads": [],
         ]
         for (key, value) in statusProvider?() ?? [:] { status[key] = value }
+        status["recent_errors"] = .array(withState { recentFailures })
         return Array(JSONValue.object(status).prettyPrinted().utf8)
+    }
+
+    /// Keeps a failure answered to a program, with its reason, for `.sofa/status.json`: a
+    /// program prints only the errno's words ("Permission denied"); the reason (a validator's,
+    /// a full disk's, a server that did not answer) is here and in the log.
+    public func failed(_ operation: String, path: String, errno code: Int32, reason: String) {
+        let entry: JSONValue = [
+            "time": .string(ISO8601DateFormatter().string(from: Date())),
+            "operation": .string(operation), "path": .string(path),
+            "error": .string(String(cString: strerror(code))), "reason": .string(reason),
+        ]
+        withState {
+            recentFailures.append(entry)
+            if recentFailures.count > Tuning.recentFailures { recentFailures.removeFirst(recentFailures.count - Tuning.recentFailures) }
+        }
     }
 
     // MARK: - Statistics, times, xattrs

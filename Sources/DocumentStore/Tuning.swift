@@ -35,6 +35,10 @@ public enum Tuning {
     /// Bodies written byte by byte have no such limit (they are hashed as they arrive).
     public static let maximumTruncatedSize: Int64 = 4 << 30
 
+    /// Failures a mount keeps for `.sofa/status.json` (the newest): enough to find the one a
+    /// program just reported, few enough that the file stays a glance.
+    public static let recentFailures = 20
+
     /// How long an attachment renamed to a scratch name in its own document (an editor's
     /// backup, `gio copy -b`) waits for the new file at its name before its removal is saved:
     /// "rename to backup, write the new file" is then one revision, not two.

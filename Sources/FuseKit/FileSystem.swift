@@ -195,4 +195,13 @@ public protocol FileSystem: AnyObject, Sendable {
     func setTimes(_ path: String, accessed: timespec?, modified: timespec?) throws
     /// `chmod`: the permission bits (`mode & 0o7777`). `chown` is accepted and ignored.
     func setPermissions(_ path: String, _ permissions: UInt32) throws
+
+    /// An operation failed and `errno` went back to the program: told once, where it is
+    /// answered (and logged), so the file system can show the reason where a user looks.
+    /// Only failures worth a user's notice come here: not "no such file" and its kind.
+    func failed(_ operation: String, path: String, errno: Int32, reason: String)
+}
+
+extension FileSystem {
+    public func failed(_ operation: String, path: String, errno: Int32, reason: String) {}
 }

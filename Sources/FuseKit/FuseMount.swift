@@ -256,6 +256,7 @@ private func answer(_ request: fuse_req_t?, _ operation: String? = nil, _ ino: f
         let words = String(cString: strerror(code)), account = "\(error)"
         let detail = account == words ? "" : " (\(account))"
         fuseLog.log(level: level, "\(operation) \(path): \(words)\(detail)")
+        if level != .debug { box.fileSystem.failed(operation, path: path, errno: code, reason: account) }
     }
 }
 

@@ -560,6 +560,11 @@ import TestSupport
         let reason = try String(contentsOfFile: mount.path("docs/doc/properties.rejected.txt"), encoding: .utf8)
         #expect(reason.contains("Document must have an address."), "\(reason)")
         #expect(mount.log.contains("Document must have an address."), "\(mount.log)")
+        // The reason is in the mount's status file too, beside the errno the program printed.
+        let status = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: mount.path(".sofa/status.json")))))
+        let failure = try #require(status["recent_errors"]?.arrayValue?.last, "\(status)")
+        #expect(failure["path"] == "/docs/doc/properties.json" && failure["error"] == "Permission denied", "\(failure)")
+        #expect(failure["reason"]?.stringValue?.contains("Document must have an address.") == true, "\(failure)")
         // A save the validator allows goes through and clears them.
         try sh("printf '{\"address\": \"there\"}' > \(file)")
         #expect(try document(db, "doc")?.properties == ["address": "there"])
