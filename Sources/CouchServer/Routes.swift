@@ -126,6 +126,7 @@ extension CouchServer {
         }
         switch rest[0] {
         case "_all_docs": try await allDocs(request, db)
+        case "_design_docs": try await allDocs(request, db, designOnly: true)
         case "_changes": try await changes(request, db)
         case "_revs_diff": try await revsDiff(request, db)
         case "_missing_revs": try await missingRevs(request, db)
@@ -199,7 +200,7 @@ extension CouchServer {
         "_config", "_utils", "_reshard", "_search_analyze", "_system", "_prometheus",
     ]
     static let unimplementedDatabaseEndpoints: Set<String> = [
-        "_purged_infos", "_design_docs",
+        "_purged_infos",
         "_shards", "_sync_shards", "_partition", "_view_cleanup_all",
     ]
 
@@ -399,7 +400,9 @@ extension CouchServer {
     }
 
     /// `GET /{db}/_all_docs`: live documents in id order.
-    private func allDocs(_ request: Request, _ db: Database) async throws {
+    /// `_all_docs`, or `_design_docs` (`designOnly`: the ids from `_design/` to `_design0`,
+    /// counted among themselves), as CouchDB answers them.
+    private func allDocs(_ request: Request, _ db: Database, designOnly: Bool = false) async throws {
         var keys: [String]?
         switch request.method {
         case .GET, .HEAD:
@@ -414,15 +417,27 @@ extension CouchServer {
         let descending = request.flag("descending")
         let limit = try request.intQuery("limit") ?? Int.max
         let skip = try request.intQuery("skip") ?? 0
-        let startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
+        var startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
         let endKey = try (request.jsonQuery("endkey") ?? request.jsonQuery("end_key"))?.stringValue
         let inclusiveEnd = request.flag("inclusive_end", default: true)
+        // The design documents' ids lie from `_design/` up to `_design0` ('0' follows '/').
+        let range: (lower: String, upper: String)? = designOnly ? ("_design/", "_design0") : nil
+        if let range, !descending, startKey.map({ $0 < range.lower }) ?? true { startKey = range.lower }
+        func inRange(_ id: String) -> Bool { range.map { id >= $0.lower && id < $0.upper } ?? true }
 
         let response = request.response
         try await response.start(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"])
-        let total = try await blocking { try db.counts().documents }
+        let (total, before) = try await blocking { [startKey] () -> (Int, Int) in
+            let total = try range.map { try db.liveDocumentCount(from: $0.lower, below: $0.upper) } ?? db.counts().documents
+            // CouchDB's offset: the rows before the start in the listing's direction, then those skipped.
+            guard let startKey else { return (total, 0) }
+            let below = try db.liveDocumentCount(from: range?.lower, below: min(startKey, range?.upper ?? startKey))
+            let upTo = try db.liveDocumentCount(from: range?.lower, below: range.map { min(startKey + "\u{0}", $0.upper) } ?? startKey + "\u{0}")
+            return (total, descending ? total - upTo : below)
+        }
         // As CouchDB: with `keys` there is no offset into the index.
-        try await response.write("{\"total_rows\":\(total),\"offset\":\(keys == nil ? String(skip) : "null"),\"rows\":[\r\n")
+        let offset = keys == nil ? String(before + skip) : "null"
+        try await response.write("{\"total_rows\":\(total),\"offset\":\(offset),\"rows\":[\r\n")
         var first = true
         func emit(_ row: JSONValue) async throws {
             try await response.write((first ? "" : ",\r\n") + row.jsonString())
@@ -482,6 +497,11 @@ extension CouchServer {
                 cursor = page.last?.docID
                 for summary in page {
                     if descending, let startKey, summary.docID > startKey { continue }
+                    if !inRange(summary.docID) {
+                        // Past the range in the listing's direction ends it; before it is passed over.
+                        if let range, descending ? summary.docID < range.lower : summary.docID >= range.upper { break pages }
+                        continue
+                    }
                     if let endKey {
                         let beyond = descending
                             ? (inclusiveEnd ? summary.docID < endKey : summary.docID <= endKey)

@@ -59,6 +59,15 @@ extension Database {
     /// databases can be listed page by page.
     /// With `including`, the listing starts at `afterID` itself when it exists.
     /// With `countingConflicts`, each summary's `conflictCount` too (a look at the document's leaves).
+    /// How many live documents have ids from `lower` (included) up to `upper` (excluded);
+    /// nil is no bound. CouchDB's `offset` of `_all_docs` counts them.
+    public func liveDocumentCount(from lower: String? = nil, below upper: String? = nil) throws -> Int {
+        try read { connection in
+            try connection.query("SELECT count(*) FROM docs WHERE deleted = 0 AND doc_id >= ? AND (? OR doc_id < ?)",
+                                 .text(lower ?? ""), SQLValue(upper == nil), .text(upper ?? "")) { $0.int(0) }[0]
+        }
+    }
+
     public func documents(after afterID: String? = nil, including: Bool = false, offset: Int = 0, limit: Int = Int.max,
                           includeDeleted: Bool = false, countingConflicts: Bool = false) throws -> [DocumentSummary] {
         // The bound stands alone (`doc_id >= ?`): inside an OR it made SQLite scan the index

@@ -45,6 +45,21 @@ extension CouchDBInteropTests {
             let explained = try request("POST", "/\(db)/_explain", ["selector": try JSONParser.parse(Array(selector.utf8))])
             seen.append("explain \(selector): \(explained.status) " + (explained.json?["selector"] ?? .null).jsonString(.canonical))
         }
+        // _all_docs' offset (the rows before the start key, then those skipped) and _design_docs,
+        // in a one-shard database (a clustered CouchDB's _design_docs offset depends on its shards).
+        let listed = "\(db)-listed"
+        _ = try request("PUT", "/\(listed)?q=1")
+        _ = try request("POST", "/\(listed)/_bulk_docs", ["docs": [["_id": "a"], ["_id": "b"], ["_id": "c"], ["_id": "d"],
+                                                                  ["_id": "_design/x"], ["_id": "_design/y"], ["_id": "gone"]]])
+        let gone = try request("GET", "/\(listed)/gone").json?["_rev"]?.stringValue ?? ""
+        _ = try request("DELETE", "/\(listed)/gone?rev=\(gone)")
+        for query in ["startkey=%22c%22", "startkey=%22c%22&skip=1", "descending=true&startkey=%22b%22", "endkey=%22b%22",
+                      "skip=2&limit=1", "startkey=%22bb%22&limit=1", "descending=true&startkey=%22zz%22&limit=1"] {
+            record("_all_docs \(query)", try request("GET", "/\(listed)/_all_docs?\(query)"))
+        }
+        for query in ["", "skip=1", "limit=1", "include_docs=true", "startkey=%22_design/y%22", "endkey=%22_design/x%22"] {
+            record("_design_docs \(query)", try request("GET", "/\(listed)/_design_docs?\(query)"))
+        }
         for bad in ["0", "-1", "1.5", "abc"] {
             record("PUT q=\(bad)", try request("PUT", "/\(db)-bad?q=\(bad)"))
             seen.append("q=\(bad) made nothing: \(try request("GET", "/\(db)-bad").status)")
