@@ -127,6 +127,7 @@ extension CouchServer {
         switch rest[0] {
         case "_all_docs": try await allDocs(request, db)
         case "_design_docs": try await allDocs(request, db, designOnly: true)
+        case "_local_docs": try await localDocs(request, db)
         case "_changes": try await changes(request, db)
         case "_revs_diff": try await revsDiff(request, db)
         case "_missing_revs": try await missingRevs(request, db)
@@ -400,6 +401,51 @@ extension CouchServer {
     }
 
     /// `GET /{db}/_all_docs`: live documents in id order.
+    /// `GET /{db}/_local_docs` (and `POST` with `keys`): the `_local` documents, as CouchDB
+    /// lists them (`total_rows` and `offset` null; `include_docs`, `startkey`/`endkey`,
+    /// `descending`, `skip`, `limit`).
+    private func localDocs(_ request: Request, _ db: Database) async throws {
+        var keys: [String]?
+        switch request.method {
+        case .GET, .HEAD: keys = try request.jsonQuery("keys")?.arrayValue?.compactMap(\.stringValue)
+        case .POST: keys = try await request.body.json(limit: ServerTuning.jsonBody)["keys"]?.arrayValue?.compactMap(\.stringValue)
+        default: throw HTTPError.methodNotAllowed
+        }
+        let includeDocs = request.flag("include_docs")
+        let descending = request.flag("descending")
+        let limit = try request.intQuery("limit") ?? Int.max
+        let skip = try request.intQuery("skip") ?? 0
+        let startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
+        let endKey = try (request.jsonQuery("endkey") ?? request.jsonQuery("end_key"))?.stringValue
+        let inclusiveEnd = request.flag("inclusive_end", default: true)
+        let rows = try await blocking { [keys] () -> [JSONValue] in
+            var ids = try keys ?? db.localDocumentIDs().sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            if keys == nil {
+                if descending { ids.reverse() }
+                ids = ids.filter { id in
+                    let afterStart = startKey.map { descending ? id <= $0 : id >= $0 } ?? true
+                    let beforeEnd = endKey.map { descending ? (inclusiveEnd ? id >= $0 : id > $0) : (inclusiveEnd ? id <= $0 : id < $0) } ?? true
+                    return afterStart && beforeEnd
+                }
+            } else if descending {
+                ids.reverse()
+            }
+            return try ids.dropFirst(skip).prefix(limit).map { id in
+                guard let document = try db.localDocument(withID: id) else { return ["key": .string(id), "error": "not_found"] }
+                var row: JSONObject = ["id": .string(id), "key": .string(id), "value": ["rev": .string(document.rev)]]
+                if includeDocs {
+                    var doc: JSONObject = ["_id": .string(id), "_rev": .string(document.rev)]
+                    for (key, value) in document.body { doc[key] = value }
+                    row["doc"] = .object(doc)
+                }
+                return .object(row)
+            }
+        }
+        let body = "{\"total_rows\":null,\"offset\":null,\"rows\":[\r\n" + rows.map { $0.jsonString() }.joined(separator: ",\r\n") + "\r\n]}\n"
+        try await request.response.send(.ok, headers: ["Content-Type": "application/json", "Cache-Control": "must-revalidate"],
+                                        body: Array(body.utf8))
+    }
+
     /// `_all_docs`, or `_design_docs` (`designOnly`: the ids from `_design/` to `_design0`,
     /// counted among themselves), as CouchDB answers them.
     private func allDocs(_ request: Request, _ db: Database, designOnly: Bool = false) async throws {

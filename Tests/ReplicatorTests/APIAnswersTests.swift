@@ -60,6 +60,13 @@ extension CouchDBInteropTests {
         for query in ["", "skip=1", "limit=1", "include_docs=true", "startkey=%22_design/y%22", "endkey=%22_design/x%22"] {
             record("_design_docs \(query)", try request("GET", "/\(listed)/_design_docs?\(query)"))
         }
+        for (id, body) in [("_local/b", ["n": 1]), ("_local/a", ["n": 2]), ("_local/c", [:])] as [(String, JSONValue)] {
+            _ = try request("PUT", "/\(listed)/\(id)", body)
+        }
+        for query in ["", "include_docs=true", "descending=true", "skip=1&limit=1", "startkey=%22_local/b%22", "endkey=%22_local/b%22&inclusive_end=false"] {
+            seen.append("_local_docs \(query): " + (try request("GET", "/\(listed)/_local_docs?\(query)")).text)
+        }
+        record("_local_docs keys", try request("POST", "/\(listed)/_local_docs", ["keys": ["_local/c", "_local/none", "_local/a"]]))
         for bad in ["0", "-1", "1.5", "abc"] {
             record("PUT q=\(bad)", try request("PUT", "/\(db)-bad?q=\(bad)"))
             seen.append("q=\(bad) made nothing: \(try request("GET", "/\(db)-bad").status)")
