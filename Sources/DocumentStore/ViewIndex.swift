@@ -94,8 +94,14 @@ extension Database {
 
     /// Brings the index of `definition` up to the database's current sequence; returns its
     /// id and the sequence it reflects.
+    /// A database on a read-only medium (a pre-built one shipped with an application) answers
+    /// from the index it was shipped with, and cannot build one it lacks.
     @discardableResult
     public func updateViewIndex(_ definition: ViewDefinition) throws -> (id: Int64, sequence: Int64) {
+        if isReadOnly {
+            guard let state = try viewIndexState(definition) else { throw SofaError.readOnlyFileSystem(path: path) }
+            return state
+        }
         let lock = viewLocks.withLock { locks in
             if let lock = locks[definition.designID] { return lock }
             let lock = NSLock()

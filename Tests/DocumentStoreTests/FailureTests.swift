@@ -88,3 +88,37 @@ import TestSupport
         #expect(try reopened.check().isEmpty)
     }
 }
+
+extension FailureTests {
+    /// A pre-built database on a read-only medium answers its views from the index it was
+    /// shipped with, and says why it cannot build one it lacks.
+    @Test func aReadOnlyDatabaseAnswersFromTheViewIndexItHas() throws {
+        #expect(isRoot, "this test uses a bind mount and needs root")
+        let db = try directory.makeDatabase()
+        for i in 0..<5 {
+            var draft = try db.newRevision(of: "d\(i)")
+            draft.properties = ["n": .integer(Int64(i))]
+            try db.save(draft)
+        }
+        var design = try db.newRevision(of: "_design/shipped")
+        design.properties = ["views": ["n": ["map": "function (doc) { emit(doc.n, null); }"]]]
+        try db.save(design)
+        var other = try db.newRevision(of: "_design/unbuilt")
+        other.properties = ["views": ["m": ["map": "function (doc) { emit(doc._id, null); }"]]]
+        try db.save(other)
+        let shipped = try #require(try db.viewDefinition("_design/shipped"))
+        let built = try db.updateViewIndex(shipped)
+        _ = try db.compact()
+        try mount("mount --bind \(db.path) \(db.path) && mount -o remount,bind,ro \(db.path)")
+        defer { _ = try? shell("umount \(db.path)") }
+        let readOnly = try Database.open(at: db.path)
+        #expect(readOnly.isReadOnly)
+        let state = try readOnly.updateViewIndex(try #require(try readOnly.viewDefinition("_design/shipped")))
+        #expect(state.sequence == built.sequence)
+        #expect(try readOnly.viewRows(index: state.id, view: 0, range: ViewRange(), skip: 0, limit: 10).rows.map(\.docID)
+                == ["d0", "d1", "d2", "d3", "d4"])
+        #expect(throws: SofaError.readOnlyFileSystem(path: readOnly.path)) {
+            try readOnly.updateViewIndex(try #require(try readOnly.viewDefinition("_design/unbuilt")))
+        }
+    }
+}

@@ -276,3 +276,56 @@ extension CouchDBInteropTests {
         #expect(expected.filter { $0.contains(": 20") }.count > 8, "\(expected)")
     }
 }
+
+extension CouchDBInteropTests {
+    /// Readers query a view while a writer adds, changes and deletes documents: every answer
+    /// is a consistent count (never a document twice, never one that was deleted before the
+    /// query began), and once the writer is done the view holds exactly what the database does.
+    @Test func viewsStayRightUnderConcurrentWrites() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let target = Target(port: server.port, headers: [])
+        #expect(try target.json("PUT", "/busy").status == 201)
+        #expect(try target.json("PUT", "/busy/_design/v", ["views": ["n": ["map": "function (doc) { if (doc.n !== undefined) emit(doc.n % 10, 1); }",
+                                                                           "reduce": "_count"]]]).status == 201)
+        let failures = Locked<[String]>([])
+        let writerDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            do {
+                for batch in 0..<20 {
+                    let docs: [JSONValue] = (0..<50).map { ["_id": .string("d\(batch * 50 + $0)"), "n": .integer(Int64(batch * 50 + $0))] }
+                    guard try target.json("POST", "/busy/_bulk_docs", ["docs": .array(docs)]).status == 201 else { throw TestFailure("bulk \(batch)") }
+                    // Every fifth document of the previous batch changes its key; every seventh goes.
+                    if batch > 0 {
+                        for i in stride(from: (batch - 1) * 50, to: batch * 50, by: 5) {
+                            let current = try target.json("GET", "/busy/d\(i)")
+                            guard let rev = current.json?["_rev"]?.stringValue else { continue }
+                            if i % 7 == 0 {
+                                _ = try target.json("DELETE", "/busy/d\(i)?rev=\(rev)")
+                            } else {
+                                _ = try target.json("PUT", "/busy/d\(i)", ["_rev": .string(rev), "n": .integer(Int64(i + 1))])
+                            }
+                        }
+                    }
+                }
+            } catch { failures.withLock { $0.append("writer: \(error)") } }
+            writerDone.signal()
+        }
+        var queries = 0
+        while writerDone.wait(timeout: .now()) == .timedOut {
+            let answer = try target.json("GET", "/busy/_design/v/_view/n?reduce=false")
+            let ids = (answer.json?["rows"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue }
+            if answer.status != 200 || Set(ids).count != ids.count || answer.json?["total_rows"]?.int64Value != Int64(ids.count) {
+                failures.withLock { $0.append("query \(queries): \(answer.status), \(ids.count) rows, \(Set(ids).count) ids") }
+            }
+            queries += 1
+        }
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        #expect(queries > 3, "the readers ran while the writer wrote (\(queries) queries)")
+        let all = try target.json("GET", "/busy/_all_docs")
+        let live = (all.json?["rows"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue }.filter { !$0.hasPrefix("_design/") }
+        let viewed = try target.json("GET", "/busy/_design/v/_view/n?reduce=false")
+        #expect(Set((viewed.json?["rows"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue }) == Set(live))
+        let counted = try target.json("GET", "/busy/_design/v/_view/n")
+        #expect(counted.json?["rows"]?[0]?["value"]?.int64Value == Int64(live.count), "\(counted.text)")
+    }
+}
