@@ -92,6 +92,9 @@ extension CouchDBInteropTests {
                 == ["once:completed", "live:running"], "\(docs)")
         #expect(try http.json("PUT", "/served/later", ["late": true]).status == 201)
         #expect(try waitUntil(30) { try couch.request("GET", "/\(live)/later").status == 200 })
+        // The pass that carried it has ended (a pass under way finishes after a stop, and takes
+        // what was written meanwhile: "after" below would race it).
+        #expect(try waitUntil(30) { try http.json("GET", "/_active_tasks").json?[0]?["state"] == "idle" })
         let rev = try #require(created.json?["rev"]?.stringValue)
         #expect(try http.json("DELETE", "/_replicator/live?rev=\(rev)").status == 200)
         #expect(try waitUntil(30) { try http.json("GET", "/_active_tasks").json == [] })
