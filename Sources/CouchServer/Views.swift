@@ -214,7 +214,8 @@ extension CouchServer {
                 range.startKey = key
                 range.endKey = key
                 range.descending = query.range.descending
-                let (before, rows) = try db.viewRows(index: state.id, view: position, range: range, skip: 0, limit: Int.max)
+                let (before, rows) = try db.viewRows(index: state.id, view: position, range: range, skip: 0, limit: Int.max,
+                                                     countingOffset: index == 0)
                 if index == 0 { offset = before }  // CouchDB's: the rows before the first key
                 all += rows
             }
@@ -278,7 +279,7 @@ extension CouchServer {
                 range.startKey = key
                 range.endKey = key
                 range.descending = query.range.descending
-                let rows = try db.viewRows(index: indexID, view: position, range: range, skip: 0, limit: Int.max).rows
+                let rows = try db.viewRows(index: indexID, view: position, range: range, skip: 0, limit: Int.max, countingOffset: false).rows
                 if level == nil {
                     add(rows)  // without grouping, one row for all the keys' rows
                 } else if !rows.isEmpty {
@@ -286,7 +287,7 @@ extension CouchServer {
                 }
             }
         } else {
-            add(try db.viewRows(index: indexID, view: position, range: query.range, skip: 0, limit: Int.max).rows)
+            add(try db.viewRows(index: indexID, view: position, range: query.range, skip: 0, limit: Int.max, countingOffset: false).rows)
         }
         let source = view.reduce ?? "_count"
         return try groups.dropFirst(query.skip).prefix(query.limit).map { group in

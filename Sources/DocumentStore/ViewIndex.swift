@@ -314,8 +314,10 @@ extension Database {
     }
 
     /// Rows of a view in `range`, in its direction, after skipping `skip`, at most `limit`; and
-    /// the offset of the first (rows before it in that direction).
-    public func viewRows(index indexID: Int64, view: Int, range: ViewRange, skip: Int, limit: Int) throws -> (offset: Int, rows: [ViewRow]) {
+    /// the offset of the first (rows before it in that direction), unless `countingOffset` is
+    /// false (a reduce needs none, and counting reads the range twice more).
+    public func viewRows(index indexID: Int64, view: Int, range: ViewRange, skip: Int, limit: Int,
+                         countingOffset: Bool = true) throws -> (offset: Int, rows: [ViewRow]) {
         try read { connection in
             var conditions: [String] = []
             var arguments: [SQLValue] = [.integer(indexID), SQLValue(view)]
@@ -344,6 +346,7 @@ extension Database {
                 """, arguments + [SQLValue(min(limit, Int(Int64.max))), SQLValue(skip)]) { row in
                 ViewRow(key: try JSONParser.parse(row.bytes(0)), docID: row.text(1), value: try JSONParser.parse(row.bytes(2)))
             }
+            guard countingOffset else { return (0, rows) }
             // The offset: rows before the range's start in this direction, plus those skipped.
             var before = 0
             if let start = range.startKey {
