@@ -130,7 +130,7 @@ extension CouchServer {
                 "view_index": [
                     "updates_pending": ["minimum": 0, "preferred": 0, "total": 0],
                     "waiting_commit": false, "waiting_clients": 0, "updater_running": false, "update_seq": .integer(state?.sequence ?? 0),
-                    "sizes": ["file": 0, "external": 0, "active": 0], "signature": .string(definitionSignature(definition)),
+                    "sizes": ["file": 0, "external": 0, "active": 0], "signature": .string(definition.signature),
                     "purge_seq": 0, "language": "javascript", "compact_running": false,
                 ],
             ])
@@ -141,11 +141,6 @@ extension CouchServer {
         default:
             throw HTTPError.notImplemented("\(path.first ?? "") (design document functions other than views, shows, lists and updates)")
         }
-    }
-
-    private func definitionSignature(_ definition: ViewDefinition) -> String {
-        BlobKey.hexString(MessageDigest.hash(.md5, Array(definition.views.map { "\($0.name)\u{0}\($0.map)\u{0}\($0.reduce ?? "")" }
-            .joined(separator: "\u{1}").utf8)))
     }
 
     /// A view's answer as CouchDB lays it out.
@@ -210,11 +205,8 @@ extension CouchServer {
             var all: [ViewRow] = []
             var offset = 0
             for (index, key) in keys.enumerated() {
-                var range = ViewRange()
-                range.startKey = key
-                range.endKey = key
-                range.descending = query.range.descending
-                let (before, rows) = try db.viewRows(index: state.id, view: position, range: range, skip: 0, limit: Int.max,
+                let (before, rows) = try db.viewRows(index: state.id, view: position, range: .key(key, descending: query.range.descending),
+                                                     skip: 0, limit: Int.max,
                                                      countingOffset: index == 0)
                 if index == 0 { offset = before }  // CouchDB's: the rows before the first key
                 all += rows
@@ -275,11 +267,8 @@ extension CouchServer {
         }
         if let keys = query.keys {
             for key in keys {
-                var range = ViewRange()
-                range.startKey = key
-                range.endKey = key
-                range.descending = query.range.descending
-                let rows = try db.viewRows(index: indexID, view: position, range: range, skip: 0, limit: Int.max, countingOffset: false).rows
+                let rows = try db.viewRows(index: indexID, view: position, range: .key(key, descending: query.range.descending),
+                                           skip: 0, limit: Int.max, countingOffset: false).rows
                 if level == nil {
                     add(rows)  // without grouping, one row for all the keys' rows
                 } else if !rows.isEmpty {

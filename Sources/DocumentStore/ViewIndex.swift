@@ -16,7 +16,7 @@ public struct ViewDefinition: Sendable {
     let library: JSONValue
     let includeDesign: Bool
     /// What the index depends on: the rows are made again when it changes.
-    let signature: String
+    public let signature: String
 
     /// The views of `_design/…` `designID` with the properties `body`; nil when it has none.
     public init?(designID: String, body: JSONObject) {
@@ -57,6 +57,15 @@ public struct ViewRange: Sendable {
     public var descending = false
 
     public init() {}
+
+    /// The rows of one key, in `descending` order of document id.
+    public static func key(_ key: JSONValue, descending: Bool) -> ViewRange {
+        var range = ViewRange()
+        range.startKey = key
+        range.endKey = key
+        range.descending = descending
+        return range
+    }
 }
 
 /// Views' indexes: rows in SQLite (`view_indexes`, `view_rows`), keyed by CouchDB's collation
@@ -98,10 +107,9 @@ extension Database {
     /// from the index it was shipped with, and cannot build one it lacks.
     @discardableResult
     public func updateViewIndex(_ definition: ViewDefinition) throws -> (id: Int64, sequence: Int64) {
-        if isReadOnly {
-            guard let state = try viewIndexState(definition) else { throw SofaError.readOnlyFileSystem(path: path) }
-            return state
-        }
+        // An index that is current is answered from a read: no write lock for a query.
+        if let state = try viewIndexState(definition), try isReadOnly || state.sequence >= lastSequence { return state }
+        if isReadOnly { throw SofaError.readOnlyFileSystem(path: path) }
         let lock = viewLocks.withLock { locks in
             if let lock = locks[definition.designID] { return lock }
             let lock = NSLock()
