@@ -234,7 +234,6 @@ private func context(_ request: fuse_req_t?) -> Box {
     Unmanaged<Box>.fromOpaque(fuse_req_userdata(request)!).takeUnretainedValue()
 }
 
-/// Runs `body`, which replies on success; a thrown error is replied as its errno.
 /// Runs one request and answers its error, if any. A failed `operation` (nil for lookups and
 /// reads of attributes, which fail all the time by design) is logged with its path and reason:
 /// expected answers (ENOENT, EEXIST…) at debug level, other refusals at notice, failures at error.
@@ -246,7 +245,9 @@ private func answer(_ request: fuse_req_t?, _ operation: String? = nil, _ ino: f
     } catch {
         let known = error as? ErrnoConvertible
         let code = known?.errno ?? EIO
-        fuse_reply_err(request, code)
+        // Recorded before the reply: a program that reads the status file right after its
+        // call failed finds the failure there.
+        defer { fuse_reply_err(request, code) }
         guard let operation else { return }
         // The inode's path now, for the log: nil when the kernel's inode is gone meanwhile.
         let path = (try? name.map { try box.path(ino, $0) } ?? box.path(ino)) ?? "inode \(ino)"
