@@ -31,6 +31,8 @@ extension DocumentFileSystem {
             let target = scratchPath(id, relative)
             try makeParents(of: target)
             guard mkdir(target, 0o755) == 0 else { throw SofaError.system("mkdir", path: target, errno: errno) }
+        case .view:
+            throw MountError.readOnly(path, why: .view)
         default:
             throw try attributesIfPresent(of: path) != nil ? MountError.exists(path) : MountError.cannotMakeFolder(path)
         }
@@ -101,6 +103,8 @@ extension DocumentFileSystem {
             throw MountError.busy(path, why: "the mount's own folders stay")
         case .properties, .statusFile, .conflictProperties:
             throw MountError.notFolder(path)
+        case .view:
+            throw MountError.readOnly(path, why: .view)
         }
     }
 
@@ -181,7 +185,7 @@ extension DocumentFileSystem {
             guard try conflictRevision(id, rev) != nil else { throw MountError.notFound(path) }
         case .scratch(let id, let relative):
             guard Glibc.unlink(scratchPath(id, relative)) == 0 else { throw SofaError.system("unlink", path: scratchPath(id, relative), errno: errno) }
-        case .statusFile:
+        case .statusFile, .view:
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
             throw MountError.isFolder(path)

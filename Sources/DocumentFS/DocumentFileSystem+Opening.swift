@@ -61,6 +61,11 @@ extension DocumentFileSystem {
             let fd = Glibc.open(scratchPath(id, relative), (flags & ~O_CREAT) | O_CLOEXEC)
             guard fd >= 0 else { throw SofaError.system("open", path: scratchPath(id, relative), errno: errno) }
             return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
+        case .view(let view) where view.isReduceFile:
+            return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: try reduced(view, path: path))), directIO: true, noFlush: true)
+        case .view(let view):
+            _ = try viewAttributes(view, path: path)
+            throw MountError.isFolder(path)
         case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
             throw MountError.isFolder(path)
         }
@@ -146,7 +151,7 @@ extension DocumentFileSystem {
             let fd = Glibc.open(target, flags | O_CREAT | O_CLOEXEC, mode_t(permissions))
             guard fd >= 0 else { throw SofaError.system("open", path: target, errno: errno) }
             return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
-        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory:
+        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory, .view:
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         case .root, .docs, .document:
             throw MountError.notWritableHere(path)
@@ -157,6 +162,7 @@ extension DocumentFileSystem {
     static func readOnlyReason(_ node: Node) -> MountError.ReadOnlyReason {
         switch node {
         case .statusFile, .statusDirectory: .status
+        case .view: .view
         default: .conflict
         }
     }
@@ -164,7 +170,7 @@ extension DocumentFileSystem {
     func checkWritable(_ node: Node, path: String) throws {
         if readOnly { throw MountError.readOnly(path, why: .mount) }
         switch node {
-        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory:
+        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory, .view:
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         default: return
         }

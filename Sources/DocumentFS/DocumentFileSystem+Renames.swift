@@ -13,6 +13,9 @@ extension DocumentFileSystem {
     public func rename(_ from: String, to: String, flags: UInt32) throws {
         guard let source = Node(path: from), let target = Node(path: to) else { throw MountError.notFound(Node(path: from) == nil ? from : to) }
         guard !readOnly else { throw MountError.readOnly(from, why: .mount) }
+        for (node, path) in [(source, from), (target, to)] {
+            if case .view = node { throw MountError.readOnly(path, why: .view) }
+        }
         guard flags & renameExchange == 0 else { throw MountError.invalidArgument(from, why: "RENAME_EXCHANGE is not supported") }
         let noReplace = flags & renameNoReplace != 0
         if noReplace, try attributesIfPresent(of: to) != nil { throw MountError.exists(to) }

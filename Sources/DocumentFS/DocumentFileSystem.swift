@@ -5,6 +5,7 @@
 /// /docs/<id>/attachments/<name>       one file per attachment ('/' in a name = subfolders)
 /// /docs/<id>/conflicts/<rev>/…        losing branches (read-only; rm -r resolves)
 /// /docs/<id>/<anything else>          scratch files: local only, never replicated
+/// /views/<ddoc>/<view>/<key>/<id>    a view's rows: links to their documents (read-only)
 /// /.sofa/status.json                  read-only status
 /// ```
 ///
@@ -51,6 +52,14 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// The last failures answered to programs (newest last, at most `Tuning.recentFailures`),
     /// shown in `.sofa/status.json` with their reasons. Guarded by `stateLock`.
     var recentFailures: [JSONValue] = []
+    /// Where the listing of each view folder read last stopped, to go on from there through the
+    /// index (`DocumentFileSystem+Views.swift`). Guarded by `stateLock`.
+    var viewListings: [String: ViewListingCursor] = [:]
+    /// Views as last opened, valid while the database's sequence is theirs. Guarded by `stateLock`.
+    var openViews: [ViewKey: OpenView] = [:]
+    /// `_reduce.json` files as last computed, by path, with the index sequence they reflect.
+    /// Guarded by `stateLock`.
+    var reducedFiles: [String: (sequence: Int64, bytes: [UInt8])] = [:]
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
     var pendingFiles: [String: WriteHandle] = [:]
     /// Attachments renamed to a scratch name in their own document, by document id and name:
@@ -325,7 +334,14 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             return try scratchAttributes(scratchPath(id, relative))
+        case .view(let view):
+            return try viewAttributes(view, path: path)
         }
+    }
+
+    public func readLink(_ path: String) throws -> String {
+        guard case .view(let view) = Node(path: path) else { throw MountError.invalidArgument(path, why: "not a symbolic link") }
+        return try viewLinkTarget(view, path: path)
     }
 
     public func attributes(ofHandle number: UInt64) throws -> FileAttributes {
@@ -370,6 +386,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                       DirectoryEntry(name: "..", position: ListingPosition.dotDot)] where entry.position > position {
             guard add(entry) else { return }
         }
+        if case .view(let view) = node { return try listView(view, path: path, after: position, add: add) }
         if node == .docs, position < ListingPosition.firstName {
             var after = ListingPosition.documentKey(after: position)
             while true {
@@ -393,6 +410,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         switch node {
         case .root:
             return [named("docs", attributes: directory(mountTime)),
+                    named(Node.viewsDirectoryName, attributes: directory(mountTime, writable: false)),
                     named(Node.statusDirectoryName, attributes: directory(mountTime, writable: false))]
                 + (try scratchEntries(scratchDirectory(Node.rootScratchID))).filter { Node.isRootScratchName($0.name) }
         case .docs:
@@ -482,6 +500,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return try scratchEntries(scratchPath(id, relative))
         case .properties, .statusFile, .conflictProperties:
             throw MountError.notFolder(path)
+        case .view:
+            return []  // listed a page at a time (listView)
         }
     }
 
@@ -510,7 +530,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     /// An entry of a folder but "." and "..", at the position of its name.
-    private func named(_ name: String, attributes: FileAttributes? = nil) -> DirectoryEntry {
+    func named(_ name: String, attributes: FileAttributes? = nil) -> DirectoryEntry {
         DirectoryEntry(name: name, attributes: attributes, position: ListingPosition.name(name))
     }
 

@@ -56,6 +56,7 @@ public enum MountError: Error, CustomStringConvertible {
         case mount = "the database is mounted read-only"
         case conflict = "conflicting revisions are read-only (rm -r resolves one)"
         case status = "status files are read-only"
+        case view = "views are read-only: they follow the documents"
     }
 
     /// The mount path the error is about.

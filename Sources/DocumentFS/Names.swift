@@ -41,6 +41,8 @@ enum Node: Equatable {
     case conflictAttachment(String, rev: String, name: String)
     /// Any other file in a document folder: kept on local disk, never replicated.
     case scratch(String, relative: String)
+    /// `views/` and below: design documents' views as folders (`DocumentFileSystem+Views.swift`).
+    case view(ViewNode)
 
     static let propertiesFileName = "properties.json"
     static let attachmentsDirectoryName = "attachments"
@@ -61,6 +63,7 @@ enum Node: Equatable {
         folder.isEmpty ? !isInBlobs(name) : name.hasPrefix(folder + "/")
     }
     static let statusDirectoryName = ".sofa"
+    static let viewsDirectoryName = "views"
 
     /// The scratch space of the mount's root, as the scratch folder of a document id no
     /// document can have: desktop trash folders (`.Trash-UID`, `.Trash`) live there.
@@ -86,6 +89,11 @@ enum Node: Equatable {
             case 2: self = .statusFile(parts[1])
             default: return nil
             }
+            return
+        }
+        if first == Node.viewsDirectoryName {
+            guard let view = ViewNode(Array(parts[1...])) else { return nil }
+            self = .view(view)
             return
         }
         guard first == "docs" else { return nil }
@@ -137,7 +145,7 @@ enum Node: Equatable {
     /// The document this node belongs to, if any.
     var documentID: String? {
         switch self {
-        case .root, .docs, .statusDirectory, .statusFile: nil
+        case .root, .docs, .statusDirectory, .statusFile, .view: nil
         case .document(let id), .properties(let id), .attachment(let id, _), .conflicts(let id), .conflict(let id, _),
              .conflictProperties(let id, _), .conflictAttachment(let id, _, _), .scratch(let id, _): id
         }
@@ -159,4 +167,76 @@ extension String {
 
     /// The mount path of an attachment.
     static func attachmentPath(_ id: String, _ name: String) -> String { documentPath(id) + "/" + relativePath(ofAttachment: name) }
+}
+
+/// A path below `views/`: `views/<design>/<view>/<key>/<document id>`, where `<design>` is a
+/// design document's name without `_design/`, `<key>` a key of the view (`ViewKeyNames`) and the
+/// document a symbolic link to its folder in `docs/`. `_reduce.json` in a view's folder and in
+/// each key's holds the view's reduce (of the whole view, and of that key as `group=true`).
+enum ViewNode: Equatable {
+    case root
+    case design(String)
+    case view(design: String, view: String)
+    /// A key's folder, by its name (decoded where it is used: a name that is no key is not found).
+    case key(design: String, view: String, name: String)
+    case row(design: String, view: String, name: String, docID: String)
+    /// `_reduce.json` of the view (key nil) or of one key.
+    case reduce(design: String, view: String, name: String?)
+
+    static let reduceFileName = "_reduce.json"
+
+    var isReduceFile: Bool { if case .reduce = self { true } else { false } }
+
+    init?(_ parts: [String]) {
+        let names = parts.map(FileNames.unescape)
+        switch parts.count {
+        case 0: self = .root
+        case 1: self = .design(names[0])
+        case 2: self = .view(design: names[0], view: names[1])
+        case 3 where parts[2] == ViewNode.reduceFileName: self = .reduce(design: names[0], view: names[1], name: nil)
+        case 3: self = .key(design: names[0], view: names[1], name: parts[2])
+        case 4 where parts[3] == ViewNode.reduceFileName: self = .reduce(design: names[0], view: names[1], name: parts[2])
+        case 4: self = .row(design: names[0], view: names[1], name: parts[2], docID: names[3])
+        default: return nil
+        }
+    }
+}
+
+/// The file names of a view's keys. A string key is its own text, as people search for it
+/// (`views/app/by_tag/travel`), unless that text would read as another key or as one of the
+/// folder's own files: then it is written as JSON (`"12"`, `"true"`, `"_reduce.json"`). Any
+/// other key is its JSON text (`2024`, `[2024,5]`, `null`). `/` and `%` are escaped as in
+/// document ids. A key whose name would be longer than a file name may be (255 bytes) is not
+/// shown.
+enum ViewKeyNames {
+    static func name(of key: JSONValue) -> String? {
+        let text: String
+        if case .string(let string) = key, isPlain(string) {
+            text = string
+        } else {
+            text = key.jsonString()
+        }
+        let name = FileNames.escape(text)
+        return name.utf8.count <= 255 ? name : nil
+    }
+
+    /// The key a name shows, or nil when no key has that name (so the path is not found).
+    static func key(named name: String) -> JSONValue? {
+        let text = FileNames.unescape(name)
+        let key: JSONValue
+        if let parsed = try? JSONParser.parse(Array(text.utf8)) {  // not JSON: a plain string
+            key = parsed
+        } else {
+            key = .string(text)
+        }
+        // Only the name the listing shows: `[1, 2]` is no other name of the key [1,2]. (Not a
+        // ternary: its `nil` would be JSON's null.)
+        guard self.name(of: key) == name else { return nil }
+        return key
+    }
+
+    private static func isPlain(_ string: String) -> Bool {
+        guard let first = string.first, first != "_", first != "\"" else { return false }
+        return (try? JSONParser.parse(Array(string.utf8))) == nil
+    }
 }

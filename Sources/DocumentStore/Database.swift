@@ -72,7 +72,7 @@ public final class Database: @unchecked Sendable {
     private let openLock: Int32
     static let openLockFileName = "open.lock"
 
-    static let databaseFileName = "db.sqlite3"
+    public static let databaseFileName = "db.sqlite3"
     static let attachmentsDirectoryName = "attachments"
 
     public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }

@@ -77,4 +77,17 @@ public enum Tuning {
 
     /// After a fold failed (a full disk, a locked database), when it is tried again.
     public static let burstRetryDelay = 1.0
+
+    /// How long the kernel trusts the attributes of the mount's view folders (seconds): as it
+    /// drops a kept listing when a folder's time has moved, a change shows in a view's folders
+    /// within this time, at the cost of one GETATTR per folder per interval.
+    public static let viewAttributeTimeout = 1.0
+
+    /// Keys or documents read from a view's index at once while listing its folders.
+    public static let viewListingPage = 256
+
+    /// View folders whose listing position the mount remembers (a `find` over a view walks
+    /// one folder at a time); past it, they are forgotten together and a listing that goes on
+    /// reads from its start again.
+    public static let viewListingCursors = 256
 }

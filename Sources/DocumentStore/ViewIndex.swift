@@ -37,7 +37,7 @@ public struct ViewDefinition: Sendable {
     }
 
     public func view(named name: String) -> View? { views.first { $0.name == name } }
-    func position(of name: String) -> Int? { views.firstIndex { $0.name == name } }
+    public func position(of name: String) -> Int? { views.firstIndex { $0.name == name } }
 }
 
 /// One row of a view: what a map function emitted for a document.
@@ -370,6 +370,51 @@ extension Database {
             }
             let inRange = try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ?\(filter)", arguments) { $0.int(0) }[0]
             return (before + min(skip, inRange), rows)
+        }
+    }
+
+    /// The distinct keys of a view, in CouchDB's order, from the first above the collation key
+    /// `after` (nil: from the start), at most `limit`: how the mount lists a view's folder, a
+    /// page at a time through the index, at any size. Keys that collate equal (1 and 1.0) are
+    /// one key, shown as one of their JSON forms.
+    public func viewKeys(index indexID: Int64, view: Int, after: [UInt8]?, limit: Int) throws -> [(collation: [UInt8], key: JSONValue)] {
+        try read { connection in
+            try connection.query("""
+                SELECT key, MIN(key_json) FROM view_rows WHERE index_id = ? AND view = ? AND key > ?
+                GROUP BY key ORDER BY key LIMIT ?
+                """, .integer(indexID), SQLValue(view), .blob(after ?? []), SQLValue(limit)) { row in
+                (row.bytes(0), try JSONParser.parse(row.bytes(1)))
+            }
+        }
+    }
+
+    /// The documents with rows of `key` in a view, by id, from the first after `after`, at most `limit`.
+    public func viewDocuments(index indexID: Int64, view: Int, key: JSONValue, after: String?, limit: Int) throws -> [String] {
+        try read { connection in
+            try connection.query("""
+                SELECT DISTINCT doc_id FROM view_rows WHERE index_id = ? AND view = ? AND key = ? AND doc_id > ?
+                ORDER BY doc_id LIMIT ?
+                """, .integer(indexID), SQLValue(view), .blob(Collation.key(key)), .text(after ?? ""), SQLValue(limit)) { $0.text(0) }
+        }
+    }
+
+    /// The key of a view that collates as `key`, in the JSON form the view's folder shows it
+    /// (`viewKeys`), or nil when the view has no row of it.
+    public func viewKey(index indexID: Int64, view: Int, collatingAs key: JSONValue) throws -> JSONValue? {
+        try read { connection in
+            try connection.query("SELECT MIN(key_json) FROM view_rows WHERE index_id = ? AND view = ? AND key = ?",
+                                 .integer(indexID), SQLValue(view), .blob(Collation.key(key))) { row in
+                row.isNull(0) ? nil : try JSONParser.parse(row.bytes(0))
+            }.first ?? nil
+        }
+    }
+
+    /// Whether a view has a row of `key` (of document `docID`, when given).
+    public func viewHasRow(index indexID: Int64, view: Int, key: JSONValue, docID: String? = nil) throws -> Bool {
+        try read { connection in
+            try connection.query("""
+                SELECT EXISTS (SELECT 1 FROM view_rows WHERE index_id = ? AND view = ? AND key = ? AND (? OR doc_id = ?))
+                """, .integer(indexID), SQLValue(view), .blob(Collation.key(key)), SQLValue(docID == nil), .text(docID ?? "")) { $0.bool(0) }[0]
         }
     }
 

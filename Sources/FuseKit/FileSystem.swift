@@ -50,7 +50,8 @@ public struct FileTime: Sendable, Hashable, Comparable {
 
 /// What `stat` shows for a node.
 public struct FileAttributes: Sendable, Equatable {
-    public enum Kind: Sendable { case directory, regularFile }
+    /// A symbolic link's target is asked with `FileSystem.readLink(_:)`.
+    public enum Kind: Sendable { case directory, regularFile, symbolicLink }
 
     public var kind: Kind
     public var size: Int64
@@ -65,12 +66,16 @@ public struct FileAttributes: Sendable, Equatable {
     /// attributes of it, so `fstat` of an open file asks, and gets the size of what that
     /// open reads (`attributes(ofHandle:)`), not a size cached from an earlier version.
     public var volatile = false
+    /// How long the kernel may trust these attributes (seconds), when shorter than the mount's
+    /// `attributeTimeout`: for a folder whose listing follows the database (a view's), as the
+    /// kernel drops a kept listing when it finds the folder's time changed.
+    public var timeout: Double?
 
     public init(kind: Kind, size: Int64 = 0, permissions: UInt32? = nil, modified: FileTime = FileTime(nanoseconds: 0),
                 accessed: FileTime? = nil, linkCount: UInt32? = nil) {
         self.kind = kind
         self.size = size
-        self.permissions = permissions ?? (kind == .directory ? 0o755 : 0o644)
+        self.permissions = permissions ?? (kind == .directory ? 0o755 : kind == .symbolicLink ? 0o777 : 0o644)
         self.modified = modified
         self.accessed = accessed
         self.linkCount = linkCount ?? (kind == .directory ? 2 : 1)
@@ -185,6 +190,9 @@ public protocol FileSystem: AnyObject, Sendable {
     /// `flags` are renameat2's (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
     func rename(_ from: String, to: String, flags: UInt32) throws
 
+    /// The target of the symbolic link at `path`.
+    func readLink(_ path: String) throws -> String
+
     func extendedAttribute(_ name: String, of path: String) throws -> [UInt8]
     func extendedAttributeNames(of path: String) throws -> [String]
     func setExtendedAttribute(_ name: String, of path: String, to value: [UInt8], flags: Int32) throws
@@ -203,5 +211,8 @@ public protocol FileSystem: AnyObject, Sendable {
 }
 
 extension FileSystem {
+    /// A file system without symbolic links: nothing is one (EINVAL, as readlink(2) of a file).
+    public func readLink(_ path: String) throws -> String { throw FileSystemError(EINVAL) }
+
     public func failed(_ operation: String, path: String, errno: Int32, reason: String) {}
 }

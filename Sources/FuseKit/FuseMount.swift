@@ -221,7 +221,7 @@ final class Box: @unchecked Sendable {
         var entry = fuse_entry_param()
         entry.ino = table.remember(parent, name)
         fill(&entry.attr, attributes, ino: entry.ino)
-        entry.attr_timeout = attributes.volatile ? 0 : configuration.attributeTimeout
+        entry.attr_timeout = timeout(of: attributes, configuration)
         entry.entry_timeout = configuration.entryTimeout
         return entry
     }
@@ -270,10 +270,23 @@ private func string(_ pointer: UnsafePointer<CChar>?) -> String {
 /// libfuse's stand-in number for entries whose node the kernel does not get (readdir).
 private let unknownInode: fuse_ino_t = 0xffff_ffff
 
+private func typeBits(_ kind: FileAttributes.Kind) -> mode_t {
+    switch kind {
+    case .directory: Glibc.S_IFDIR
+    case .regularFile: Glibc.S_IFREG
+    case .symbolicLink: Glibc.S_IFLNK
+    }
+}
+
+/// How long the kernel keeps `attributes`.
+func timeout(of attributes: FileAttributes, _ configuration: FuseMount.Configuration) -> Double {
+    attributes.volatile ? 0 : min(attributes.timeout ?? configuration.attributeTimeout, configuration.attributeTimeout)
+}
+
 private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes, ino: fuse_ino_t) {
     memset(buffer, 0, MemoryLayout<stat>.size)
     buffer.pointee.st_ino = UInt(ino)
-    buffer.pointee.st_mode = (attributes.kind == .directory ? Glibc.S_IFDIR : Glibc.S_IFREG) | attributes.permissions
+    buffer.pointee.st_mode = typeBits(attributes.kind) | attributes.permissions
     buffer.pointee.st_nlink = UInt(attributes.linkCount)
     buffer.pointee.st_size = Int(attributes.size)
     // The request size for files: cp sizes its buffer by it (1 MiB writes instead of 128 KiB, an
@@ -290,7 +303,7 @@ private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttrib
 private func replyAttributes(_ request: fuse_req_t?, _ box: Box, _ attributes: FileAttributes, ino: fuse_ino_t) {
     var result = stat()
     fill(&result, attributes, ino: ino)
-    fuse_reply_attr(request, &result, attributes.volatile ? 0 : box.configuration.attributeTimeout)
+    fuse_reply_attr(request, &result, timeout(of: attributes, box.configuration))
 }
 
 /// Replies an xattr value or name list: its size when `size` is 0, else the bytes.
@@ -306,11 +319,7 @@ private func replyXattr(_ request: fuse_req_t?, _ bytes: [UInt8], size: Int) thr
 /// The type bits of a listed entry; 0 (DT_UNKNOWN: the caller stats it) when not given.
 private func fileType(_ entry: DirectoryEntry) -> mode_t {
     if entry.name == "." || entry.name == ".." { return Glibc.S_IFDIR }
-    switch entry.attributes?.kind {
-    case .directory: return Glibc.S_IFDIR
-    case .regularFile: return Glibc.S_IFREG
-    case nil: return 0
-    }
+    return entry.attributes.map { typeBits($0.kind) } ?? 0
 }
 
 /// Fills a readdir(plus) answer of at most `size` bytes from `offset` and sends it.
@@ -574,6 +583,12 @@ extension FuseMount {
             answer(request) { box, fs in
                 var result = try fs.statistics(of: box.table.path(ino) ?? "/")
                 fuse_reply_statfs(request, &result)
+            }
+        }
+        ops.readlink = { request, ino in
+            answer(request, "readlink", ino) { box, fs in
+                let target = try fs.readLink(box.path(ino))
+                fuse_reply_readlink(request, target)
             }
         }
         ops.getxattr = { request, ino, name, size in

@@ -82,3 +82,89 @@ import TestSupport
         #expect(try list("/docs/doc", count: 100) == [".", "..", "properties.json", "attachments"])
     }
 }
+
+/// A view's folder is listed through its index a page at a time (`DocumentFileSystem+Views`):
+/// every key once, in CouchDB's order, however the kernel splits its reads and whatever
+/// changes between them.
+@Suite struct ViewListingTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+    let fs: DocumentFileSystem
+
+    init() throws {
+        db = try directory.makeDatabase()
+        fs = try DocumentFileSystem(database: db)
+        try db.put("_design/app", ["views": ["by_n": ["map": "function(d) { if (d.n !== undefined) emit(d.n, null); }"]]])
+        // More keys than a page of the index (Tuning.viewListingPage), one document per key.
+        for n in 0..<600 { try db.put(String(format: "doc-%03d", n), ["n": .integer(Int64(n))]) }
+    }
+
+    func list(_ path: String, count: Int, between: (Int) throws -> Void = { _ in }) throws -> [String] {
+        var names: [String] = [], position: UInt64 = 0, call = 0
+        while true {
+            var got = 0
+            try fs.readDirectory(path, after: position) { entry in
+                guard got < count else { return false }
+                #expect(entry.position > position, "positions increase: \(entry.name)")
+                names.append(entry.name)
+                position = entry.position
+                got += 1
+                return true
+            }
+            guard got > 0 else { return names.filter { $0 != "." && $0 != ".." } }
+            call += 1
+            try between(call)
+        }
+    }
+
+    @Test func everyKeyOnceInOrderWhileDocumentsComeAndGo() throws {
+        #expect(Tuning.viewListingPage < 600)
+        let keys = try list("/views/app/by_n", count: 37) { call in
+            guard call == 3 else { return }
+            // Listed up to about 111: one key listed and one not yet listed go, two come after.
+            try db.deleteDocument("doc-005")
+            try db.deleteDocument("doc-400")
+            try db.put("late", ["n": 1000])
+            try db.put("later", ["n": 1001])
+        }
+        var expected = (0..<600).filter { $0 != 5 && $0 != 400 }.map(String.init) + ["1000", "1001"]
+        #expect(!keys.contains("400"), "a key removed before its turn is not listed")
+        #expect(keys.filter { $0 != "5" } == expected, "every key once, in the view's order")
+        // Read again from the start, with every read going on from a position the mount has
+        // forgotten (as after many other folders were listed): the same keys.
+        expected.removeAll { $0 == "5" }
+        let forgetting = try list("/views/app/by_n", count: 50) { _ in fs.withState { fs.viewListings.removeAll() } }
+        #expect(forgetting == expected)
+    }
+
+    @Test func aKeysFolderListsItsDocumentsAPageAtATime() throws {
+        for n in 0..<300 { try db.put(String(format: "same-%03d", n), ["n": "same"]) }
+        let documents = try list("/views/app/by_n/same", count: 11)
+        #expect(documents == (0..<300).map { String(format: "same-%03d", $0) })
+        #expect(try fs.readLink("/views/app/by_n/same/same-007") == "../../../../docs/same-007")
+        #expect(throws: MountError.self) { try fs.attributes(of: "/views/app/by_n/same/doc-001") }
+        // `"same"` is no name of the key "same": a string is written as JSON only where it must be.
+        #expect(throws: MountError.self) { try fs.attributes(of: "/views/app/by_n/\"same\"") }
+        // One name per key: the key 1 is `1`, not `1.0` (which collates as it).
+        #expect(try fs.attributes(of: "/views/app/by_n/1").kind == .directory)
+        #expect(throws: MountError.self) { try fs.attributes(of: "/views/app/by_n/1.0") }
+    }
+}
+
+@Suite struct ViewKeyNameTests {
+    @Test func keysAreTheirTextOrTheirJSONAndComeBackFromTheirNames() throws {
+        let cases: [(JSONValue, String)] = [
+            ("invoice", "invoice"), ("12", "\"12\""), ("true", "\"true\""), ("_reduce.json", "\"_reduce.json\""),
+            ("", "\"\""), ("a/b%c", "a%2Fb%25c"), (" 1", "\" 1\""), ("\"q", "\"\\\"q\""), (".", "%2E"),
+            (12, "12"), (-1.5, "-1.5"), (.null, "null"), (true, "true"), ([2024, 5], "[2024,5]"),
+            (["a": ["b/c"]], "{\"a\":[\"b%2Fc\"]}"), ("ünïcødé 文档", "ünïcødé 文档"),
+        ]
+        for (key, name) in cases {
+            #expect(ViewKeyNames.name(of: key) == name, "\(key)")
+            #expect(ViewKeyNames.key(named: name) == key, "\(name)")
+        }
+        #expect(ViewKeyNames.key(named: "[1, 2]") == JSONValue?.none, "one name per key")
+        #expect(ViewKeyNames.key(named: "\"same\"") == JSONValue?.none)
+        #expect(ViewKeyNames.name(of: .string(String(repeating: "x", count: 256))) == nil, "longer than a file name may be")
+    }
+}
