@@ -51,6 +51,8 @@ public final class Database: @unchecked Sendable {
     let validators = Validators()
     /// One updater at a time per design document's view index (`updateViewIndex`).
     let viewLocks = Locked<[String: NSLock]>([:])
+    /// Each view's `ViewRanks`, by "index id/view position".
+    let viewRankCache = Locked<[String: ViewRanks]>([:])
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
     var readNotes = ReadNotes()
     let readNotesLock = Lock()

@@ -31,7 +31,8 @@ public struct ViewDefinition: Sendable {
         self.views = found
         library = views["lib"] ?? .object([:])
         includeDesign = body["options"]?["include_design"]?.boolValue ?? false
-        let signed: JSONValue = ["language": body["language"] ?? "javascript", "views": .object(views),
+        // `format`: how rows are laid out (2: a document's rows of one key by value); a change rebuilds.
+        let signed: JSONValue = ["format": 2, "language": body["language"] ?? "javascript", "views": .object(views),
                                  "include_design": .bool(includeDesign)]
         signature = BlobKey.hexString(MessageDigest.hash(.md5, signed.serialized(.canonical)))
     }
@@ -172,11 +173,19 @@ extension Database {
                                     try connection.run("DELETE FROM view_rows WHERE index_id = ? AND doc_id = ?", .integer(indexID), .text(docID))
                                 }
                                 for (view, emitted) in perView.enumerated() {
-                                    for (emit, row) in emitted.enumerated() {
+                                    // One document's rows of one key are in CouchDB's order: by
+                                    // value, as Erlang orders terms, in either direction.
+                                    let ordered = emitted.map { (collation: Collation.key($0.key), row: $0) }.enumerated().sorted { a, b in
+                                        if a.element.collation != b.element.collation { return a.element.collation.lexicographicallyPrecedes(b.element.collation) }
+                                        if a.element.row.value.erlangTermPrecedes(b.element.row.value) { return true }
+                                        if b.element.row.value.erlangTermPrecedes(a.element.row.value) { return false }
+                                        return a.offset < b.offset
+                                    }.map(\.element)
+                                    for (emit, (collation, row)) in ordered.enumerated() {
                                         try connection.run("""
                                             INSERT OR REPLACE INTO view_rows (index_id, view, key, doc_id, emit, key_json, value_json)
                                             VALUES (?, ?, ?, ?, ?, ?, ?)
-                                            """, .integer(indexID), SQLValue(view), .blob(Collation.key(row.key)), .text(docID),
+                                            """, .integer(indexID), SQLValue(view), .blob(collation), .text(docID),
                                             SQLValue(emit), .text(row.key.jsonString()), .text(row.value.jsonString()))
                                     }
                                 }
@@ -316,9 +325,7 @@ extension Database {
 
     /// The number of rows of view `view` (its position) of index `indexID`.
     public func viewRowCount(index indexID: Int64, view: Int) throws -> Int {
-        try read { connection in
-            try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ?", .integer(indexID), SQLValue(view)) { $0.int(0) }[0]
-        }
+        try read { try viewRanks(index: indexID, view: view, in: $0).total }
     }
 
     /// Rows of a view in `range`, in its direction, after skipping `skip`, at most `limit`; and
@@ -344,9 +351,9 @@ extension Database {
             }
             if let start = range.startKey { bound(start, range.startDocID, isStart: true, inclusive: true) }
             if let end = range.endKey { bound(end, range.endDocID, isStart: false, inclusive: range.inclusiveEnd) }
-            // One document's rows of one key stay in the order it emitted them, either way (CouchDB
-        // keeps them as one entry).
-        let direction = range.descending ? "DESC" : "ASC"
+            // One document's rows of one key keep their order (`emit`: by value, as CouchDB sorts
+            // them) either way: CouchDB keeps them as one entry.
+            let direction = range.descending ? "DESC" : "ASC"
             let filter = conditions.isEmpty ? "" : " AND " + conditions.joined(separator: " AND ")
             let rows = try connection.query("""
                 SELECT key_json, doc_id, value_json FROM view_rows WHERE index_id = ? AND view = ?\(filter)
@@ -358,16 +365,13 @@ extension Database {
             // The offset: rows before the range's start in this direction, plus those skipped.
             var before = 0
             if let start = range.startKey {
-                var startArguments: [SQLValue] = [.integer(indexID), SQLValue(view), .blob(Collation.key(start))]
-                let op = range.descending ? ">" : "<"
-                var condition = "key \(op) ?"
-                if let docID = range.startDocID {
-                    condition = "(key, doc_id) \(op) (?, ?)"
-                    startArguments.append(.text(docID))
-                }
-                before = try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ? AND \(condition)",
-                                              startArguments) { $0.int(0) }[0]
+                let ranks = try viewRanks(index: indexID, view: view, in: connection)
+                let key = Collation.key(start)
+                before = range.descending
+                    ? ranks.total - (try ranks.rows(before: key, range.startDocID, including: true, index: indexID, view: view, in: connection))
+                    : try ranks.rows(before: key, range.startDocID, including: false, index: indexID, view: view, in: connection)
             }
+            guard skip > 0 else { return (before, rows) }
             let inRange = try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ?\(filter)", arguments) { $0.int(0) }[0]
             return (before + min(skip, inRange), rows)
         }
@@ -435,6 +439,89 @@ extension Database {
             dropped += 1
         }
         return dropped
+    }
+}
+
+/// Where a view's rows stand in its order, so that `total_rows` and `offset` cost no pass over
+/// the index (a count of the rows before a key read 50,000 index entries on average in a view
+/// of 100,000 rows: 12 ms a query). Every `sampleEvery`th row is kept with its rank; a count of
+/// the rows before a bound starts at the last sample before it and reads at most that many
+/// rows. Made once per state of the index (its sequence and the database's purge count) in one
+/// pass that SQLite makes itself (a window function), and kept while the index stays so.
+struct ViewRanks: Sendable {
+    struct Sample: Sendable {
+        let key: [UInt8]
+        let docID: [UInt8]
+        let emit: Int64
+        let rank: Int
+    }
+
+    static let sampleEvery = 512
+
+    /// The index's update sequence and the database's purge count when made.
+    let version: [Int64]
+    let total: Int
+    let samples: [Sample]
+
+    /// The rows that come before (key, docID) in ascending order (nil docID: before every row
+    /// of the key), or up to it `including` it.
+    func rows(before key: [UInt8], _ docID: String?, including: Bool, index indexID: Int64, view: Int,
+              in connection: SQLiteConnection) throws -> Int {
+        let id = docID.map { Array($0.utf8) }
+        // Whether a sample lies within the bound: (key, docID) < bound, or <= with `including`.
+        func within(_ sample: Sample) -> Bool {
+            if sample.key != key { return sample.key.lexicographicallyPrecedes(key) }
+            guard let id else { return including }
+            if sample.docID != id { return sample.docID.lexicographicallyPrecedes(id) }
+            return including
+        }
+        var low = 0, high = samples.count  // the first sample not within the bound
+        while low < high {
+            let middle = (low + high) / 2
+            if within(samples[middle]) { low = middle + 1 } else { high = middle }
+        }
+        guard low > 0 else { return 0 }  // the first row is not within it: none is
+        let from = samples[low - 1]
+        let op = including ? "<=" : "<"
+        var condition = "key \(op) ?"
+        var arguments: [SQLValue] = [.integer(indexID), SQLValue(view), .blob(from.key), .text(String(decoding: from.docID, as: UTF8.self)),
+                                     .integer(from.emit), .blob(key)]
+        if let docID {
+            condition = "(key, doc_id) \(op) (?, ?)"
+            arguments.append(.text(docID))
+        }
+        let after = try connection.query("""
+            SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ? AND (key, doc_id, emit) >= (?, ?, ?) AND \(condition)
+            """, arguments) { $0.int(0) }[0]
+        return from.rank + after
+    }
+}
+
+extension Database {
+    /// The ranks of a view's rows as the index stands (see `ViewRanks`).
+    func viewRanks(index indexID: Int64, view: Int, in connection: SQLiteConnection) throws -> ViewRanks {
+        let version = try connection.query("""
+            SELECT update_seq, (SELECT value FROM meta WHERE key = 'purge_seq') FROM view_indexes WHERE index_id = ?
+            """, .integer(indexID)) { [$0.int64(0), $0.isNull(1) ? 0 : $0.int64(1)] }.first ?? []
+        let key = "\(indexID)/\(view)"
+        if let known = viewRankCache.withLock({ $0[key] }), known.version == version { return known }
+        let total = try connection.query("SELECT count(*) FROM view_rows WHERE index_id = ? AND view = ?", .integer(indexID), SQLValue(view)) {
+            $0.int(0)
+        }[0]
+        let samples = try connection.query("""
+            SELECT key, doc_id, emit, rank FROM (
+                SELECT key, doc_id, emit, row_number() OVER (ORDER BY key, doc_id, emit) - 1 AS rank
+                FROM view_rows WHERE index_id = ? AND view = ?)
+            WHERE rank % ? = 0 ORDER BY rank
+            """, .integer(indexID), SQLValue(view), SQLValue(ViewRanks.sampleEvery)) { row in
+            ViewRanks.Sample(key: row.bytes(0), docID: row.bytes(1), emit: row.int64(2), rank: row.int(3))
+        }
+        let ranks = ViewRanks(version: version, total: total, samples: samples)
+        viewRankCache.withLock { cache in
+            if cache.count >= 64 { cache.removeAll() }
+            cache[key] = ranks
+        }
+        return ranks
     }
 }
 

@@ -180,9 +180,9 @@ final class MountProcess {
     let pid: pid_t
     let mountPoint: String
 
-    init(sofa: String, database: String, at mountPoint: String, remote: String) throws {
+    init(sofa: String, database: String, at mountPoint: String, remote: String?) throws {
         self.mountPoint = mountPoint
-        let arguments = [sofa, "mount", database, mountPoint, "--foreground", "--remote", remote]
+        let arguments = [sofa, "mount", database, mountPoint, "--foreground"] + (remote.map { ["--remote", $0] } ?? [])
         let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var pid: pid_t = 0

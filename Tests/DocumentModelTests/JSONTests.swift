@@ -163,3 +163,20 @@ import TestSupport
         #expect(accepted > 1000, "the fuzzer should also produce valid documents")
     }
 }
+
+/// Erlang's term order as CouchDB sees JSON (the order of one document's rows of one key).
+@Suite struct ErlangTermOrderTests {
+    @Test func jsonSortsAsErlangSortsJiffysTerms() {
+        // Ascending, as `lists:sort` puts them: numbers, atoms by name, objects, arrays, strings.
+        let sorted: [JSONValue] = [-1, 0, 1.5, 2, .bigInteger("123456789012345678901234567890"), false, .null, true,
+                                   ["a": 2], ["a": 2, "b": 0], ["z": 1], [], [1], [1, 2], [2], "", "A", "a", "ab", "é"]
+        for (index, value) in sorted.enumerated() {
+            for later in sorted[(index + 1)...] {
+                #expect(value.erlangTermPrecedes(later), "\(value) < \(later)")
+                #expect(!later.erlangTermPrecedes(value), "not \(later) < \(value)")
+            }
+            #expect(!value.erlangTermPrecedes(value))
+        }
+        #expect(!JSONValue.integer(1).erlangTermPrecedes(.double(1)) && !JSONValue.double(1).erlangTermPrecedes(.integer(1)), "1 == 1.0")
+    }
+}
