@@ -234,11 +234,12 @@ private func context(_ request: fuse_req_t?) -> Box {
     Unmanaged<Box>.fromOpaque(fuse_req_userdata(request)!).takeUnretainedValue()
 }
 
-/// Runs one request and answers its error, if any. A failed `operation` (nil for lookups and
-/// reads of attributes, which fail all the time by design) is logged with its path and reason:
-/// expected answers (ENOENT, EEXIST…) at debug level, other refusals at notice, failures at error.
+/// Runs one request and answers its error, if any. A failed `operation` is logged with its path
+/// and reason: expected answers (ENOENT, EEXIST…) at debug level, other refusals at notice,
+/// failures at error. A `query` (a lookup, a read of attributes or of a listing, which are
+/// refused all the time by design) is logged only when it fails (a disk or database error).
 private func answer(_ request: fuse_req_t?, _ operation: String? = nil, _ ino: fuse_ino_t = 0, _ name: UnsafePointer<CChar>? = nil,
-                    _ body: (Box, any FileSystem) throws -> Void) {
+                    query: String? = nil, _ body: (Box, any FileSystem) throws -> Void) {
     let box = context(request)
     do {
         try body(box, box.fileSystem)
@@ -248,7 +249,7 @@ private func answer(_ request: fuse_req_t?, _ operation: String? = nil, _ ino: f
         // Recorded before the reply: a program that reads the status file right after its
         // call failed finds the failure there.
         defer { fuse_reply_err(request, code) }
-        guard let operation else { return }
+        guard let operation = operation ?? (known?.isFailure ?? true ? query : nil) else { return }
         // The inode's path now, for the log: nil when the kernel's inode is gone meanwhile.
         let path = (try? name.map { try box.path(ino, $0) } ?? box.path(ino)) ?? "inode \(ino)"
         let level: Logger.Level = known?.isFailure ?? true ? .error
@@ -325,7 +326,7 @@ private func fileType(_ entry: DirectoryEntry) -> mode_t {
 /// Fills a readdir(plus) answer of at most `size` bytes from `offset` and sends it.
 private func replyDirectory(_ request: fuse_req_t?, _ ino: fuse_ino_t, size: Int, offset: off_t,
                             _ info: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
-    answer(request) { box, fs in
+    answer(request, nil, ino, query: "readdir") { box, fs in
         let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
         defer { buffer.deallocate() }
         var used = 0
@@ -375,7 +376,7 @@ extension FuseMount {
             box.openDirectoryInKernel = connection.pointee.capable & UInt32(FUSE_CAP_NO_OPENDIR_SUPPORT) != 0
         }
         ops.lookup = { request, parent, name in
-            answer(request) { box, fs in
+            answer(request, nil, parent, name, query: "lookup") { box, fs in
                 let path = try box.path(parent, name)
                 let attributes: FileAttributes
                 do {
@@ -401,7 +402,7 @@ extension FuseMount {
             fuse_reply_none(request)
         }
         ops.getattr = { request, ino, info in
-            answer(request) { box, fs in
+            answer(request, nil, ino, query: "getattr") { box, fs in
                 let attributes: FileAttributes
                 if let info {
                     attributes = try fs.attributes(ofHandle: info.pointee.fh)
@@ -580,7 +581,7 @@ extension FuseMount {
             }
         }
         ops.statfs = { request, ino in
-            answer(request) { box, fs in
+            answer(request, nil, ino, query: "statfs") { box, fs in
                 var result = try fs.statistics(of: box.table.path(ino) ?? "/")
                 fuse_reply_statfs(request, &result)
             }
@@ -592,12 +593,12 @@ extension FuseMount {
             }
         }
         ops.getxattr = { request, ino, name, size in
-            answer(request) { box, fs in
+            answer(request, nil, ino, query: "getxattr") { box, fs in
                 try replyXattr(request, fs.extendedAttribute(string(name), of: box.path(ino)), size: size)
             }
         }
         ops.listxattr = { request, ino, size in
-            answer(request) { box, fs in
+            answer(request, nil, ino, query: "listxattr") { box, fs in
                 // Names, each followed by a NUL.
                 let bytes: [UInt8] = try fs.extendedAttributeNames(of: box.path(ino)).reduce(into: []) { list, name in
                     list += name.utf8

@@ -755,3 +755,33 @@ extension ServerTests {
         #expect(log.contains("closed an idle connection to make room"), "\(log.suffix(2000))")
     }
 }
+
+/// A database that fails to read is a server error, never "not found" (#27): a table taken away
+/// under a running `sofa serve` (as a damaged file would) makes document reads, feeds and views
+/// answer 500 with SQLite's reason, and a write fail without saving; a listing already streaming
+/// is cut off, so the client sees a broken answer rather than a short one. Put back, all is there.
+@Suite struct ServerFailureTests {
+    let directory = TemporaryDirectory()
+
+    @Test func aDatabaseThatCannotBeReadAnswers500NeverNotFound() throws {
+        let path = try directory.makeDatabase("db.sofa").path
+        let server = try ServedDatabases([path])
+        let http = try server.connect()
+        for n in 0..<3 { #expect(try http.json("PUT", "/db/doc\(n)", ["n": .integer(Int64(n))]).status == 201) }
+        #expect(try http.json("PUT", "/db/_design/v", ["views": ["n": ["map": "function (d) { emit(d.n, null); }"]]]).status == 201)
+        #expect(try shell("sqlite3 '\(path)/db.sqlite3' 'ALTER TABLE revs RENAME TO revs_away'").succeeded)
+        for target in ["/db/doc1", "/db/doc1?revs_info=true", "/db/_changes?include_docs=true", "/db/_design/v/_view/n"] {
+            let answer = try http.json("GET", target)
+            #expect(answer.status == 500, "\(target): \(answer.status) \(answer.text)")
+            #expect(answer.json?["reason"]?.stringValue?.contains("no such table: revs") == true, "\(target): \(answer.text)")
+        }
+        #expect(try http.json("PUT", "/db/new", ["n": 9]).status == 500)
+        let listing = try shell("curl -sS 'http://127.0.0.1:\(server.port)/db/_all_docs' 2>&1")
+        #expect(!listing.succeeded && listing.stdout.contains("transfer closed"), "\(listing.stdout)")
+        #expect(try shell("sqlite3 '\(path)/db.sqlite3' 'ALTER TABLE revs_away RENAME TO revs'").succeeded)
+        let again = try server.connect()
+        #expect(try again.json("GET", "/db/doc1").json?["n"] == 1)
+        #expect(try again.json("GET", "/db/new").status == 404, "the failed write saved nothing")
+        #expect(try again.json("GET", "/db/_all_docs").json?["total_rows"] == 4)
+    }
+}

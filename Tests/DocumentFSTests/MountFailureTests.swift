@@ -80,3 +80,34 @@ extension MountFailureTests {
         #expect(log.contains(key.hex), "the log names the blob: \(log.suffix(2000))")
     }
 }
+
+extension MountFailureTests {
+    /// A database that fails to read (here a table taken away under the running mount, as a
+    /// damaged file or an I/O error would) is a failure: every path that reads it fails with
+    /// EIO and says why, in the log and the status file. It must never read as "no such
+    /// document" (ENOENT), which a program would take for a deletion and act on. When the
+    /// table is back, everything is there.
+    @Test func aDatabaseThatCannotBeReadIsAnIOErrorNeverAbsence() throws {
+        let db = try directory.makeDatabase()
+        try db.put("a", ["n": 1], attachments: ["note.txt": Array("hello\n".utf8)])
+        try db.put("b", ["n": 2])
+        let mount = try MountedDatabase(db.path)
+        let file = "\(db.path)/db.sqlite3"
+        #expect(try shell("sqlite3 '\(file)' 'ALTER TABLE revs RENAME TO revs_away'").succeeded)
+        for command in ["cat '\(mount.path("docs/a/properties.json"))'", "stat '\(mount.path("docs/b"))'",
+                        "ls '\(mount.path("docs/a/attachments"))'", "ls '\(mount.path("docs"))'",
+                        "echo '{}' > '\(mount.path("docs/b/properties.json"))'"] {
+            let result = try shell(command)
+            #expect(!result.succeeded, "\(command)")
+            #expect(result.stderr.contains("Input/output error"), "\(command): \(result.stderr)")
+            #expect(!result.stderr.contains("No such file"), "\(command): \(result.stderr)")
+        }
+        let status = try JSONParser.parse(Array(try Data(contentsOf: URL(fileURLWithPath: mount.path(".sofa/status.json")))))
+        let reasons = (status["recent_errors"]?.arrayValue ?? []).compactMap { $0["reason"]?.stringValue }
+        #expect(reasons.contains { $0.contains("no such table") }, "\(reasons)")
+        #expect(try shell("sqlite3 '\(file)' 'ALTER TABLE revs_away RENAME TO revs'").succeeded)
+        #expect(try sh("cat '\(mount.path("docs/a/attachments/note.txt"))'") == "hello\n")
+        #expect(try sh("ls '\(mount.path("docs"))'") == "a\nb\n")
+        #expect(try document(db, "b")?.properties == ["n": 2], "the refused write changed nothing")
+    }
+}
