@@ -50,12 +50,14 @@ let package = Package(
             .product(name: "NIOHTTP1", package: "swift-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // HTTP on libcurl: remote URLs, the client, retries, cancellation, transport errors.
+        .target(name: "HTTPTransport", dependencies: ["DocumentModel", "CCurl"]),
         .target(name: "Replicator", dependencies: [
-            "DocumentModel", "DocumentStore", "CCurl",
+            "DocumentModel", "DocumentStore", "HTTPTransport",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "sofa", dependencies: [
-            "DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "CouchServer", "Replicator",
+            "DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "CouchServer", "HTTPTransport", "Replicator",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -75,7 +77,7 @@ let package = Package(
         .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "TestSupport"]),
         .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "TestSupport"]),
         .testTarget(name: "ReplicatorTests", dependencies: [
-            "DocumentModel", "DocumentStore", "Replicator", "TestSupport",
+            "DocumentModel", "DocumentStore", "HTTPTransport", "Replicator", "TestSupport",
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),  // to make damaged snapshots
         ]),
     ]

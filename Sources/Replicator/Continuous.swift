@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import Logging
 
 /// What a running replication is doing, for `/.sofa/status.json` and `--json` events.

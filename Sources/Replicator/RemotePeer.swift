@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import Logging
 
 /// A CouchDB-compatible database over HTTP as a replication peer (CouchDB 2.x/3.x,

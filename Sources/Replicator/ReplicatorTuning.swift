@@ -1,33 +1,16 @@
 /// Every tunable of the replicator and of deferred bodies, with the reason for its value (as
-/// couchbase-lite-core's `ReplicatorTuning.hh`). Per-run settings (`Replicator.batchSize`,
-/// `RetryPolicy`) take their defaults from here.
+/// couchbase-lite-core's `ReplicatorTuning.hh`). Per-run settings (`Replicator.batchSize`)
+/// take their defaults from here; the HTTP transport's (retries, timeouts) are `HTTPTuning`.
 public enum ReplicatorTuning {
     /// Changes asked for per `_changes` request, and so revisions per `_revs_diff`, `_bulk_get`
     /// and `_bulk_docs` round: CouchDB's own replicator uses 500 for the feed; 200 keeps a
     /// batch of documents with large attachments within a few MB of memory.
     public static let batchSize = 200
 
-    /// Tries per request, the first included, before a replication step fails: with the delays
-    /// below, a remote may be gone for about 15 s (a restart) and the run goes on.
-    public static let attempts = 6
-
-    /// The wait before the first retry (seconds); each later one waits twice the one before.
-    public static let firstRetryDelay = 0.25
-
-    /// No wait between retries is longer than this (seconds).
-    public static let longestRetryDelay = 30.0
-
     /// How long a continuous pull's longpoll waits on the remote before asking again (seconds):
     /// under CouchDB's and proxies' usual 60 s idle limits, long enough that an idle pull costs
     /// nothing. `stop()` ends it at once.
     public static let longpollTimeout = 25
-
-    /// A transfer that receives nothing for this long has failed (seconds; curl's low-speed
-    /// limit), and is retried.
-    public static let stallTimeout = 60
-
-    /// Connecting to the remote may take this long (seconds) before the attempt fails.
-    public static let connectTimeout = 10
 
     /// curl's receive buffer for deferred bodies: 512 KiB reads (its 16 KiB default costs a
     /// callback per 16 KiB of a 1 GiB body).

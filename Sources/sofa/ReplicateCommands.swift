@@ -2,6 +2,7 @@ import ArgumentParser
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import Replicator
 
 /// How to reach a remote: credentials, TLS trust and retries. Shared by pull, push, sync,

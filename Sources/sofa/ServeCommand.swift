@@ -3,6 +3,7 @@ import CouchServer
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import NIOCore
 import Logging
 import Replicator

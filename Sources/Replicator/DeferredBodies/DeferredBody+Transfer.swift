@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import Logging
 
 /// Fetching: one ranged GET (or the whole body, where the server ignores ranges) per

@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import Logging
 
 /// One ranged GET under way: it delivers chunks `next..<end` in order.

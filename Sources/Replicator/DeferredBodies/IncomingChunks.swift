@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import Logging
 
 /// `Content-Range: bytes FIRST-LAST/TOTAL`.

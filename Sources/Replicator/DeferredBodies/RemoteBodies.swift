@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import Logging
 
 /// Fetches deferred attachment bodies from the remote, as much of them as readers need.

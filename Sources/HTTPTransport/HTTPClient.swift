@@ -1,3 +1,9 @@
+/// HTTPTransport: HTTP/1.1 on libcurl for talking to remote databases: URLs with their
+/// credentials apart (`RemoteDatabase`), a blocking client on one keep-alive connection with
+/// retries and cancellation (`HTTPClient`), and the errors a remote can give
+/// (`ReplicationError`). What the requests mean (CouchDB's replication protocol) is the
+/// Replicator's.
+
 import CCurl
 import DocumentModel
 import Foundation
@@ -34,12 +40,12 @@ public struct RemoteDatabase: Sendable, CustomStringConvertible {
     public var description: String { url }
 
     /// `text` with any `user:password@` removed, for messages.
-    static func redacted(_ text: String) -> String {
+    public static func redacted(_ text: String) -> String {
         text.replacingOccurrences(of: #"//[^/@]*@"#, with: "//", options: .regularExpression)
     }
 
     /// The URL of a path under the database (`_changes`, a document id…), already percent-encoded.
-    func url(_ path: String) -> String { path.isEmpty ? url : "\(url)/\(path)" }
+    public func url(_ path: String) -> String { path.isEmpty ? url : "\(url)/\(path)" }
 }
 
 /// Errors talking to a remote database.
@@ -76,17 +82,17 @@ public enum ReplicationError: Error, CustomStringConvertible, Sendable {
 }
 
 /// Bytes to upload, pulled as curl asks for them.
-protocol UploadSource: AnyObject {
+public protocol UploadSource: AnyObject {
     var length: Int64 { get }
     func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int
 }
 
-final class BytesUpload: UploadSource {
+public final class BytesUpload: UploadSource {
     private let bytes: [UInt8]
     private var offset = 0
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
-    var length: Int64 { Int64(bytes.count) }
-    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+    public init(_ bytes: [UInt8]) { self.bytes = bytes }
+    public var length: Int64 { Int64(bytes.count) }
+    public func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         let count = min(buffer.count, bytes.count - offset)
         bytes.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + offset, byteCount: count) }
         offset += count
@@ -95,23 +101,29 @@ final class BytesUpload: UploadSource {
 }
 
 /// One HTTP answer. The body is kept unless a sink consumed it.
-struct HTTPAnswer {
-    let status: Int
+public struct HTTPAnswer {
+    public let status: Int
     /// Lowercased names.
-    let headers: [String: String]
-    let body: [UInt8]
+    public let headers: [String: String]
+    public let body: [UInt8]
+
+    public init(status: Int, headers: [String: String], body: [UInt8]) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
 
     /// The body as JSON; nil when it is not (the caller says what it expected).
-    var json: JSONValue? { try? JSONParser.parse(body) }
+    public var json: JSONValue? { try? JSONParser.parse(body) }
 }
 
 /// How transient failures (refused or reset connections, 5xx, stalls, bodies that fail
 /// their digest) are retried: exponential backoff, bounded.
 public struct RetryPolicy: Sendable {
     /// Tries per operation, the first included.
-    public var attempts = ReplicatorTuning.attempts
-    public var initialDelay = ReplicatorTuning.firstRetryDelay
-    public var maximumDelay = ReplicatorTuning.longestRetryDelay
+    public var attempts = HTTPTuning.attempts
+    public var initialDelay = HTTPTuning.firstRetryDelay
+    public var maximumDelay = HTTPTuning.longestRetryDelay
 
     public init() {}
 }
@@ -139,7 +151,7 @@ public final class Cancellation: @unchecked Sendable {
 
     /// Runs `body` with `multi` woken by a cancel; throws `.cancelled` (and `body` is not run)
     /// if already cancelled.
-    func whileWaiting<T>(on multi: UnsafeMutableRawPointer, _ body: () throws -> T) throws -> T {
+    public func whileWaiting<T>(on multi: UnsafeMutableRawPointer, _ body: () throws -> T) throws -> T {
         try condition.withLock {
             if cancelled { throw ReplicationError.cancelled }
             transfers.append(multi)
@@ -149,7 +161,7 @@ public final class Cancellation: @unchecked Sendable {
     }
 
     /// Waits `seconds` unless cancelled first; throws `.cancelled` if so.
-    func sleep(_ seconds: Double) throws {
+    public func sleep(_ seconds: Double) throws {
         let deadline = Date(timeIntervalSinceNow: seconds)
         try condition.withLock {
             while !cancelled && condition.wait(until: deadline) {}
@@ -165,28 +177,28 @@ public final class Cancellation: @unchecked Sendable {
 /// requests), waiting in `curl_multi_poll` for the socket or curl's next timer, so a request
 /// waiting for its answer wakes nothing (`curl_easy_perform` would look once a second); a
 /// cancel wakes the wait at once (`curl_multi_wakeup`).
-final class HTTPClient {
+public final class HTTPClient {
     private let handle: UnsafeMutableRawPointer
     private let multi: UnsafeMutableRawPointer
-    let remote: RemoteDatabase
-    var caFile: String?
+    public let remote: RemoteDatabase
+    public var caFile: String?
     /// A request that makes no progress for this long fails (and is retried by the caller).
-    var stallTimeout = ReplicatorTuning.stallTimeout
-    var connectTimeout = ReplicatorTuning.connectTimeout
+    public var stallTimeout = HTTPTuning.stallTimeout
+    public var connectTimeout = HTTPTuning.connectTimeout
     /// Bytes curl hands over per callback (its default is 16 KiB); bodies streamed into files
     /// take bigger pieces, for fewer calls and wake-ups per byte.
-    var receiveBufferSize: Int?
-    var retry = RetryPolicy()
+    public var receiveBufferSize: Int?
+    public var retry = RetryPolicy()
     /// Called before each retry with what failed.
-    var onRetry: ((ReplicationError, Int) -> Void)?
+    public var onRetry: ((ReplicationError, Int) -> Void)?
     /// Stops requests in flight and retries with `.cancelled`.
-    var cancellation: Cancellation?
+    public var cancellation: Cancellation?
     /// `AuthSession` cookie after `_session` login; basic auth otherwise.
     private var cookie: String?
 
     private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
-    init(remote: RemoteDatabase) throws {
+    public init(remote: RemoteDatabase) throws {
         _ = HTTPClient.globalInit
         guard let handle = curl_easy_init() else { throw ReplicationError.network("curl_easy_init failed") }
         guard let multi = curl_multi_init() else {
@@ -219,7 +231,7 @@ final class HTTPClient {
     /// of being kept, unless the sink returns false for them (an error answer's body).
     /// `quietFor`: an answer that may legitimately send nothing for that long (a longpoll): no
     /// stall check (which wakes once a second), a whole-request limit of that plus the stall time.
-    func send(_ method: String, _ url: String, headers: [String: String] = [:], body: UploadSource? = nil,
+    public func send(_ method: String, _ url: String, headers: [String: String] = [:], body: UploadSource? = nil,
               quietFor: Int? = nil,
               sink: ((UnsafeRawBufferPointer, Int, [String: String]) throws -> Bool)? = nil) throws -> HTTPAnswer {
         curl_easy_reset(handle)
@@ -339,7 +351,7 @@ final class HTTPClient {
 
     /// Runs `operation` (which must be safe to repeat) until it succeeds, fails for good,
     /// or runs out of attempts.
-    func withRetry<T>(_ operation: () throws -> T) throws -> T {
+    public func withRetry<T>(_ operation: () throws -> T) throws -> T {
         var delay = retry.initialDelay
         for attempt in 1... {
             do {
@@ -354,7 +366,7 @@ final class HTTPClient {
     }
 
     /// A JSON request, retried while failures are transient; throws `.http` for error statuses.
-    func json(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = [],
+    public func json(_ method: String, _ path: String, _ body: JSONValue? = nil, allow: Set<Int> = [],
               quietFor: Int? = nil) throws -> (status: Int, json: JSONValue) {
         try withRetry { try jsonOnce(method, path, body, allow: allow, quietFor: quietFor) }
     }
@@ -376,7 +388,7 @@ final class HTTPClient {
         return (answer.status, json)
     }
 
-    func httpError(_ answer: HTTPAnswer, url: String) -> ReplicationError {
+    public func httpError(_ answer: HTTPAnswer, url: String) -> ReplicationError {
         let json = answer.json
         return .http(status: answer.status, error: json?["error"]?.stringValue ?? "error",
                      reason: json?["reason"]?.stringValue ?? String(decoding: answer.body.prefix(200), as: UTF8.self),
@@ -386,7 +398,7 @@ final class HTTPClient {
     /// Logs in with `POST /_session` when credentials are known, so later requests carry
     /// a cookie rather than the password. Servers without sessions keep basic auth. A reset
     /// or an empty reply is retried as any other request is.
-    func logIn() throws {
+    public func logIn() throws {
         try withRetry { try logInOnce() }
     }
 
