@@ -237,6 +237,6 @@ enum ViewKeyNames {
 
     private static func isPlain(_ string: String) -> Bool {
         guard let first = string.first, first != "_", first != "\"" else { return false }
-        return (try? JSONParser.parse(Array(string.utf8))) == nil
+        return (try? JSONParser.parse(Array(string.utf8))) == nil  // text that is not JSON reads as itself
     }
 }
