@@ -45,24 +45,24 @@ extension Database {
     /// Attachment rows of a revision, in its order (CouchDB's: as they were given; rows from
     /// before version 8 by name); `contentAvailable` is checked against `blobs` when given.
     func loadAttachments(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection, blobs: BlobStore?) throws -> [Attachment] {
+        try loadAttachmentRows(docKey: docKey, revID: revID, in: connection, blobs: blobs).map(\.attachment)
+    }
+
+    /// A revision's attachments in their order, each with the MD5 CouchDB keeps for its body
+    /// where known (`couch_md5`): what a save needs of its parent, in one read.
+    func loadAttachmentRows(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection,
+                            blobs: BlobStore?) throws -> [(attachment: Attachment, couchMD5: [UInt8]?)] {
         try connection.query("""
-            SELECT name, content_type, length, digest, blob_key, revpos FROM rev_attachments
+            SELECT name, content_type, length, digest, blob_key, revpos, \(hasAttachmentOrder ? "couch_md5" : "NULL") FROM rev_attachments
             WHERE doc_key = ? AND rev_id = ? ORDER BY \(hasAttachmentOrder ? "position, " : "")name
             """, .integer(docKey), .text(revID.description)
         ) { row in
             let key = row.optionalText(4).flatMap(BlobKey.init(hex:))
-            return Attachment(name: row.text(0), contentType: row.text(1), length: row.int64(2), digest: row.text(3),
-                              blobKey: key, revpos: row.int(5),
-                              contentAvailable: key.map { blobs?.contains($0) ?? false } ?? false)
+            return (Attachment(name: row.text(0), contentType: row.text(1), length: row.int64(2), digest: row.text(3),
+                               blobKey: key, revpos: row.int(5),
+                               contentAvailable: key.map { blobs?.contains($0) ?? false } ?? false),
+                    row.isNull(6) ? nil : row.bytes(6))
         }
-    }
-
-    /// The MD5s CouchDB keeps for a revision's attachment bodies, by name, where known.
-    func couchMD5s(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection) throws -> [String: [UInt8]] {
-        guard hasAttachmentOrder else { return [:] }
-        return Dictionary(try connection.query("""
-            SELECT name, couch_md5 FROM rev_attachments WHERE doc_key = ? AND rev_id = ? AND couch_md5 IS NOT NULL
-            """, .integer(docKey), .text(revID.description)) { ($0.text(0), $0.bytes(1)) }, uniquingKeysWith: { $1 })
     }
 
     static func deleteRevision(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection) throws {

@@ -88,13 +88,12 @@ extension Database {
         }
         if draft.deleted && row == nil { throw SofaError.documentNotFound(draft.docID) }
 
-        let parentAttachments: [String: Attachment]
-        if let parent, let key = row?.key {
-            parentAttachments = Dictionary(try loadAttachments(docKey: key, revID: parent, in: connection, blobs: nil)
-                .map { ($0.name, $0) }, uniquingKeysWith: { $1 })
-        } else {
-            parentAttachments = [:]
-        }
+        // The parent's attachments and the MD5s CouchDB keeps for them, in one read.
+        let parentRows = try parent.flatMap { parent in
+            try row.map { try loadAttachmentRows(docKey: $0.key, revID: parent, in: connection, blobs: nil) }
+        } ?? []
+        let parentAttachments = Dictionary(parentRows.map { ($0.attachment.name, $0.attachment) }, uniquingKeysWith: { $1 })
+        let parentMD5s = Dictionary(parentRows.compactMap { row in row.couchMD5.map { (row.attachment.name, $0) } }, uniquingKeysWith: { $1 })
         var draftRows = draft.attachments
         if !draft.deleted {
             let parentProperties = try parentAttachments.keys.contains(where: Blobs.isStandInName)
@@ -121,8 +120,7 @@ extension Database {
             return Database.validationJSON(docID: draft.docID, rev: parent, history: tree.history(of: parent), deleted: false,
                                            properties: old.properties, attachments: old.attachments)
         }, author: Author.current, in: connection)
-        let couchMD5s = try couchMD5s(of: attachments, parent: parent.flatMap { parent in row.map { ($0.key, parent) } },
-                                      parentAttachments: parentAttachments, in: connection)
+        let couchMD5s = try couchMD5s(of: attachments, parentAttachments: parentAttachments, parentMD5s: parentMD5s, in: connection)
         // A tombstone keeps no properties here, but CouchDB's id covers those it was sent with.
         let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: draft.properties, attachments: attachments.map {
             RevisionAttachmentIdentity(name: $0.name, contentType: $0.contentType, md5: couchMD5s[$0.name]!)
@@ -232,10 +230,9 @@ extension Database {
     /// `CouchAttachmentMD5.exactLimit`; for a body not here, its CouchDB digest (`md5-…`, the
     /// remote's own); else, with no way to know CouchDB's at a cost worth paying, the MD5 of
     /// its digest string.
-    private func couchMD5s(of attachments: [Attachment], parent: (docKey: Int64, revID: RevisionID)?,
-                           parentAttachments: [String: Attachment], in connection: SQLiteConnection) throws -> [String: [UInt8]] {
+    private func couchMD5s(of attachments: [Attachment], parentAttachments: [String: Attachment], parentMD5s: [String: [UInt8]],
+                           in connection: SQLiteConnection) throws -> [String: [UInt8]] {
         guard !attachments.isEmpty else { return [:] }
-        let parentMD5s = try parent.map { try couchMD5s(docKey: $0.docKey, revID: $0.revID, in: connection) } ?? [:]
         var result: [String: [UInt8]] = [:]
         for attachment in attachments {
             let compressible = CouchAttachmentMD5.isCompressible(attachment.contentType)
