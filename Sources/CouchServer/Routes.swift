@@ -405,19 +405,9 @@ extension CouchServer {
     /// lists them (`total_rows` and `offset` null; `include_docs`, `startkey`/`endkey`,
     /// `descending`, `skip`, `limit`).
     private func localDocs(_ request: Request, _ db: Database) async throws {
-        var keys: [String]?
-        switch request.method {
-        case .GET, .HEAD: keys = try request.jsonQuery("keys")?.arrayValue?.compactMap(\.stringValue)
-        case .POST: keys = try await request.body.json(limit: ServerTuning.jsonBody)["keys"]?.arrayValue?.compactMap(\.stringValue)
-        default: throw HTTPError.methodNotAllowed
-        }
-        let includeDocs = request.flag("include_docs")
-        let descending = request.flag("descending")
-        let limit = try request.intQuery("limit") ?? Int.max
-        let skip = try request.intQuery("skip") ?? 0
-        let startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
-        let endKey = try (request.jsonQuery("endkey") ?? request.jsonQuery("end_key"))?.stringValue
-        let inclusiveEnd = request.flag("inclusive_end", default: true)
+        let query = try await ListingQuery(request)
+        let (keys, includeDocs, descending, limit, skip) = (query.keys, query.includeDocs, query.descending, query.limit, query.skip)
+        let (startKey, endKey, inclusiveEnd) = (query.startKey, query.endKey, query.inclusiveEnd)
         let rows = try await blocking { [keys] () -> [JSONValue] in
             var ids = try keys ?? db.localDocumentIDs().sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
             if keys == nil {
@@ -449,23 +439,11 @@ extension CouchServer {
     /// `_all_docs`, or `_design_docs` (`designOnly`: the ids from `_design/` to `_design0`,
     /// counted among themselves), as CouchDB answers them.
     private func allDocs(_ request: Request, _ db: Database, designOnly: Bool = false) async throws {
-        var keys: [String]?
-        switch request.method {
-        case .GET, .HEAD:
-            keys = try request.jsonQuery("keys")?.arrayValue?.compactMap(\.stringValue)
-        case .POST:
-            let body = try await request.body.json(limit: ServerTuning.jsonBody)
-            keys = body["keys"]?.arrayValue?.compactMap(\.stringValue)
-        default: throw HTTPError.methodNotAllowed
-        }
-        let includeDocs = request.flag("include_docs")
-        let conflicts = request.flag("conflicts")
-        let descending = request.flag("descending")
-        let limit = try request.intQuery("limit") ?? Int.max
-        let skip = try request.intQuery("skip") ?? 0
-        var startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
-        let endKey = try (request.jsonQuery("endkey") ?? request.jsonQuery("end_key"))?.stringValue
-        let inclusiveEnd = request.flag("inclusive_end", default: true)
+        let query = try await ListingQuery(request)
+        let (keys, includeDocs, conflicts, descending, limit, skip) = (query.keys, query.includeDocs, query.conflicts, query.descending,
+                                                                       query.limit, query.skip)
+        var startKey = query.startKey
+        let (endKey, inclusiveEnd) = (query.endKey, query.inclusiveEnd)
         // The design documents' ids lie from `_design/` up to `_design0` ('0' follows '/').
         let range: (lower: String, upper: String)? = designOnly ? ("_design/", "_design0") : nil
         if let range, !descending, startKey.map({ $0 < range.lower }) ?? true { startKey = range.lower }
@@ -564,5 +542,35 @@ extension CouchServer {
         }
         try await response.write("\r\n]}\n")
         try await response.finish()
+    }
+}
+
+/// The parameters of a listing by document id (`_all_docs`, `_design_docs`, `_local_docs`), from
+/// the query string, and `keys` from it or a POSTed body.
+struct ListingQuery {
+    let keys: [String]?
+    let includeDocs: Bool
+    let conflicts: Bool
+    let descending: Bool
+    let limit: Int
+    let skip: Int
+    let startKey: String?
+    let endKey: String?
+    let inclusiveEnd: Bool
+
+    init(_ request: Request) async throws {
+        switch request.method {
+        case .GET, .HEAD: keys = try request.jsonQuery("keys")?.arrayValue?.compactMap(\.stringValue)
+        case .POST: keys = try await request.body.json(limit: ServerTuning.jsonBody)["keys"]?.arrayValue?.compactMap(\.stringValue)
+        default: throw HTTPError.methodNotAllowed
+        }
+        includeDocs = request.flag("include_docs")
+        conflicts = request.flag("conflicts")
+        descending = request.flag("descending")
+        limit = try request.intQuery("limit") ?? Int.max
+        skip = try request.intQuery("skip") ?? 0
+        startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
+        endKey = try (request.jsonQuery("endkey") ?? request.jsonQuery("end_key"))?.stringValue
+        inclusiveEnd = request.flag("inclusive_end", default: true)
     }
 }
