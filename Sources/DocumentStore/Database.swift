@@ -29,6 +29,8 @@ public final class Database: @unchecked Sendable {
     /// True when the database sits on a read-only file system: it is opened
     /// immutable, reads work, and every write fails with `readOnlyFileSystem`.
     public let isReadOnly: Bool
+    /// Opened for reading because the disk was full (`open(at:)`): writes say so.
+    public let openedOnAFullDisk: Bool
     /// Whether the file has `body_digests` (a version 1 database opened read-only has not).
     let hasBodyDigests: Bool
     /// Whether the file has `body_events` (version 3).
@@ -79,10 +81,12 @@ public final class Database: @unchecked Sendable {
 
     public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }
 
-    private init(path: String, writer: SQLiteConnection, readOnly: Bool = false, schemaVersion: Int = Schema.version) throws {
+    private init(path: String, writer: SQLiteConnection, readOnly: Bool = false, fullDisk: Bool = false,
+                 schemaVersion: Int = Schema.version) throws {
         self.path = path
         self.writer = writer
         self.isReadOnly = readOnly
+        self.openedOnAFullDisk = fullDisk
         self.hasBodyDigests = schemaVersion >= 2
         self.hasBodyEvents = schemaVersion >= 3
         self.hasBodyCache = schemaVersion >= 4
@@ -175,11 +179,23 @@ public final class Database: @unchecked Sendable {
         var fileSystem = statvfs()
         var wal = stat()
         // Immutable mode ignores the WAL, so it is only safe when all commits are in the main file.
-        let readOnly = statvfs(path, &fileSystem) == 0 && fileSystem.f_flag & UInt(ST_RDONLY) != 0
-            && (stat(file + "-wal", &wal) != 0 || wal.st_size == 0)
-        let connection = try SQLiteConnection(path: file, create: false, immutable: readOnly)
-        let found = try Schema.check(connection, path: path, readOnly: readOnly)
+        let walIsEmpty = stat(file + "-wal", &wal) != 0 || wal.st_size == 0
+        var readOnly = statvfs(path, &fileSystem) == 0 && fileSystem.f_flag & UInt(ST_RDONLY) != 0 && walIsEmpty
+        var connection = try SQLiteConnection(path: file, create: false, immutable: readOnly)
+        var found: Int
+        do {
+            found = try Schema.check(connection, path: path, readOnly: readOnly)
+        } catch SofaError.sqlite(let code, _, _) where code & 0xFF == 10 /* SQLITE_IOERR */ && Database.diskIsFull(path) {
+            // A full disk: SQLite cannot make the WAL's shared-memory file, so nothing opens.
+            // With every commit in the main file it opens immutable, for reading (`sofa info`,
+            // `check`, `cat`, a read-only mount); writes then say the disk is full.
+            guard walIsEmpty else { throw SofaError.diskFull(path: file + "-shm") }
+            readOnly = true
+            connection = try SQLiteConnection(path: file, create: false, immutable: true)
+            found = try Schema.check(connection, path: path, readOnly: true)
+        }
         let database = try Database(path: path, writer: connection, readOnly: readOnly,
+                                    fullDisk: readOnly && fileSystem.f_flag & UInt(ST_RDONLY) == 0,
                                     schemaVersion: readOnly ? found : Schema.version)
         if !readOnly {
             try database.blobs.createDirectories()
@@ -189,6 +205,12 @@ public final class Database: @unchecked Sendable {
         if !readOnly && found == 1 { try database.upgradeDigestsFromVersion1() }
         if !readOnly && found < 5 { try database.buildMangoIndexesFromDesignDocuments() }
         return database
+    }
+
+    /// Whether the file system holding `path` has no room left for an ordinary user.
+    static func diskIsFull(_ path: String) -> Bool {
+        var fileSystem = statvfs()
+        return statvfs(path, &fileSystem) == 0 && UInt64(fileSystem.f_bavail) * UInt64(fileSystem.f_frsize) < 64 << 10
     }
 
     static func normalize(_ path: String) -> String {
@@ -212,7 +234,9 @@ public final class Database: @unchecked Sendable {
     /// Runs `body` in an IMMEDIATE write transaction; rolls back if it throws. Each commit
     /// is published on `changeStream`.
     func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        guard !isReadOnly else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        guard !isReadOnly else {
+            throw openedOnAFullDisk ? SofaError.diskFull(path: databaseFilePath) : SofaError.readOnlyFileSystem(path: databaseFilePath)
+        }
         let (result, changed) = try writeLock.withLock {
             writer.wroteChanges = false
             try writer.execute("BEGIN IMMEDIATE")

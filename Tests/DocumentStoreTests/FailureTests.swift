@@ -122,3 +122,42 @@ extension FailureTests {
         }
     }
 }
+
+extension FailureTests {
+    /// On a full disk SQLite cannot make the WAL's shared-memory file, and every command failed
+    /// with "SQLite error 4874: disk I/O error (in PRAGMA user_version)" (#30). A database whose
+    /// commits are all in its main file now opens for reading: `info`, `check`, `cat`, `ls` work,
+    /// and a write says the disk is full. With room again, everything works as before.
+    @Test func aFullDiskLeavesReadingCommandsWorkingAndWritesSayWhy() throws {
+        #expect(isRoot, "this test mounts a tmpfs and needs root")
+        let mountPoint = directory.appending("full")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        try mount("mount -t tmpfs -o size=2m tmpfs \(mountPoint)")
+        defer { _ = try? shell("umount -l \(mountPoint)") }
+        let path = mountPoint + "/full.sofa"
+        do {
+            let db = try Database.create(at: path)
+            try db.put("doc", ["n": 1], attachments: ["note.txt": Array("hello".utf8)])
+        }  // closed: its commits are in the main file
+        let filler = mountPoint + "/filler"
+        _ = try shell("dd if=/dev/zero of=\(filler) bs=64k 2>/dev/null")
+        for arguments in [["info", path], ["check", path], ["cat", path, "doc"], ["ls", path], ["cat-attachment", path, "doc", "note.txt"]] {
+            let result = try sofa(arguments)
+            #expect(result.status == 0, "\(arguments): \(result.stderr)")
+            #expect(!result.stderr.contains("4874"), "\(arguments): \(result.stderr)")
+        }
+        #expect(try sofa(["cat-attachment", path, "doc", "note.txt"]).stdout == "hello")
+        let put = try sofa(["put", path, "other", #"{"n":2}"#])
+        #expect(put.status != 0 && put.stderr.contains("no space left on device"), "\(put.stderr)")
+        let db = try Database.open(at: path)
+        #expect(db.openedOnAFullDisk && db.isReadOnly)
+        #expect(try db.document(withID: "doc")?.properties == ["n": 1])
+        #expect(throws: SofaError.diskFull(path: path + "/db.sqlite3")) { try db.put("other", ["n": 2]) }
+        // Room again: a normal open, and writes work.
+        try FileManager.default.removeItem(atPath: filler)
+        let again = try Database.open(at: path)
+        #expect(!again.isReadOnly)
+        try again.put("other", ["n": 2])
+        #expect(try again.check().isEmpty)
+    }
+}
