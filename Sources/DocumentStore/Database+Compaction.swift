@@ -4,6 +4,31 @@ import Foundation
 /// Compaction (history bodies, unreferenced blobs, VACUUM), the end of a process's log, and the
 /// integrity check.
 extension Database {
+    /// Removes bodies written for a save that will not happen (a pulled document that did not
+    /// fit on the disk), at once rather than at the next compaction: each of `keys` that no
+    /// revision or staged file references and whose file was written since `since` (so not one
+    /// that was here before). Checked and removed under the write lock, so no save of this
+    /// database commits a reference meanwhile.
+    public func removeUnreferencedBlobs(_ keys: [BlobKey], writtenSince since: Date) throws {
+        guard !keys.isEmpty else { return }
+        try write { connection in
+            for key in Set(keys) {
+                var referenced = try connection.query("SELECT EXISTS (SELECT 1 FROM rev_attachments WHERE blob_key = ?)", .text(key.hex)) {
+                    $0.bool(0)
+                }[0]
+                if hasStaging && !referenced {
+                    referenced = try connection.query("SELECT EXISTS (SELECT 1 FROM staged_attachments WHERE blob_key = ?)", .text(key.hex)) {
+                        $0.bool(0)
+                    }[0]
+                }
+                var info = stat()
+                guard !referenced, stat(blobs.path(for: key), &info) == 0,
+                      Double(info.st_mtim.tv_sec) + 1 >= since.timeIntervalSince1970 else { continue }
+                try blobs.remove(key)
+            }
+        }
+    }
+
     /// Drops the bodies of non-leaf revisions, prunes history beyond the revs
     /// limit, deletes blobs that no revision references (keeping the metadata of
     /// referenced bodies that are not downloaded), sweeps abandoned temporary

@@ -80,24 +80,50 @@ final class LocalPeer: ReplicationPeer {
     func write(_ revisions: [ReplicatedRevision], missing: [String: MissingRevisions], from source: ReplicationPeer,
                result: inout ReplicationResult) throws -> [DocumentFailure] {
         var failures: [DocumentFailure] = []
-        var ready: [ReplicatedRevision] = []
+        var ready: [(revision: ReplicatedRevision, fetched: [StoredBlob])] = []
+        let started = Date()
         for revision in revisions {
+            var fetched: [StoredBlob] = []
             do {
-                ready.append(try withBodies(revision, from: source, result: &result))
+                ready.append((try withBodies(revision, from: source, result: &result, fetched: &fetched), fetched))
             } catch let error as SofaError where !error.isEnvironmental {
                 failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: "invalid",
                                                 reason: "\(error)"))
+            } catch let error as SofaError where error.isDiskFull {
+                // This document does not fit: the ones that do go on (they may be small), the
+                // checkpoint stays before it, and the bodies it brought go at once.
+                failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: "disk_full",
+                                                reason: "\(error)"))
+                try database.removeUnreferencedBlobs(fetched.map(\.key), writtenSince: started)
             }
         }
         // One transaction for the batch; a revision this database refuses (an invalid id or
         // body) is left out and named, the others are saved.
-        try database.inBatch { batch in
-            for revision in ready {
+        do {
+            var refused: [DocumentFailure] = []
+            var written = 0
+            try database.inBatch { batch in
+                (refused, written) = ([], 0)  // a retried batch counts again
+                for (revision, _) in ready {
+                    do {
+                        if try batch.insert(revision) { written += 1 }
+                    } catch let error as SofaError where !error.isEnvironmental {
+                        refused.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: error.failureName,
+                                                       reason: "\(error)"))
+                    }
+                }
+            }
+            failures += refused
+            result.docsWritten += written
+        } catch let error as SofaError where error.isDiskFull && ready.count > 1 {
+            // No room for the batch's rows: each document on its own, so that those that fit are kept.
+            for (revision, fetched) in ready {
                 do {
-                    if try batch.insert(revision) { result.docsWritten += 1 }
-                } catch let error as SofaError where !error.isEnvironmental {
-                    failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: error.failureName,
-                                                    reason: "\(error)"))
+                    try database.inBatch { batch in if try batch.insert(revision) { result.docsWritten += 1 } }
+                } catch let error as SofaError where !error.isEnvironmental || error.isDiskFull {
+                    failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description,
+                                                    error: error.isDiskFull ? "disk_full" : error.failureName, reason: "\(error)"))
+                    if error.isDiskFull { try database.removeUnreferencedBlobs(fetched.map(\.key), writtenSince: started) }
                 }
             }
         }
@@ -114,8 +140,9 @@ final class LocalPeer: ReplicationPeer {
 
     /// `revision` with each attachment's body: one here already, one fetched from `source`, or
     /// none (deferred) when the download policy says so.
+    /// `fetched`: the bodies fetched for it so far, also when it fails.
     private func withBodies(_ revision: ReplicatedRevision, from source: ReplicationPeer,
-                            result: inout ReplicationResult) throws -> ReplicatedRevision {
+                            result: inout ReplicationResult, fetched: inout [StoredBlob]) throws -> ReplicatedRevision {
         guard !revision.attachments.isEmpty else { return revision }
         let ancestors = try database.attachmentsForStubs(of: revision.docID, ancestors: revision.ancestors)
         var attachments: [Attachment] = []
@@ -126,6 +153,7 @@ final class LocalPeer: ReplicationPeer {
                 attachments.append(attachment.withBody(blob, digest: digest))
             } else if downloads.allows(attachment) && !isKeptDeferred(attachment, ancestors: ancestors) {
                 let (blob, digest) = try source.fetchBody(of: attachment, docID: revision.docID, rev: revision.revID, into: database.blobs)
+                fetched.append(blob)
                 if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
                 result.attachmentsDownloaded += 1
                 result.attachmentBytesDownloaded += blob.length
@@ -170,6 +198,8 @@ extension SofaError {
         default: "invalid"
         }
     }
+
+    var isDiskFull: Bool { if case .diskFull = self { true } else { false } }
 
     var isEnvironmental: Bool {
         switch self {

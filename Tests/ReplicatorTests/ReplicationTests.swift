@@ -858,3 +858,50 @@ import TestSupport
         #expect(throws: SofaError.self) { try RemoteDatabase("ftp://host.example/db") }
     }
 }
+
+extension ReplicationTests {
+    /// A pull that runs out of disk (#30): the documents that fit are committed, those that do
+    /// not are named with the reason, their bodies leave nothing behind, the checkpoint stays
+    /// before the first that failed, and with room again the next pull brings the rest. (A pull
+    /// used to commit nothing and leave every downloaded body unreferenced until a compaction.)
+    @Test func aPullThatRunsOutOfDiskKeepsWhatFitAndLeavesNoOrphanBody() throws {
+        #expect(isRoot, "this test mounts a tmpfs and needs root")
+        let source = try directory.makeDatabase("source.sofa")
+        let body = directory.appending("big.bin")
+        for (index, id) in (0..<33).map({ $0 % 11 == 10 ? "big-\($0 / 11)" : String(format: "small-%02d", $0) }).enumerated() {
+            var draft = try source.newRevision(of: id)
+            draft.properties = ["n": .integer(Int64(index))]
+            if id.hasPrefix("big") {
+                try writePatternFile(body, count: Int64((3 << 19) + index))  // 1.5 MiB, each its own
+                try draft.setAttachment("body.bin", contentsOf: body)
+            }
+            try source.save(draft)
+        }
+        let server = try ServedDatabases([source.path])
+        let small = directory.appending("small-disk")
+        #expect(try shell("mkdir -p '\(small)' && mount -t tmpfs -o size=4m tmpfs '\(small)'").succeeded)
+        defer { _ = try? shell("umount -l '\(small)'") }
+        let target = small + "/target.sofa"
+        #expect(try sofa("create", target).succeeded)
+        let url = "http://127.0.0.1:\(server.port)/source"
+
+        let first = try sofa("pull", target, url)
+        #expect(!first.succeeded)
+        #expect(first.stderr.contains("disk_full") && first.stderr.contains("no space left on device"), "\(first.stderr)")
+        let pulled = try Database.open(at: target)
+        let ids = try pulled.documents().map(\.docID)
+        #expect(ids.filter { $0.hasPrefix("small") }.count == 30, "every small document fits and is kept: \(ids)")
+        #expect(ids.contains("big-0") && !ids.contains("big-2"), "\(ids)")
+        // No body without its document, no temporary file.
+        let stored = try FileManager.default.contentsOfDirectory(atPath: pulled.blobs.directory).filter { $0.hasSuffix(".blob") }
+        let referenced = try Set(ids.flatMap { try pulled.document(withID: $0)?.attachments.compactMap(\.blobKey?.hex) ?? [] })
+        #expect(Set(stored.map { String($0.dropLast(5)) }) == referenced, "\(stored) \(referenced)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: pulled.blobs.directory + "/tmp").isEmpty)
+        #expect(try sofa("check", target).succeeded)
+        // Room again: the next pull brings what did not fit, and the two databases are the same.
+        #expect(try shell("mount -o remount,size=64m '\(small)'").succeeded)
+        let second = try sofa("pull", target, url)
+        #expect(second.succeeded, "\(second.stderr)")
+        #expect(try snapshot(Database.open(at: target)) == snapshot(source))
+    }
+}
