@@ -5,6 +5,27 @@ import Foundation
 import Testing
 import TestSupport
 
+/// Reads `path` as the kernel does: `count` entries per call, each call going on after the
+/// last entry it got; `between` runs after each call.
+func readAsTheKernelDoes(_ fs: DocumentFileSystem, _ path: String, count: Int,
+                         between: (Int) throws -> Void = { _ in }) throws -> [String] {
+    var names: [String] = [], position: UInt64 = 0, call = 0
+    while true {
+        var got = 0
+        try fs.readDirectory(path, after: position) { entry in
+            guard got < count else { return false }
+            #expect(entry.position > position, "positions increase: \(entry.name)")
+            names.append(entry.name)
+            position = entry.position
+            got += 1
+            return true
+        }
+        guard got > 0 else { return names }
+        call += 1
+        try between(call)
+    }
+}
+
 /// Listings carry no state between reads (the kernel opens folders itself), so every
 /// entry's position must say where to go on, whatever changes between two reads.
 @Suite struct ListingTests {
@@ -17,24 +38,8 @@ import TestSupport
         fs = try DocumentFileSystem(database: db)
     }
 
-    /// Reads `path` as the kernel does: `count` entries per call, each call going on after the
-    /// last entry it got; `between` runs after each call.
     func list(_ path: String, count: Int, between: (Int) throws -> Void = { _ in }) throws -> [String] {
-        var names: [String] = [], position: UInt64 = 0, call = 0
-        while true {
-            var got = 0
-            try fs.readDirectory(path, after: position) { entry in
-                guard got < count else { return false }
-                #expect(entry.position > position, "positions increase: \(entry.name)")
-                names.append(entry.name)
-                position = entry.position
-                got += 1
-                return true
-            }
-            guard got > 0 else { return names }
-            call += 1
-            try between(call)
-        }
+        try readAsTheKernelDoes(fs, path, count: count, between: between)
     }
 
     @Test func documentsThatStayAreListedOnceWhileOthersComeAndGo() throws {
@@ -100,21 +105,7 @@ import TestSupport
     }
 
     func list(_ path: String, count: Int, between: (Int) throws -> Void = { _ in }) throws -> [String] {
-        var names: [String] = [], position: UInt64 = 0, call = 0
-        while true {
-            var got = 0
-            try fs.readDirectory(path, after: position) { entry in
-                guard got < count else { return false }
-                #expect(entry.position > position, "positions increase: \(entry.name)")
-                names.append(entry.name)
-                position = entry.position
-                got += 1
-                return true
-            }
-            guard got > 0 else { return names.filter { $0 != "." && $0 != ".." } }
-            call += 1
-            try between(call)
-        }
+        try readAsTheKernelDoes(fs, path, count: count, between: between).filter { $0 != "." && $0 != ".." }
     }
 
     @Test func everyKeyOnceInOrderWhileDocumentsComeAndGo() throws {
