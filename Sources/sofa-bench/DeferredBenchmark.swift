@@ -189,7 +189,7 @@ final class MountProcess {
         guard posix_spawn(&pid, sofa, nil, nil, argv, environ) == 0 else { throw SofaError.invalidArgument("cannot start sofa mount") }
         self.pid = pid
         for _ in 0..<1500 {
-            if ((try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? "").contains(" \(mountPoint) ") { return }
+            if (KernelFile.text("/proc/mounts") ?? "").contains(" \(mountPoint) ") { return }
             usleep(10_000)
         }
         kill(pid, SIGKILL)

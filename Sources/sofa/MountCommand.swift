@@ -205,7 +205,7 @@ enum MountTable {
 
     /// The fields of the topmost mountinfo line of `mountPoint`.
     private static func entry(at mountPoint: String) -> [Substring]? {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }  // no /proc: nothing known mounted
+        guard let text = KernelFile.text("/proc/self/mountinfo") else { return nil }  // no /proc: nothing known mounted
         return text.split(separator: "\n").lazy.map { $0.split(separator: " ") }.last { fields in
             fields.count > 4 && fields[4].replacingOccurrences(of: "\\040", with: " ") == mountPoint
                 && fields.firstIndex(of: "-").map { $0 + 1 < fields.count } == true

@@ -111,3 +111,34 @@ extension MountFailureTests {
         #expect(try document(db, "b")?.properties == ["n": 2], "the refused write changed nothing")
     }
 }
+
+extension MountFailureTests {
+    /// A mount table longer than a page (as on most desktops: snaps, containers, systemd):
+    /// Foundation read only the first 4 KiB of /proc/self/mountinfo, so the mount just made was
+    /// not found when it came after that: `sofa mount` could not arm its guard or see a mount
+    /// point busy, and tests could not see their mounts. Found when leftover mounts of earlier
+    /// runs pushed this machine's table past 4 KiB.
+    @Test func aMountIsFoundInAMountTableLongerThanAPage() throws {
+        #expect(isRoot, "this test mounts and needs root")
+        let many = directory.appending("a-folder-name-long-enough-to-fill-the-mount-table-quickly")
+        var mounted: [String] = []
+        defer { for path in mounted { _ = try? shell("umount -l '\(path)'") } }
+        for index in 0..<60 {
+            let path = "\(many)/mount-point-number-\(index)"
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            #expect(try shell("mount -t tmpfs -o size=64k none '\(path)'").succeeded)
+            mounted.append(path)
+        }
+        let table = try sh("cat /proc/self/mountinfo")
+        #expect(table.utf8.count > 6000, "the table is longer than a page and a half")
+        #expect(KernelFile.text("/proc/self/mountinfo")?.utf8.count == table.utf8.count, "read to its end")
+        let db = try directory.makeDatabase()
+        try db.put("doc", ["n": 1])
+        let mount = try MountedDatabase(db.path)  // waits until it finds the mount in the table
+        #expect(try sh("cat '\(mount.path("docs/doc/properties.json"))'").contains("\"n\": 1"))
+        // The mount's own look at the table: a second mount on the same point is refused as busy.
+        let again = try shell("\(sofaBinary) mount '\(db.path)' '\(mount.mountPoint)' 2>&1")
+        #expect(!again.succeeded && again.stdout.contains("already"), "\(again.stdout)")
+        #expect(mount.unmount().succeeded)
+    }
+}

@@ -194,7 +194,7 @@ import TestSupport
         defer { holder.kill(); _ = holder.wait() }
         // Its flock on open.lock (its SQLite locks, POSIX ones, come first and are no sign of it).
         #expect(waitUntil(10) {
-            ((try? String(contentsOfFile: "/proc/locks", encoding: .utf8)) ?? "").split(separator: "\n").contains {
+            (KernelFile.text("/proc/locks") ?? "").split(separator: "\n").contains {
                 $0.contains("FLOCK") && $0.contains(" \(holder.pid) ")
             }
         })

@@ -65,14 +65,14 @@ public final class MountedDatabase: @unchecked Sendable {
     public var log: String { process.errorOutput }
 
     public static func isMounted(_ path: String) -> Bool {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
+        guard let text = KernelFile.text("/proc/self/mountinfo") else { return false }
         return text.split(separator: "\n").contains { $0.split(separator: " ").dropFirst(4).first.map(String.init) == path }
     }
 
     /// Unmounts leftovers of earlier runs whose process died (stat fails with ENOTCONN).
     /// Live mounts of tests running in parallel are left alone.
     public static func sweepDeadMounts() {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return }
+        guard let text = KernelFile.text("/proc/self/mountinfo") else { return }
         for line in text.split(separator: "\n") {
             let fields = line.split(separator: " ")
             guard fields.count > 4, fields[4].hasPrefix("/tmp/sofa-mnt-") else { continue }
