@@ -92,7 +92,14 @@ extension CouchDBInteropTests {
                                                 ["validate_doc_update": "function(n) { throw({forbidden: 'closed'}); }"], as: nil))
         record("closed", try request("PUT", "/\(db)/j", ["address": "here"], as: nil))
         record("remove validator", try request("DELETE", "/\(db)/_design/rules?rev=\(try rev("_design/rules"))", as: nil))
-        record("open again", try request("PUT", "/\(db)/j", ["nothing": true], as: nil))
+        // CouchDB drops a deleted validator from its cache a moment later: until then it may
+        // still refuse with it. Asked again, it answers as the design documents now say.
+        var open = try request("PUT", "/\(db)/j", ["nothing": true], as: nil)
+        for _ in 0..<40 where open.status == 403 && open.json?["reason"] == "closed" {
+            usleep(50_000)
+            open = try request("PUT", "/\(db)/j", ["nothing": true], as: nil)
+        }
+        record("open again", open)
         return seen
     }
 
