@@ -32,6 +32,8 @@ let package = Package(
         .target(name: "CUnicode", linkerSettings: [.linkedLibrary("icui18n"), .linkedLibrary("icuuc")]),
 
         .target(name: "DocumentModel", dependencies: ["CCrypto", "CUnicode"]),
+        // BLIP, Couchbase Lite's replication transport: frames, messages, flow control.
+        .target(name: "BLIP", dependencies: ["CGzip"]),
         .target(name: "QueryServer", dependencies: ["DocumentModel", "CLinux"]),
         .target(name: "DocumentStore", dependencies: [
             "DocumentModel", "QueryServer", "CSQLite3", "CGzip", "CLinux",
@@ -44,10 +46,11 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "CouchServer", dependencies: [
-            "DocumentModel", "DocumentStore", "CCrypto",
+            "DocumentModel", "DocumentStore", "CCrypto", "BLIP",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOHTTP1", package: "swift-nio"),
+            .product(name: "NIOWebSocket", package: "swift-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         // HTTP on libcurl: remote URLs, the client, retries, cancellation, transport errors.

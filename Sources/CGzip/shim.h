@@ -7,6 +7,11 @@ static inline int cz_inflate_init_gzip(z_stream *stream) {
     return inflateInit2(stream, 15 + 32);  // gzip or zlib, detected from the header
 }
 
+// Raw inflate (no header), as BLIP's compressed frames hold it.
+static inline int cz_inflate_init_raw(z_stream *stream) {
+    return inflateInit2(stream, -15);
+}
+
 // Raw deflate (no zlib or gzip header), as zip entries hold it.
 static inline int cz_deflate_init_raw(z_stream *stream, int level) {
     return deflateInit2(stream, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);

@@ -59,8 +59,8 @@ func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
 extension CouchServer {
     var requiresAuthentication: Bool { configuration.user != nil }
 
-    func sessionCookie(_ request: Request) -> String? {
-        for header in request.headers["Cookie"] {
+    func sessionCookie(_ headers: HTTPHeaders) -> String? {
+        for header in headers["Cookie"] {
             for pair in header.split(separator: ";") {
                 let kv = pair.split(separator: "=", maxSplits: 1)
                 if kv.count == 2, kv[0].trimmingCharacters(in: .whitespaces) == "AuthSession" {

@@ -394,7 +394,7 @@ final class LingeringClose: ChannelDuplexHandler, @unchecked Sendable {
 }
 
 /// Tells `LingeringClose` that the request could not be parsed (placed after the decoder).
-final class ParseErrorWatcher: ChannelInboundHandler, @unchecked Sendable {
+final class ParseErrorWatcher: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
     // Sendable invariant: used on its channel's event loop only.
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -416,7 +416,7 @@ final class ParseErrorWatcher: ChannelInboundHandler, @unchecked Sendable {
 /// `header` of the previous response's end (or the connection's start), and its body may
 /// not pause for longer than `body`. While a request is being answered (a long response,
 /// a continuous feed) no deadline runs. Placed after the decoder.
-final class RequestDeadlines: ChannelDuplexHandler, @unchecked Sendable {
+final class RequestDeadlines: ChannelDuplexHandler, RemovableChannelHandler, @unchecked Sendable {
     // Sendable invariant: used on its channel's event loop only.
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -474,5 +474,11 @@ final class RequestDeadlines: ChannelDuplexHandler, @unchecked Sendable {
     func channelInactive(context: ChannelHandlerContext) {
         deadline?.cancel()
         context.fireChannelInactive()
+    }
+
+    /// Removed when the connection becomes a WebSocket: its deadlines are HTTP's.
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
     }
 }

@@ -129,6 +129,10 @@ extension CouchServer {
         case "_design_docs": try await allDocs(request, db, designOnly: true)
         case "_local_docs": try await localDocs(request, db)
         case "_changes": try await changes(request, db)
+        case "_blipsync":
+            // Here only when the WebSocket upgrade was not made: the access checks above passed.
+            throw HTTPError(.badRequest, "bad_request",
+                            "_blipsync is Couchbase Lite's replication endpoint: open a WebSocket to it with the subprotocol \(BLIPSync.protocols.joined(separator: " or "))")
         case "_revs_diff": try await revsDiff(request, db)
         case "_missing_revs": try await missingRevs(request, db)
         case "_bulk_docs": try await bulkDocs(request, db)

@@ -2,6 +2,7 @@ import CCrypto
 import DocumentModel
 import DocumentStore
 import Foundation
+import NIOHTTP1
 
 /// Who is asking: CouchDB's `userCtx`.
 struct UserContext: Sendable, Equatable {
@@ -51,8 +52,12 @@ extension CouchServer {
     /// session cookie; anonymous without either. Without `--user` everyone is an admin (Sofa's
     /// single-user mode). Wrong credentials are 401 wherever they are sent.
     func userContext(_ request: Request) async throws -> UserContext {
+        try await userContext(headers: request.headers)
+    }
+
+    func userContext(headers: HTTPHeaders) async throws -> UserContext {
         guard requiresAuthentication else { return UserContext(name: nil, roles: ["_admin"]) }
-        if let authorization = request.headers["Authorization"].first {
+        if let authorization = headers["Authorization"].first {
             let parts = authorization.split(separator: " ", maxSplits: 1)
             guard parts.count == 2, parts[0].lowercased() == "basic", let data = Data(base64Encoded: String(parts[1])),
                   let text = String(data: data, encoding: .utf8), let colon = text.firstIndex(of: ":") else {
@@ -63,7 +68,7 @@ extension CouchServer {
             }
             return user
         }
-        if let value = sessionCookie(request), let name = sessions.user(fromCookie: value) {
+        if let value = sessionCookie(headers), let name = sessions.user(fromCookie: value) {
             if name == configuration.user { return UserContext(name: name, roles: ["_admin"]) }
             // A user's roles are read at every request: removing a user or a role takes effect at once.
             if let roles = try await blocking({ try self.userDocument(name).map(UserContext.roles(of:)) }) {

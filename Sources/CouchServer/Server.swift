@@ -5,6 +5,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOWebSocket
 
 /// `sofa serve`: the CouchDB 3.x HTTP API over Sofa databases, on SwiftNIO.
 ///
@@ -71,7 +72,7 @@ public final class CouchServer: @unchecked Sendable {
     /// The port listened on, once `start()` bound it.
     private(set) var boundPort: Int?
     private let group: MultiThreadedEventLoopGroup
-    private var serverChannel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>?
+    private var serverChannel: NIOAsyncChannel<AcceptedConnection, Never>?
     /// Closed by `stop()`.
     private let stopLock = NSLock()
     private var stopped = false
@@ -95,7 +96,7 @@ public final class CouchServer: @unchecked Sendable {
     /// Binds the socket; returns the port (useful with port 0).
     public func start() async throws -> Int {
         pool.start()
-        let channel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>
+        let channel: NIOAsyncChannel<AcceptedConnection, Never>
         do {
             channel = try await bind()
         } catch let error as IOError where error.errnoCode == EADDRINUSE {
@@ -109,7 +110,7 @@ public final class CouchServer: @unchecked Sendable {
         return boundPort!
     }
 
-    private func bind() async throws -> NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never> {
+    private func bind() async throws -> NIOAsyncChannel<AcceptedConnection, Never> {
         try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -122,16 +123,39 @@ public final class CouchServer: @unchecked Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     self.accepted(channel)
                     let closer = LingeringClose()
+                    let watcher = ParseErrorWatcher(closer)
+                    let deadlines = RequestDeadlines(header: configuration.headerTimeout, body: configuration.bodyTimeout)
                     try channel.pipeline.syncOperations.addHandler(closer)
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    // The first request may turn the connection into a WebSocket (Couchbase Lite's
+                    // replicator at /{db}/_blipsync); any other is HTTP from then on.
+                    let webSocket = NIOTypedWebSocketServerUpgrader<ConnectionKind>(
+                        maxFrameSize: BLIPSync.maximumFrameSize,
+                        shouldUpgrade: { channel, head in self.blipUpgradeHeaders(channel, head) },
+                        upgradePipelineHandler: { channel, head in
+                            // The HTTP handlers of this server's own go too (NIO removes its own).
+                            channel.pipeline.removeHandler(deadlines).and(channel.pipeline.removeHandler(watcher)).flatMapThrowing { _ in
+                                try channel.pipeline.syncOperations.addHandler(
+                                    NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1 << 16,
+                                                                maxAccumulatedFrameSize: BLIPSync.maximumFrameSize))
+                                let wrapped = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(wrappingChannelSynchronously: channel)
+                                return .webSocket(wrapped, head)
+                            }
+                        })
+                    let upgrade = try channel.pipeline.syncOperations.configureUpgradableHTTPServerPipeline(
+                        configuration: .init(upgradeConfiguration: NIOTypedHTTPServerUpgradeConfiguration(
+                            upgraders: [webSocket],
+                            notUpgradingCompletionHandler: { channel in
+                                channel.eventLoop.makeCompletedFuture {
+                                    .http(try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel))
+                                }
+                            })))
                     // Before NIO's error handler (which answers 400), after the decoder.
                     let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
-                    try channel.pipeline.syncOperations.addHandler(ParseErrorWatcher(closer), position: .after(decoder))
-                    try channel.pipeline.syncOperations.addHandler(
-                        RequestDeadlines(header: configuration.headerTimeout, body: configuration.bodyTimeout), position: .after(decoder))
-                    let wrapped = try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel)
-                    self.stopLock.withLock { self.unserved[ObjectIdentifier(channel)] = wrapped }
-                    return wrapped
+                    try channel.pipeline.syncOperations.addHandler(watcher, position: .after(decoder))
+                    try channel.pipeline.syncOperations.addHandler(deadlines, position: .after(decoder))
+                    let accepted = AcceptedConnection(channel: channel, kind: upgrade)
+                    self.stopLock.withLock { self.unserved[ObjectIdentifier(channel)] = accepted }
+                    return accepted
                 }
             }
     }
@@ -174,7 +198,7 @@ public final class CouchServer: @unchecked Sendable {
     /// `executeThenClose` traps in its writer's deinit (SIGILL in `channelActive`: a SIGTERM
     /// right after a burst of connections did it, 1 run in 3), and the accept loop drops the
     /// ones that arrive as it ends; this keeps them until they are served. Guarded by `stopLock`.
-    private var unserved: [ObjectIdentifier: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>] = [:]
+    private var unserved: [ObjectIdentifier: AcceptedConnection] = [:]
     static let stopGracePeriod = ServerTuning.stopGracePeriod
 
     /// Stops accepting connections, closes idle ones, and lets requests in progress
@@ -200,7 +224,7 @@ public final class CouchServer: @unchecked Sendable {
     /// A connection's idle time counts from its accept or the end of its last request: its task
     /// starting later (a burst queues them) must not make it look fresher than one accepted
     /// since, or the room made for a new client is taken from that client.
-    private func setBusy(_ channel: Channel, _ busy: Bool) -> Bool {
+    func setBusy(_ channel: Channel, _ busy: Bool) -> Bool {
         stopLock.withLock {
             let id = ObjectIdentifier(channel)
             // Closed meanwhile (made room for another): not counted again.
@@ -280,10 +304,25 @@ public final class CouchServer: @unchecked Sendable {
     /// before its turn (to make room, refused, or the server stopping): an NIOAsyncChannel
     /// dropped without it traps in its writer's deinit (SIGILL in `channelActive`, which is what
     /// a SIGTERM right after a burst of connections did).
-    private func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
-        let channel = connection.channel
+    private func serve(_ accepted: AcceptedConnection) async {
+        let channel = accepted.channel
         // Handed over once: the stragglers' pass after the accept loop takes only those left.
         guard stopLock.withLock({ unserved.removeValue(forKey: ObjectIdentifier(channel)) != nil }) else { return }
+        let kind: ConnectionKind
+        do {
+            kind = try await accepted.kind.get()
+        } catch {
+            log.debug("connection ended before its first request: \(error)")
+            return
+        }
+        switch kind {
+        case .http(let connection): await serveHTTP(connection)
+        case .webSocket(let connection, let head): await serveBLIP(connection, head: head)
+        }
+    }
+
+    private func serveHTTP(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
+        let channel = connection.channel
         // (Its entry in `connections` goes with the channel's close: see `accepted`.)
         do {
             try await connection.executeThenClose { inbound, outbound in
@@ -385,6 +424,18 @@ public final class CouchServer: @unchecked Sendable {
         let author = Author(name: user.name, roles: user.roles)
         return try await pool.runIfActive { try Author.$current.withValue(author) { try work() } }
     }
+}
+
+/// A connection as accepted: what its first request made of it comes later.
+struct AcceptedConnection: Sendable {
+    let channel: Channel
+    let kind: EventLoopFuture<ConnectionKind>
+}
+
+/// HTTP, or a WebSocket carrying BLIP (Couchbase Lite's replication) after an upgrade.
+enum ConnectionKind: Sendable {
+    case http(NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>)
+    case webSocket(NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, HTTPRequestHead)
 }
 
 /// One request being handled.

@@ -6,6 +6,11 @@ import Foundation
 public struct StoredBlob: Hashable, Sendable {
     public let key: BlobKey
     public let length: Int64
+
+    public init(key: BlobKey, length: Int64) {
+        self.key = key
+        self.length = length
+    }
 }
 
 /// The content-addressed store of attachment bodies: `attachments/<sha1 hex>.blob`.
