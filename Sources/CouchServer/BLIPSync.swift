@@ -146,6 +146,7 @@ final class BLIPSyncSession: @unchecked Sendable {
     }
 
     func handle(_ request: BLIPMessage, on connection: BLIPConnection) async {
+        log.debug("\(name) BLIP #\(request.number) \(request.properties.map { "\($0.0)=\($0.1)" }.joined(separator: " ")) \(request.body.count)B")
         do {
             try await CouchServer.$user.withValue(user) {
                 switch request.profile {
@@ -240,23 +241,31 @@ final class BLIPSyncSession: @unchecked Sendable {
         await connection.reply(to: request, body: JSONValue.array(answer).serialized())
     }
 
-    /// `proposeChanges`: `[[docID, revID, serverRevID?], …]`; the answer is a status for each:
-    /// 0 send it, 304 it is here, 409 it conflicts with the current revision here.
+    /// `proposeChanges`: `[[docID, revID, serverRevID?], …]`, what Couchbase Lite 3 pushes with
+    /// (it never pushes conflicts: an edit made on a revision that is no longer current here is
+    /// refused, pulled, resolved by the app, and pushed again). The answer is a status for each:
+    /// 0 send it, 304 it is here, 409 it would conflict (with `conflictIncludesRev`, as
+    /// `{"status": 409, "rev": CURRENT}`).
     private func proposeChanges(_ request: BLIPMessage, _ connection: BLIPConnection) async throws {
         guard let items = try jsonBody(request).arrayValue else { throw BLIPError.badRequest("proposeChanges: the body is not an array") }
         try requireWritable()
+        let includeRev = request.flag("conflictIncludesRev")
         let answer = try await blocking { () -> [JSONValue] in
             try items.map { item in
                 guard let fields = item.arrayValue, fields.count >= 2, let id = fields[0].stringValue,
                       let rev = fields[1].stringValue.flatMap(RevisionID.init) else { return .integer(400) }
-                let parent = fields.count > 2 ? fields[2].stringValue ?? "" : ""
-                guard let tree = try self.db.revisionTreeIfAny(of: id) else { return .integer(parent.isEmpty ? 0 : 409) }
+                let known = fields.count > 2 ? fields[2].stringValue ?? "" : ""
+                guard let tree = try self.db.revisionTreeIfAny(of: id) else { return .integer(0) }
                 if tree.contains(rev) { return .integer(304) }
-                let current = try self.db.currentRevision(of: id)
-                return .integer(current?.revID.description == parent || (current?.deleted == true && parent.isEmpty) ? 0 : 409)
+                guard let current = try self.db.currentRevision(of: id) else { return .integer(0) }
+                if current.revID.description == known || (current.deleted && known.isEmpty) { return .integer(0) }
+                return includeRev ? ["status": 409, "rev": .string(current.revID.description)] : .integer(409)
             }
         }
-        await connection.reply(to: request, body: JSONValue.array(answer).serialized())
+        // Trailing zeros may go: an empty answer sends everything.
+        var trimmed = answer
+        while trimmed.last == .integer(0) { trimmed.removeLast() }
+        await connection.reply(to: request, body: JSONValue.array(trimmed).serialized())
     }
 
     /// `rev`: one revision with its history; the bodies of its attachments and blobs that are
@@ -292,7 +301,19 @@ final class BLIPSyncSession: @unchecked Sendable {
         }
         let replicated = ReplicatedRevision(docID: id, revID: rev, ancestors: history, deleted: deleted,
                                             properties: body, attachments: attachments)
-        try await blocking { try self.db.inBatch { batch in _ = try batch.insert(replicated) } }
+        let noConflicts = request.flag("noconflicts")
+        let ancestors = history
+        try await blocking {
+            try self.db.inBatch { batch in
+                // Asked not to make a conflict: it must follow the current revision (or start a
+                // document that is not here, or is deleted).
+                if noConflicts, let current = try self.db.currentRevision(of: id), !current.deleted,
+                   !ancestors.contains(current.revID), current.revID != rev {
+                    throw BLIPError(code: 409, message: "\(id): \(rev) does not follow the current revision \(current.revID)")
+                }
+                _ = try batch.insert(replicated)
+            }
+        }
         await connection.reply(to: request)
     }
 
