@@ -63,7 +63,9 @@ extension CouchServer {
         for header in headers["Cookie"] {
             for pair in header.split(separator: ";") {
                 let kv = pair.split(separator: "=", maxSplits: 1)
-                if kv.count == 2, kv[0].trimmingCharacters(in: .whitespaces) == "AuthSession" {
+                // Sync Gateway's name for the same token: Couchbase Lite sends a session it was
+                // given (`SessionAuthenticator`) as `SyncGatewaySession`.
+                if kv.count == 2, ["AuthSession", "SyncGatewaySession"].contains(kv[0].trimmingCharacters(in: .whitespaces)) {
                     return String(kv[1]).trimmingCharacters(in: .whitespaces)
                 }
             }

@@ -482,3 +482,58 @@ final class RequestDeadlines: ChannelDuplexHandler, RemovableChannelHandler, @un
         deadline = nil
     }
 }
+
+/// The head of a connection's first request (and whether it ended), kept for `DroppedHeadRestorer`.
+final class FirstRequestHead: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
+    // Sendable invariant: used on its channel's event loop only.
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    private(set) var head: HTTPRequestHead?
+    private(set) var ended = false
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let first) where head == nil: head = first
+        case .end where head != nil: ended = true
+        default: break
+        }
+        context.fireChannelRead(data)
+    }
+}
+
+/// Gives back what NIO's upgrade handler drops of a first request that names an `Upgrade` no
+/// upgrader takes (a `_blipsync` without credentials, an `h2c`): swift-nio 2.101's state
+/// machine forwards only what came after the head, and nothing at all when the upgrader
+/// declined after the request's end arrived, so the request would never be answered. Placed
+/// after the upgrade handler once it is known there is none.
+final class DroppedHeadRestorer: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
+    // Sendable invariant: used on its channel's event loop only.
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    private let first: FirstRequestHead
+    private var checked = false
+
+    init(_ first: FirstRequestHead) { self.first = first }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        // After the upgrade handler has forwarded what it kept (at once, in this turn of the loop).
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        context.eventLoop.execute {
+            guard !self.checked, let head = self.first.head, self.first.ended else { return }
+            self.checked = true
+            bound.value.fireChannelRead(self.wrapInboundOut(.head(head)))
+            bound.value.fireChannelRead(self.wrapInboundOut(.end(nil)))
+            bound.value.fireChannelReadComplete()
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if !checked {
+            checked = true
+            if case .head = unwrapInboundIn(data) {} else if let head = first.head {
+                context.fireChannelRead(wrapInboundOut(.head(head)))
+            }
+        }
+        context.fireChannelRead(data)
+    }
+}

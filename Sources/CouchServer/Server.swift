@@ -125,6 +125,7 @@ public final class CouchServer: @unchecked Sendable {
                     let closer = LingeringClose()
                     let watcher = ParseErrorWatcher(closer)
                     let deadlines = RequestDeadlines(header: configuration.headerTimeout, body: configuration.bodyTimeout)
+                    let firstHead = FirstRequestHead()
                     try channel.pipeline.syncOperations.addHandler(closer)
                     // The first request may turn the connection into a WebSocket (Couchbase Lite's
                     // replicator at /{db}/_blipsync); any other is HTTP from then on.
@@ -133,7 +134,8 @@ public final class CouchServer: @unchecked Sendable {
                         shouldUpgrade: { channel, head in self.blipUpgradeHeaders(channel, head) },
                         upgradePipelineHandler: { channel, head in
                             // The HTTP handlers of this server's own go too (NIO removes its own).
-                            channel.pipeline.removeHandler(deadlines).and(channel.pipeline.removeHandler(watcher)).flatMapThrowing { _ in
+                            channel.pipeline.removeHandler(deadlines).and(channel.pipeline.removeHandler(watcher))
+                                .and(channel.pipeline.removeHandler(firstHead)).flatMapThrowing { _ in
                                 try channel.pipeline.syncOperations.addHandler(
                                     NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1 << 16,
                                                                 maxAccumulatedFrameSize: BLIPSync.maximumFrameSize))
@@ -146,13 +148,15 @@ public final class CouchServer: @unchecked Sendable {
                             upgraders: [webSocket],
                             notUpgradingCompletionHandler: { channel in
                                 channel.eventLoop.makeCompletedFuture {
-                                    .http(try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel))
+                                    try channel.pipeline.syncOperations.addHandler(DroppedHeadRestorer(firstHead))
+                                    return .http(try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel))
                                 }
                             })))
                     // Before NIO's error handler (which answers 400), after the decoder.
                     let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
                     try channel.pipeline.syncOperations.addHandler(watcher, position: .after(decoder))
                     try channel.pipeline.syncOperations.addHandler(deadlines, position: .after(decoder))
+                    try channel.pipeline.syncOperations.addHandler(firstHead, position: .after(decoder))
                     let accepted = AcceptedConnection(channel: channel, kind: upgrade)
                     self.stopLock.withLock { self.unserved[ObjectIdentifier(channel)] = accepted }
                     return accepted
@@ -361,7 +365,10 @@ public final class CouchServer: @unchecked Sendable {
             let elapsed = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
             log.debug("\(head.method) \(head.uri)\(range) \(response.status.code) \(response.bytesSent)B\(cut) \(String(format: "%.1f", elapsed))ms")
         }
-        var keepAlive = head.isKeepAlive
+        // A request that asked for an upgrade not made ends its connection: NIO's decoder reads
+        // nothing after it.
+        var keepAlive = head.isKeepAlive && head.headers["Upgrade"].isEmpty
+        if !keepAlive { response.keepAlive = false }
         if head.headers["Expect"].contains(where: { $0.lowercased() == "100-continue" }) {
             try await outbound.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
         }
