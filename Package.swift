@@ -78,7 +78,7 @@ let package = Package(
         .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
         .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "TestSupport"]),
-        .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "TestSupport"]),
+        .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "BLIP", "CGzip", "TestSupport"]),
         .testTarget(name: "ReplicatorTests", dependencies: [
             "DocumentModel", "DocumentStore", "HTTPTransport", "Replicator", "TestSupport",
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),  // to make damaged snapshots

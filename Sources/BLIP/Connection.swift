@@ -39,6 +39,8 @@ public actor BLIPConnection {
     private var progress: [Key: (sent: UInt64, acknowledged: UInt64)] = [:]
     private var frameWaiter: CheckedContinuation<[UInt8]?, Never>?
     private var closedReason: String?
+    /// Why the peer's frames ended the connection, if they did.
+    public private(set) var protocolFailure: String?
 
     private struct Key: Hashable {
         let isReply: Bool
@@ -189,6 +191,7 @@ public actor BLIPConnection {
         do {
             events = try reader.read(frame)
         } catch {
+            protocolFailure = "\(error)"
             close("\(error)")
             throw error
         }

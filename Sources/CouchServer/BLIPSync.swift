@@ -78,8 +78,7 @@ extension CouchServer {
                                 do {
                                     try await blip.receive(Array(buffer: frame.unmaskedData))
                                 } catch {
-                                    try? await outbound.write(Self.closeFrame(.protocolError, "\(error)"))
-                                    return "\(error)"
+                                    return "\(error)"  // the close frame says why, below
                                 }
                             case .ping:
                                 try await outbound.write(WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData))
@@ -99,6 +98,9 @@ extension CouchServer {
                         return "the connection ended"
                     }
                     let first = try await group.next() ?? "the connection ended"
+                    if let failure = await blip.protocolFailure {
+                        try? await outbound.write(Self.closeFrame(.protocolError, failure))
+                    }
                     await blip.close(first)
                     session.stop()
                     group.cancelAll()
@@ -209,7 +211,7 @@ final class BLIPSyncSession: @unchecked Sendable {
         guard let body = try jsonBody(request).objectValue else { throw BLIPError.badRequest("a checkpoint is a JSON object") }
         let rev = request["rev"].flatMap { $0.isEmpty ? nil : $0 }
         let saved = try await blocking { () -> String in
-            do { return try self.db.replaceLocalDocument(id, body: body, after: rev) } catch SofaError.conflict {
+            do { return try self.db.replaceLocalDocument(id, body: body, ifRevisionIs: rev) } catch SofaError.conflict {
                 throw BLIPError(code: 409, message: "the checkpoint has changed since revision \(rev ?? "(none)")")
             }
         }

@@ -49,6 +49,22 @@ extension Database {
         return newRev
     }
 
+    /// Stores a `_local` document only if its revision is still `rev` (nil: it must not exist),
+    /// as Sync Gateway keeps checkpoints; else `SofaError.conflict`.
+    @discardableResult
+    public func replaceLocalDocument(_ id: String, body: JSONObject, ifRevisionIs rev: String?) throws -> String {
+        try DocumentID.validate(id)
+        return try write { connection in
+            let current = try connection.query("SELECT rev FROM local_docs WHERE doc_id = ?", .text(id)) { $0.text(0) }.first
+            guard current == rev else { throw SofaError.conflict(docID: id, revID: rev, current: current ?? "") }
+            let count = rev.flatMap { Int($0.split(separator: "-").last ?? "") } ?? 0
+            let newRev = "0-\(count + 1)"
+            try connection.run("INSERT OR REPLACE INTO local_docs (doc_id, rev, body) VALUES (?, ?, ?)",
+                               .text(id), .text(newRev), .text(JSONValue.object(body).jsonString()))
+            return newRev
+        }
+    }
+
     public func deleteLocalDocument(_ id: String, rev: String? = nil) throws {
         try write { connection in
             let current = try connection.query("SELECT rev FROM local_docs WHERE doc_id = ?", .text(id)) { $0.text(0) }.first
