@@ -27,9 +27,9 @@ struct Options {
             case "--dir": directory = iterator.next() ?? directory
             case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders", "views": suite = argument
+            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders", "views", "couchbase-lite": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find|folders|views [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find|folders|views|couchbase-lite [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -264,6 +264,7 @@ do {
     case "find": try findBenchmark(options)
     case "folders": try folderBenchmark(options)
     case "views": try viewBenchmark(options)
+    case "couchbase-lite": try couchbaseLiteBenchmark(options)
     default: try storage(options)
     }
 } catch {

@@ -184,4 +184,40 @@ import Testing
         #expect(try http.json("PUT", "/live/later-still", ["n": 2]).status == 201)
         #expect(try waitUntil(20) { try CouchbaseLite.documents(app)["later-still"] != nil })
     }
+
+    /// The database's members only, each with the rights HTTP gives them; the validator sees
+    /// every pushed revision with its user.
+    @Test func usersSecurityAndTheValidatorApplyToCouchbaseLite() throws {
+        let path = directory.appending("guarded.sofa")
+        #expect(try sofa("create", path).succeeded)
+        try "secret\n".write(toFile: directory.appending("password"), atomically: true, encoding: .utf8)
+        let server = try ServedDatabases([path, "--user", "admin", "--password-file", directory.appending("password")])
+        let http = try server.connect()
+        let admin = [("Authorization", "Basic " + Data("admin:secret".utf8).base64EncodedString())]
+        for name in ["anna", "bob"] {
+            #expect(try http.json("PUT", "/_users/org.couchdb.user:\(name)",
+                                  ["name": .string(name), "password": .string("pw-\(name)"), "type": "user", "roles": []], headers: admin).status == 201)
+        }
+        #expect(try http.json("PUT", "/guarded/_security", ["members": ["names": ["anna"]]], headers: admin).status == 200)
+        let validator = "function(doc, old, user) { if (!doc._deleted && !doc.address) throw({forbidden: 'Document must have an address (' + user.name + ').'}); }"
+        #expect(try http.json("PUT", "/guarded/_design/rules", ["validate_doc_update": .string(validator)], headers: admin).status == 201)
+
+        let app = directory.appending("guarded.cblite2")
+        try CouchbaseLite.put(app, "good", #"{"address":"1 Main St"}"#)
+        try CouchbaseLite.put(app, "bad", #"{"name":"no address"}"#)
+        let url = "ws://127.0.0.1:\(server.port)/guarded"
+        let nobody = try CouchbaseLite.pull(app, from: url)
+        #expect(!nobody.succeeded && (nobody.stdout + nobody.stderr).contains("401"), "\(nobody.stdout)\(nobody.stderr)")
+        let bob = try CouchbaseLite.pull(app, from: url, ["--user", "bob:pw-bob"])
+        #expect(!bob.succeeded && (bob.stdout + bob.stderr).contains("403"), "\(bob.stdout)\(bob.stderr)")
+        let wrong = try CouchbaseLite.pull(app, from: url, ["--user", "anna:nope"])
+        #expect(!wrong.succeeded && (wrong.stdout + wrong.stderr).contains("401"))
+
+        _ = try CouchbaseLite.push(app, to: url, ["--user", "anna:pw-anna"])
+        let db = try Database.open(at: path)
+        #expect(try db.currentRevision(of: "good")?.properties["address"] == "1 Main St")
+        #expect(try db.currentRevision(of: "bad") == nil)
+        // The refused document stays in the app, for it to mend.
+        #expect(try CouchbaseLite.documents(app)["bad"] != nil)
+    }
 }
