@@ -56,7 +56,11 @@ let package = Package(
         // HTTP on libcurl: remote URLs, the client, retries, cancellation, transport errors.
         .target(name: "HTTPTransport", dependencies: ["DocumentModel", "CCurl"]),
         .target(name: "Replicator", dependencies: [
-            "DocumentModel", "DocumentStore", "HTTPTransport",
+            "DocumentModel", "DocumentStore", "HTTPTransport", "BLIP",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
+            .product(name: "NIOWebSocket", package: "swift-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "sofa", dependencies: [

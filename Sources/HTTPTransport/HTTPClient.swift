@@ -18,8 +18,8 @@ public struct RemoteDatabase: Sendable, CustomStringConvertible {
 
     public init(_ text: String, user: String? = nil, password: String? = nil) throws {
         guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
-              scheme == "http" || scheme == "https", let host = components.host, !host.isEmpty else {
-            throw SofaError.invalidArgument("not an http(s) database URL: \(RemoteDatabase.redacted(text))")
+              ["http", "https", "ws", "wss"].contains(scheme), let host = components.host, !host.isEmpty else {
+            throw SofaError.invalidArgument("not an http(s) or ws(s) database URL: \(RemoteDatabase.redacted(text))")
         }
         self.user = user ?? components.user?.removingPercentEncoding
         self.password = password ?? components.password?.removingPercentEncoding
@@ -27,7 +27,7 @@ public struct RemoteDatabase: Sendable, CustomStringConvertible {
         components.password = nil
         components.scheme = scheme
         components.host = host.lowercased()
-        components.port = components.port ?? (scheme == "https" ? 443 : 80)
+        components.port = components.port ?? (scheme == "https" || scheme == "wss" ? 443 : 80)
         var path = components.percentEncodedPath
         while path.hasSuffix("/") { path.removeLast() }
         guard !path.isEmpty else { throw SofaError.invalidArgument("the URL names no database: \(RemoteDatabase.redacted(text))") }
@@ -38,6 +38,10 @@ public struct RemoteDatabase: Sendable, CustomStringConvertible {
     }
 
     public var description: String { url }
+
+    /// A Couchbase Lite endpoint (`ws://`, `wss://`): Sync Gateway's or `sofa serve`'s
+    /// `_blipsync`, spoken with BLIP rather than CouchDB's HTTP API.
+    public var isBLIP: Bool { url.hasPrefix("ws://") || url.hasPrefix("wss://") }
 
     /// `text` with any `user:password@` removed, for messages.
     public static func redacted(_ text: String) -> String {

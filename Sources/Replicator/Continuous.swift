@@ -174,6 +174,9 @@ public final class ReplicationSession: @unchecked Sendable {
     /// A longpoll on the remote: returns when something changed after `since`, after
     /// `longpollTimeout`, or at `stop()` (throwing `.cancelled`).
     private func waitForRemoteChange(since: JSONValue, replicator: Replicator) throws {
+        if remote.isBLIP {
+            return try replicator.waitForChangeOverBLIP(since: since) { [self] in isStopped }
+        }
         let timeout = ReplicationSession.longpollTimeout
         let client = replicator.client
         let before = client.cancellation

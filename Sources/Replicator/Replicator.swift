@@ -160,6 +160,7 @@ public final class Replicator {
     }
 
     public func run() throws -> ReplicationResult {
+        if remote.isBLIP { return try runOverBLIP() }
         try client.logIn()
         var (status, info) = try client.json("GET", "", allow: direction == .push ? [404] : [])
         if status == 404 && !createTarget {
@@ -183,6 +184,29 @@ public final class Replicator {
         case .push:
             return try replicate(from: local, to: remotePeer)
         }
+    }
+
+    /// The same routine with a Couchbase Lite endpoint (`ws://`) as the remote peer. Every body
+    /// a pull meets is downloaded: a body left on such a server could not be fetched later
+    /// (deferred reads speak CouchDB's HTTP API).
+    private func runOverBLIP() throws -> ReplicationResult {
+        guard selector == nil, filterFunction == nil else {
+            throw SofaError.invalidArgument("\(remote): a Couchbase Lite endpoint takes no --selector or --filter (--doc-ids and --channels work)")
+        }
+        let peer = try BLIPPeer(remote: remote, local: database)
+        defer { peer.close() }
+        let local = LocalPeer(database, downloads: DownloadPolicy())
+        switch direction {
+        case .pull: return try replicate(from: peer, to: local)
+        case .push: return try replicate(from: local, to: peer)
+        }
+    }
+
+    /// Waits on a Couchbase Lite endpoint for a change after `since` (see `BLIPPeer.waitForChange`).
+    func waitForChangeOverBLIP(since: JSONValue, stopped: @escaping () -> Bool) throws {
+        let peer = try BLIPPeer(remote: remote, local: database)
+        defer { peer.close() }
+        try peer.waitForChange(since: since, stopped: stopped)
     }
 
     /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.

@@ -1,0 +1,118 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import TestSupport
+import Testing
+
+/// Sofa's replicator with a Couchbase Lite endpoint (`sofa pull|push|sync DB ws://…`): the
+/// same routine as with CouchDB, BLIP as the remote peer, against `sofa serve`'s `_blipsync`
+/// and, through it, Couchbase Lite's own replicator.
+@Suite(.serialized) struct BLIPReplicationTests {
+    let directory = TemporaryDirectory()
+
+    func made(_ name: String) throws -> String {
+        let path = directory.appending("\(name).sofa")
+        #expect(try sofa("create", path).succeeded)
+        return path
+    }
+
+    @Test func pullAndPushOverBLIPCarryRevisionsHistoriesBodiesAndDeletions() throws {
+        let source = try Database.create(at: directory.appending("source.sofa"))
+        let photo = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 17 &+ $0 >> 8) }
+        var draft = try source.newRevision(of: "with-blob")
+        draft.properties["title"] = "blob"
+        try draft.setBlob(at: "/photo", blob: source.blobs.write(photo), contentType: "image/jpeg")
+        _ = try source.save(draft)
+        var attached = try source.newRevision(of: "with-attachment")
+        try attached.setAttachment("notes.txt", blob: source.blobs.write(Array("hello".utf8)), contentType: "text/plain")
+        _ = try source.save(attached)
+        for index in 0..<30 { _ = try source.put("doc-\(index)", ["index": .integer(Int64(index)), "name": "Zoë"]) }
+        var edited = try source.newRevision(of: "doc-0")
+        edited.properties["edited"] = true
+        _ = try source.save(edited)
+        _ = try source.deleteDocument("doc-1", revID: try #require(try source.currentRevision(of: "doc-1")).revID)
+        let target = try made("target")
+        let server = try ServedDatabases([source.path, target])
+        let ws = "ws://127.0.0.1:\(server.port)"
+
+        let local = try made("local")
+        let pulled = try sofa("pull", local, "\(ws)/source", "--json")
+        #expect(pulled.succeeded, "\(pulled.stdout)\(pulled.stderr)")
+        let copy = try Database.open(at: local)
+        for id in ["with-blob", "with-attachment", "doc-0", "doc-1", "doc-29"] {
+            let mine = try #require(try copy.revisionTree(of: id))
+            let theirs = try source.revisionTree(of: id)
+            #expect(mine.leaves.map(\.id) == theirs.leaves.map(\.id), "\(id)")
+            let winner = try #require(theirs.leaves.first?.id)
+            #expect(mine.history(of: winner) == theirs.history(of: winner), "\(id)")
+        }
+        #expect(try copy.currentRevision(of: "doc-1")?.deleted == true)
+        #expect(try copy.blobs.contents(of: BlobKey.of(photo)) == photo)
+        let note = try #require(try copy.currentRevision(of: "with-attachment")?.attachments.first)
+        #expect(try copy.blobs.contents(of: try #require(note.blobKey)) == Array("hello".utf8))
+        // Again: nothing new, nothing read.
+        #expect(try sofa("pull", local, "\(ws)/source").stdout.contains("0 documents read"))
+
+        // Pushed into an empty database over BLIP: the same, bodies asked of this side.
+        let pushed = try sofa("push", local, "\(ws)/target")
+        #expect(pushed.succeeded, "\(pushed.stdout)\(pushed.stderr)")
+        let far = try Database.open(at: target)
+        #expect(try far.currentRevision(of: "doc-0")?.properties["edited"] == true)
+        #expect(try far.currentRevision(of: "doc-1")?.deleted == true)
+        #expect(try far.blobs.contents(of: BlobKey.of(photo)) == photo)
+        #expect(try far.revisionTree(of: "doc-0").leaves.map(\.id) == source.revisionTree(of: "doc-0").leaves.map(\.id))
+        #expect(try sofa("push", local, "\(ws)/target").stdout.contains("0 documents read"))
+
+        // And Couchbase Lite pulls what Sofa pushed.
+        let app = directory.appending("app.cblite2")
+        #expect(try CouchbaseLite.pull(app, from: "\(ws)/target").succeeded)
+        #expect(try CouchbaseLite.documents(app).count == 31)  // 32 documents, one deleted
+    }
+
+    @Test func anEditOfARevisionThatIsNoLongerCurrentIsRefusedWithItsReason() throws {
+        let served = try made("shared")
+        let server = try ServedDatabases([served])
+        let url = "ws://127.0.0.1:\(server.port)/shared"
+        let http = try server.connect()
+        #expect(try http.json("PUT", "/shared/note", ["v": 1]).status == 201)
+        let local = try made("mine")
+        #expect(try sofa("pull", local, url).succeeded)
+        let db = try Database.open(at: local)
+        var mine = try db.newRevision(of: "note")
+        mine.properties["v"] = "mine"
+        _ = try db.save(mine)
+        let current = try #require(http.json("GET", "/shared/note").json?["_rev"]?.stringValue)
+        #expect(try http.json("PUT", "/shared/note?rev=\(current)", ["v": "theirs"]).status == 201)
+
+        let refused = try sofa("push", local, url, "--json")
+        #expect(refused.stdout.contains("\"conflict\"") && refused.stdout.contains("pull, resolve"), "\(refused.stdout)\(refused.stderr)")
+        #expect(try http.json("GET", "/shared/note").json?["v"] == "theirs")
+        // The pull brings the conflict here, as CouchDB's replication would.
+        #expect(try sofa("pull", local, url).succeeded)
+        #expect(try db.revisionTree(of: "note").leaves.count == 2)
+    }
+
+    @Test func refusalsAreHTTPsAndAContinuousSyncFollowsBothSides() throws {
+        let served = try made("guarded")
+        try "secret\n".write(toFile: directory.appending("password"), atomically: true, encoding: .utf8)
+        let server = try ServedDatabases([served, "--user", "admin", "--password-file", directory.appending("password")])
+        let local = try made("follower")
+        let anonymous = try sofa("pull", local, "ws://127.0.0.1:\(server.port)/guarded")
+        #expect(!anonymous.succeeded && anonymous.stderr.contains("not authorized"), "\(anonymous.stderr)")
+        let missing = try sofa("pull", local, "ws://admin:secret@127.0.0.1:\(server.port)/nowhere")
+        #expect(!missing.succeeded && missing.stderr.contains("404"), "\(missing.stderr)")
+        let secure = try sofa("pull", local, "wss://admin:secret@127.0.0.1:\(server.port)/guarded")
+        #expect(!secure.succeeded && secure.stderr.contains("wss://"), "\(secure.stderr)")
+
+        let url = "ws://admin:secret@127.0.0.1:\(server.port)/guarded"
+        let follower = try ChildProcess([sofaBinary, "sync", "--continuous", local, url])
+        defer { follower.kill(SIGINT); _ = follower.wait() }
+        let http = try server.connect()
+        let admin = [("Authorization", "Basic " + Data("admin:secret".utf8).base64EncodedString())]
+        #expect(try http.json("PUT", "/guarded/from-server", ["n": 1], headers: admin).status == 201)
+        let db = try Database.open(at: local)
+        #expect(try waitUntil(20) { try db.currentRevision(of: "from-server") != nil })
+        _ = try db.put("from-here", ["n": 2])
+        #expect(try waitUntil(20) { try http.json("GET", "/guarded/from-here", headers: admin).status == 200 })
+    }
+}
