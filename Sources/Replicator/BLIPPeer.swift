@@ -419,6 +419,11 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         }
     }
 
+    /// A body's bytes as they arrive, handed to `received` (on the connection's actor: it must not wait on this peer).
+    func getAttachment(digest: String, docID: String, _ received: @escaping @Sendable ([UInt8]) throws -> Void) throws {
+        _ = try request("getAttachment", [("digest", digest), ("docID", docID)], sink: ClosureSink(received))
+    }
+
     func openBody(of attachment: Attachment, docID: String) throws -> BlobReader {
         throw SofaError.invalidArgument("bodies are read from a Couchbase Lite endpoint only into a local database")
     }
@@ -576,4 +581,14 @@ private final class WriterSink: BLIPBodySink, @unchecked Sendable {
     init(_ writer: BlobWriter) { self.writer = writer }
 
     func write(_ bytes: [UInt8]) throws { try bytes.withUnsafeBytes { try writer.write($0) } }
+}
+
+/// A body arriving in a reply, handed over chunk by chunk.
+private final class ClosureSink: BLIPBodySink, @unchecked Sendable {
+    // Sendable invariant: called by the connection's actor only.
+    private let received: @Sendable ([UInt8]) throws -> Void
+
+    init(_ received: @escaping @Sendable ([UInt8]) throws -> Void) { self.received = received }
+
+    func write(_ bytes: [UInt8]) throws { try received(bytes) }
 }

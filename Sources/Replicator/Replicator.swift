@@ -186,18 +186,19 @@ public final class Replicator {
         }
     }
 
-    /// The same routine with a Couchbase Lite endpoint (`ws://`) as the remote peer. Every body
-    /// a pull meets is downloaded: a body left on such a server could not be fetched later
-    /// (deferred reads speak CouchDB's HTTP API).
+    /// The same routine with a Couchbase Lite endpoint (`ws://`) as the remote peer; bodies a
+    /// pull leaves there are fetched when read with `getAttachment` (`RemoteBodies`).
     private func runOverBLIP() throws -> ReplicationResult {
         guard selector == nil, filterFunction == nil else {
             throw SofaError.invalidArgument("\(remote): a Couchbase Lite endpoint takes no --selector or --filter (--doc-ids and --channels work)")
         }
         let peer = try BLIPPeer(remote: remote, local: database)
         defer { peer.close() }
-        let local = LocalPeer(database, downloads: DownloadPolicy())
+        let local = LocalPeer(database, downloads: downloads)
         switch direction {
-        case .pull: return try replicate(from: peer, to: local)
+        case .pull:
+            try database.rememberRemote(remote.url)
+            return try replicate(from: peer, to: local)
         case .push: return try replicate(from: local, to: peer)
         }
     }

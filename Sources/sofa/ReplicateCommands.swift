@@ -152,7 +152,7 @@ struct ReplicationOptions: ParsableArguments {
     @Argument(help: "The local database.")
     var database: String
 
-    @Argument(help: "The remote database, http(s)://[user:password@]host[:port]/db")
+    @Argument(help: "The remote database, http(s)://[user:password@]host[:port]/db, or ws://… for a Couchbase Lite endpoint (Sync Gateway, sofa serve)")
     var url: String
 
     @OptionGroup var remote: RemoteOptions

@@ -166,7 +166,7 @@ import TestSupport
         let refused = try sofa("pull", local, "http://127.0.0.1:1/db")
         #expect(refused.status == 1)
         #expect(refused.stderr.contains("cannot reach"), "\(refused.stderr)")
-        #expect(try sofa("pull", local, "ftp://x/db").stderr.contains("not an http(s) database URL"))
+        #expect(try sofa("pull", local, "ftp://x/db").stderr.contains("not an http(s) or ws(s) database URL"))
     }
 }
 

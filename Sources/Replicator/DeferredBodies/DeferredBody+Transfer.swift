@@ -13,6 +13,8 @@ extension DeferredBody {
             if let stored = try owner.database.storedBody(digest: attachment.digest) {
                 // Another process (or document) brought the body meanwhile.
                 condition.withLock { blob = stored }
+            } else if owner.remote.isBLIP {
+                try transferOverBLIP(fetch)
             } else {
                 let client = try owner.takeClient()
                 defer { owner.returnClient(client) }
@@ -117,6 +119,37 @@ extension DeferredBody {
                 throw ReplicationError.protocolError("\(attachment.name): the body received does not match its digest \(attachment.digest)")
             }
             if stream.decoder != nil { condition.withLock { verifiedWhole = true } }
+        }
+    }
+
+    /// From a Couchbase Lite endpoint, which has no ranges: `getAttachment` sends the whole
+    /// body, streamed into the partial body as it arrives (readers waiting on its first bytes
+    /// get them first) and checked against its SHA-1 digest when complete (the install).
+    func transferOverBLIP(_ fetch: ChunkFetch) throws {
+        let (source, stopped) = condition.withLock { () -> (PartialBody, Bool) in
+            wholeOnly = true
+            fetch.next = 0
+            fetch.end = partial.chunkCount
+            return (partial, fetch.stop)
+        }
+        guard !stopped else { throw ReplicationError.cancelled }
+        let stream = IncomingChunks(body: source, fetch: fetch, from: 0, decoder: nil, md5: nil, room: owner.room)
+        let peer = try BLIPPeer(remote: owner.remote, local: owner.database)
+        defer { peer.close() }
+        try peer.getAttachment(digest: attachment.digest, docID: docID) { [self] bytes in
+            if condition.withLock({ fetch.stop }) { throw ReplicationError.cancelled }
+            try bytes.withUnsafeBytes { raw in
+                try stream.receive(raw) { [self] arrived in
+                    let wake = condition.withLock { () -> Bool in
+                        fetch.next = max(fetch.next, arrived)
+                        return waiting > 0
+                    }
+                    if wake { condition.broadcast() }
+                }
+            }
+        }
+        guard condition.withLock({ fetch.next >= fetch.end }) else {
+            throw ReplicationError.network("\(attachment.name): the body ended at byte \(stream.position) of \(attachment.length)")
         }
     }
 

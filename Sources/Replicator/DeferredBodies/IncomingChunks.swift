@@ -22,7 +22,8 @@ struct ContentRange {
 
 /// Bytes of one answer written where they belong in the partial body; each chunk they
 /// complete is marked present and reported (`arrived` gets the next chunk expected).
-final class IncomingChunks {
+final class IncomingChunks: @unchecked Sendable {
+    // Sendable invariant: fed by one transfer at a time (a BLIP reply's chunks come from its connection's actor, in order).
     let body: PartialBody
     let fetch: ChunkFetch
     let from: Int64
