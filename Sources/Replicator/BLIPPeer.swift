@@ -7,6 +7,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import NIOWebSocket
 
 /// A Couchbase Lite endpoint (`ws://host:port/db`: Sync Gateway, Capella App Services, another
@@ -44,17 +45,15 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
 
     var name: String { remote.url }
 
-    /// Connects and upgrades; a refusal (401, 403, 404…) throws as HTTP's.
-    init(remote: RemoteDatabase, local: Database) throws {
-        guard remote.url.hasPrefix("ws://") else {
-            throw SofaError.invalidArgument("\(remote): wss:// is not supported yet; use ws:// (through an SSH tunnel or a VPN across networks)")
-        }
+    /// Connects and upgrades (`wss://`: TLS verified against the system's CAs, or `caFile`'s);
+    /// a refusal (401, 403, 404…) throws as HTTP's.
+    init(remote: RemoteDatabase, local: Database, caFile: String? = nil) throws {
         self.remote = remote
         self.local = local
         let box = PeerBox()
         let blip = BLIPConnection { connection, message in await box.peer?.received(message, on: connection) }
         self.blip = blip
-        let channel = try BLIPPeer.waitFor { try await BLIPPeer.connect(remote) }
+        let channel = try BLIPPeer.waitFor { try await BLIPPeer.connect(remote, caFile: caFile) }
         self.runner = Task { await BLIPPeer.run(channel, blip) }
         box.peer = self
         // The connection's end wakes every wait.
@@ -88,10 +87,20 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         case refused(NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart>)
     }
 
-    private static func connect(_ remote: RemoteDatabase) async throws -> NIOAsyncChannel<WebSocketFrame, WebSocketFrame> {
+    private static func connect(_ remote: RemoteDatabase, caFile: String?) async throws -> NIOAsyncChannel<WebSocketFrame, WebSocketFrame> {
         guard let components = URLComponents(string: remote.url), let host = components.host, let port = components.port else {
             throw SofaError.invalidArgument("\(remote): no host")
         }
+        var tls: NIOSSLContext?
+        if remote.url.hasPrefix("wss://") {
+            var configuration = TLSConfiguration.makeClientConfiguration()
+            if let caFile { configuration.trustRoots = .file(caFile) }
+            do { tls = try NIOSSLContext(configuration: configuration) } catch {
+                throw SofaError.invalidArgument("\(remote): TLS cannot start: \(error)")
+            }
+        }
+        // SNI takes names only; an address is checked against the certificate's IP entries.
+        let serverName = host.allSatisfy { $0.isNumber || $0 == "." || $0 == ":" } ? nil : host
         var headers = HTTPHeaders()
         headers.add(name: "Host", value: "\(host):\(port)")
         headers.add(name: "Content-Length", value: "0")
@@ -107,6 +116,9 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
                 .connectTimeout(.seconds(30))
                 .connect(host: host, port: port) { channel in
                     channel.eventLoop.makeCompletedFuture {
+                        if let tls {
+                            try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverName))
+                        }
                         let upgrader = NIOTypedWebSocketClientUpgrader<Upgrade>(maxFrameSize: 1 << 20, upgradePipelineHandler: { channel, _ in
                             channel.eventLoop.makeCompletedFuture {
                                 try channel.pipeline.syncOperations.addHandler(
@@ -127,7 +139,17 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         } catch {
             throw ReplicationError.network("\(remote): \(error)")
         }
-        switch try await upgrade.get() {
+        let outcome: Upgrade
+        do {
+            outcome = try await upgrade.get()
+        } catch let error as NIOSSLError {
+            let why = "\(error)".contains("CERTIFICATE_VERIFY_FAILED")
+                ? "its certificate is not trusted here (give the CA that signed it with --cacert)" : "\(error)"
+            throw ReplicationError.network("\(remote): the TLS handshake failed: \(why)")
+        } catch {
+            throw ReplicationError.network("\(remote): \(error)")
+        }
+        switch outcome {
         case .webSocket(let channel):
             return channel
         case .refused(let channel):

@@ -192,7 +192,7 @@ public final class Replicator {
         guard selector == nil, filterFunction == nil else {
             throw SofaError.invalidArgument("\(remote): a Couchbase Lite endpoint takes no --selector or --filter (--doc-ids and --channels work)")
         }
-        let peer = try BLIPPeer(remote: remote, local: database)
+        let peer = try BLIPPeer(remote: remote, local: database, caFile: client.caFile)
         defer { peer.close() }
         let local = LocalPeer(database, downloads: downloads)
         switch direction {
@@ -205,7 +205,7 @@ public final class Replicator {
 
     /// Waits on a Couchbase Lite endpoint for a change after `since` (see `BLIPPeer.waitForChange`).
     func waitForChangeOverBLIP(since: JSONValue, stopped: @escaping () -> Bool) throws {
-        let peer = try BLIPPeer(remote: remote, local: database)
+        let peer = try BLIPPeer(remote: remote, local: database, caFile: client.caFile)
         defer { peer.close() }
         try peer.waitForChange(since: since, stopped: stopped)
     }

@@ -101,8 +101,6 @@ import Testing
         #expect(!anonymous.succeeded && anonymous.stderr.contains("not authorized"), "\(anonymous.stderr)")
         let missing = try sofa("pull", local, "ws://admin:secret@127.0.0.1:\(server.port)/nowhere")
         #expect(!missing.succeeded && missing.stderr.contains("404"), "\(missing.stderr)")
-        let secure = try sofa("pull", local, "wss://admin:secret@127.0.0.1:\(server.port)/guarded")
-        #expect(!secure.succeeded && secure.stderr.contains("wss://"), "\(secure.stderr)")
 
         let url = "ws://admin:secret@127.0.0.1:\(server.port)/guarded"
         let follower = try ChildProcess([sofaBinary, "sync", "--continuous", local, url])
@@ -146,5 +144,43 @@ import Testing
         let after = try #require(try Database.open(at: local).currentRevision(of: "album"))
         #expect(after.attachments.allSatisfy { $0.contentAvailable })
         #expect(try db.blobs.contents(of: BlobKey.of(big)) == big)
+    }
+
+    /// `wss://`: TLS ended in front of the server (socat), verified against the CA given.
+    @Test func wssIsVerifiedTLS() throws {
+        let served = try made("secure")
+        let server = try ServedDatabases([served])
+        let db = try Database.open(at: served)
+        _ = try db.put("secret", ["n": 1])
+        let key = directory.appending("key.pem"), certificate = directory.appending("cert.pem")
+        let generated = try shell("openssl req -x509 -newkey rsa:2048 -nodes -keyout \(key) -out \(certificate) -days 2 -subj /CN=localhost "
+                             + "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 2>&1")
+        #expect(generated.succeeded, "\(generated.stdout)")
+        // A free port for socat: bound, read, released.
+        let probe = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(probe, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(probe, $0, &length) } }
+        let port = Int(UInt16(bigEndian: address.sin_port))
+        close(probe)
+        let tls = try ChildProcess(["/usr/bin/socat", "OPENSSL-LISTEN:\(port),bind=127.0.0.1,reuseaddr,fork,cert=\(certificate),key=\(key),verify=0",
+                                    "TCP:127.0.0.1:\(server.port)"])
+        defer { tls.kill(SIGTERM); _ = tls.wait() }
+        #expect(waitUntil { (try? HTTPConnection(port: port)) != nil }, "socat listens")
+
+        let local = try made("secure-copy")
+        let untrusted = try sofa("pull", local, "wss://127.0.0.1:\(port)/secure")
+        #expect(!untrusted.succeeded && untrusted.stderr.contains("not trusted"), "\(untrusted.stderr)")
+        let trusted = try sofa("pull", local, "wss://127.0.0.1:\(port)/secure", "--cacert", certificate)
+        #expect(trusted.succeeded, "\(trusted.stderr)")
+        #expect(try Database.open(at: local).currentRevision(of: "secret") != nil)
+        // Couchbase Lite's replicator the same way.
+        let app = directory.appending("secure.cblite2")
+        let pulled = try CouchbaseLite.pull(app, from: "wss://localhost:\(port)/secure", ["--cacert", certificate])
+        #expect(pulled.succeeded, "\(pulled.stdout)\(pulled.stderr)")
+        #expect(try CouchbaseLite.documents(app)["secret"] != nil)
     }
 }

@@ -134,7 +134,7 @@ extension DeferredBody {
         }
         guard !stopped else { throw ReplicationError.cancelled }
         let stream = IncomingChunks(body: source, fetch: fetch, from: 0, decoder: nil, md5: nil, room: owner.room)
-        let peer = try BLIPPeer(remote: owner.remote, local: owner.database)
+        let peer = try BLIPPeer(remote: owner.remote, local: owner.database, caFile: owner.caFile)
         defer { peer.close() }
         try peer.getAttachment(digest: attachment.digest, docID: docID) { [self] bytes in
             if condition.withLock({ fetch.stop }) { throw ReplicationError.cancelled }
