@@ -232,4 +232,7 @@ public actor BLIPConnection {
     }
 
     public var isClosed: Bool { closedReason != nil }
+
+    /// Why the connection was closed, once it was.
+    public var closeReason: String? { closedReason }
 }

@@ -36,6 +36,9 @@ extension CouchServer {
         let promise = channel.eventLoop.makePromise(of: HTTPHeaders?.self)
         promise.completeWithTask {
             guard (try? await self.blipAccess(head, name: target.segments[0])) != nil else { return nil }
+            // Busy before its 101 goes out: a stop from then on tells it why rather than closing
+            // it as an idle connection (and a sync connection is never shed as idle).
+            _ = self.setBusy(channel, true)
             return HTTPHeaders([("Sec-WebSocket-Protocol", chosen)])
         }
         return promise.futureResult
@@ -53,8 +56,7 @@ extension CouchServer {
     /// Serves one Couchbase Lite replicator over an upgraded connection until either side closes.
     func serveBLIP(_ connection: NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, head: HTTPRequestHead) async {
         let channel = connection.channel
-        // A sync connection is never idle in the sense of the connection limit: it is not shed.
-        _ = setBusy(channel, true)
+        // (Busy since its upgrade: a sync connection is never shed as idle.)
         let name = (try? RequestTarget(head.uri).segments.first) ?? ""
         let peer = channel.remoteAddress.map { "\($0)" } ?? "?"
         do {
@@ -63,13 +65,19 @@ extension CouchServer {
                 let (user, db) = try await blipAccess(head, name: name)
                 let session = BLIPSyncSession(server: self, database: db, name: name, user: user, log: log)
                 let blip = BLIPConnection { connection, message in await session.handle(message, on: connection) }
+                let id = ObjectIdentifier(channel)
+                guard registerSync(blip, id) else {
+                    try? await outbound.write(Self.closeFrame(.goingAway, "the server is stopping"))
+                    return
+                }
+                defer { unregisterSync(id) }
                 log.info("Couchbase Lite replicator connected to \(name) from \(peer) as \(user.name ?? "admin")")
                 let reason: String = try await withThrowingTaskGroup(of: String.self) { group in
                     group.addTask {
                         while let frame = await blip.nextFrame() {
                             try await outbound.write(WebSocketFrame(fin: true, opcode: .binary, data: ByteBuffer(bytes: frame)))
                         }
-                        return "closed by this side"
+                        return Self.closedHere
                     }
                     group.addTask {
                         for try await frame in inbound {
@@ -100,6 +108,9 @@ extension CouchServer {
                     let first = try await group.next() ?? "the connection ended"
                     if let failure = await blip.protocolFailure {
                         try? await outbound.write(Self.closeFrame(.protocolError, failure))
+                    } else if first == Self.closedHere {
+                        // This side ended it (the server stopping, a pull that failed): the client is told why.
+                        try? await outbound.write(Self.closeFrame(.goingAway, await blip.closeReason ?? "closed"))
                     }
                     await blip.close(first)
                     session.stop()
@@ -112,6 +123,8 @@ extension CouchServer {
             log.info("Couchbase Lite replicator of \(name) from \(peer) ended: \(error)")
         }
     }
+
+    private static let closedHere = "closed by this side"
 
     private static func closeFrame(_ code: WebSocketErrorCode, _ reason: String) -> WebSocketFrame {
         var data = ByteBuffer()
@@ -504,39 +517,17 @@ final class BLIPSyncSession: @unchecked Sendable {
         let digest = try required(request, "digest")
         guard (16...255).contains(request.body.count) else { throw BLIPError.badRequest("proveAttachment: the nonce must have 16 to 255 bytes") }
         let reader = try await openBody(digest: digest)
-        let proof = try await blocking { () -> String in
-            let hasher = MessageDigest(.sha1)
-            hasher.update([UInt8(request.body.count)] + request.body)
-            while let chunk = try reader.read(64 * 1024) { hasher.update(chunk) }
-            return "sha1-" + Data(hasher.finalize()).base64EncodedString()
-        }
+        let proof = try await blocking { try reader.proof(nonce: request.body) }
         await connection.reply(to: request, body: Array(proof.utf8))
     }
 
-    private func openBody(digest: String) async throws -> ChunkReader {
-        try await blocking { () -> ChunkReader in
-            if let blob = try self.db.storedBody(digest: digest) {
-                return ChunkReader(try self.db.blobs.openReader(blob.key, expectedLength: blob.length))
+    private func openBody(digest: String) async throws -> BlobChunks {
+        try await blocking { () -> BlobChunks in
+            guard let body = try self.db.openBody(digest: digest) else {
+                throw BLIPError.notFound("no attachment body with digest \(digest) is here")
             }
-            if let key = BlobKey(digestString: digest), self.db.blobs.contains(key) { return ChunkReader(try self.db.blobs.openReader(key)) }
-            throw BLIPError.notFound("no attachment body with digest \(digest) is here")
+            return body
         }
-    }
-}
-
-/// A stored body read a chunk at a time, from whichever task sends it (one at a time); the
-/// blob reader checks the bytes against their digest as they go.
-final class ChunkReader: @unchecked Sendable {
-    // Sendable invariant: read by one sender at a time.
-    private let reader: BlobReader
-
-    init(_ reader: BlobReader) { self.reader = reader }
-
-    /// Up to `maximum` bytes; nil at the end.
-    func read(_ maximum: Int) throws -> [UInt8]? {
-        var chunk = [UInt8](repeating: 0, count: maximum)
-        let count = try chunk.withUnsafeMutableBytes { try reader.read(into: $0) }
-        return count == 0 ? nil : Array(chunk[..<count])
     }
 }
 

@@ -6,6 +6,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOWebSocket
+import BLIP
 
 /// `sofa serve`: the CouchDB 3.x HTTP API over Sofa databases, on SwiftNIO.
 ///
@@ -134,8 +135,8 @@ public final class CouchServer: @unchecked Sendable {
                         shouldUpgrade: { channel, head in self.blipUpgradeHeaders(channel, head) },
                         upgradePipelineHandler: { channel, head in
                             // The HTTP handlers of this server's own go too (NIO removes its own).
-                            channel.pipeline.removeHandler(deadlines).and(channel.pipeline.removeHandler(watcher))
-                                .and(channel.pipeline.removeHandler(firstHead)).flatMapThrowing { _ in
+                            return channel.pipeline.removeHandler(deadlines).and(channel.pipeline.removeHandler(watcher))
+                                .and(channel.pipeline.removeHandler(firstHead)).flatMapThrowing { _ -> ConnectionKind in
                                 try channel.pipeline.syncOperations.addHandler(
                                     NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1 << 16,
                                                                 maxAccumulatedFrameSize: BLIPSync.maximumFrameSize))
@@ -208,12 +209,13 @@ public final class CouchServer: @unchecked Sendable {
     /// Stops accepting connections, closes idle ones, and lets requests in progress
     /// finish (for at most `stopGracePeriod`).
     public func stop() {
-        let idle = stopLock.withLock { () -> [Channel]? in
-            guard !stopped else { return nil }
+        let (idle, syncing) = stopLock.withLock { () -> ([Channel]?, [BLIPConnection]) in
+            guard !stopped else { return (nil, []) }
             stopped = true
-            return connections.values.filter { !$0.busy }.map(\.channel)
+            return (connections.values.filter { !$0.busy }.map(\.channel), Array(syncConnections.values))
         }
         guard let idle else { return }
+        for connection in syncing { Task { await connection.close("the server is stopping") } }
         // Scheduled before anything closes: once the server channel is closed, run() may
         // return and the event loops shut down, after which nothing can be scheduled.
         let forced = group.any().scheduleTask(in: CouchServer.stopGracePeriod) {
@@ -239,6 +241,23 @@ public final class CouchServer: @unchecked Sendable {
             }
             return !stopped
         }
+    }
+
+    /// Couchbase Lite replicators connected, closed at once by `stop()` (a continuous pull would
+    /// otherwise hold the server for its grace period). Guarded by `stopLock`.
+    private var syncConnections: [ObjectIdentifier: BLIPConnection] = [:]
+
+    /// Records a sync connection; false when the server is stopping (the connection ends).
+    func registerSync(_ connection: BLIPConnection, _ id: ObjectIdentifier) -> Bool {
+        stopLock.withLock {
+            guard !stopped else { return false }
+            syncConnections[id] = connection
+            return true
+        }
+    }
+
+    func unregisterSync(_ id: ObjectIdentifier) {
+        _ = stopLock.withLock { syncConnections.removeValue(forKey: id) }
     }
 
     /// The forced close of connections still busy after `stopGracePeriod`. Guarded by `stopLock`.

@@ -164,3 +164,39 @@ extension Database {
         return result
     }
 }
+
+extension Database {
+    /// The body with `digest` (`sha1-…`, or a remote's digest of a body fetched here), opened
+    /// for reading a chunk at a time; nil when it is not here.
+    public func openBody(digest: String) throws -> BlobChunks? {
+        if let blob = try storedBody(digest: digest) { return BlobChunks(try blobs.openReader(blob.key, expectedLength: blob.length)) }
+        if let key = BlobKey(digestString: digest), blobs.contains(key) { return BlobChunks(try blobs.openReader(key)) }
+        return nil
+    }
+}
+
+/// A stored body read a chunk at a time by whichever task sends it (one at a time): the source
+/// of a BLIP reply. The reader checks the bytes against their digest as they go.
+public final class BlobChunks: @unchecked Sendable {
+    // Sendable invariant: read by one sender at a time.
+    private let reader: BlobReader
+
+    public init(_ reader: BlobReader) { self.reader = reader }
+
+    /// Up to `maximum` bytes; nil at the end.
+    public func read(_ maximum: Int) throws -> [UInt8]? {
+        var chunk = [UInt8](repeating: 0, count: maximum)
+        let count = try chunk.withUnsafeMutableBytes { try reader.read(into: $0) }
+        return count == 0 ? nil : Array(chunk[..<count])
+    }
+
+    /// BLIP's `proveAttachment`: the SHA-1 of the nonce's length, the nonce and the whole body,
+    /// as a digest string, which shows the body is here without sending it.
+    public func proof(nonce: [UInt8]) throws -> String {
+        let hasher = MessageDigest(.sha1)
+        hasher.update([UInt8(nonce.count)] + nonce)
+        while let chunk = try read(64 * 1024) { hasher.update(chunk) }
+        return "sha1-" + Data(hasher.finalize()).base64EncodedString()
+    }
+}
+

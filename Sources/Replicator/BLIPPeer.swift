@@ -253,10 +253,7 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         case "proveAttachment":
             do {
                 let reader = try openLocalBody(digest: message["digest"] ?? "")
-                let hasher = MessageDigest(.sha1)
-                hasher.update([UInt8(message.body.count)] + message.body)
-                while let chunk = try reader.read(64 * 1024) { hasher.update(chunk) }
-                await connection.reply(to: message, body: Array(("sha1-" + Data(hasher.finalize()).base64EncodedString()).utf8))
+                await connection.reply(to: message, body: Array(try reader.proof(nonce: message.body).utf8))
             } catch {
                 await connection.replyError(to: message, BLIPError(code: 404, message: "\(error)"))
             }
@@ -265,13 +262,11 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         }
     }
 
-    private func openLocalBody(digest: String) throws -> BodyChunks {
-        if let blob = try local.storedBody(digest: digest) {
-            return BodyChunks(try local.blobs.openReader(blob.key, expectedLength: blob.length))
-        }
-        if let key = BlobKey(digestString: digest), local.blobs.contains(key) { return BodyChunks(try local.blobs.openReader(key)) }
-        throw SofaError.invalidArgument("no body with digest \(digest) is here")
+    private func openLocalBody(digest: String) throws -> BlobChunks {
+        guard let body = try local.openBody(digest: digest) else { throw SofaError.invalidArgument("no body with digest \(digest) is here") }
+        return body
     }
+
 
     /// Waits until `ready` finds something (under the lock), the connection ends, or the server
     /// is silent too long; with `stopped`, for as long as it takes, until it says so.
@@ -579,20 +574,6 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
 private final class PeerBox: @unchecked Sendable {
     // Sendable invariant: set once, before the connection can deliver anything that uses it.
     weak var peer: BLIPPeer?
-}
-
-/// A stored body read a chunk at a time by the connection's actor.
-private final class BodyChunks: @unchecked Sendable {
-    // Sendable invariant: read by one sender at a time.
-    private let reader: BlobReader
-
-    init(_ reader: BlobReader) { self.reader = reader }
-
-    func read(_ maximum: Int) throws -> [UInt8]? {
-        var chunk = [UInt8](repeating: 0, count: maximum)
-        let count = try chunk.withUnsafeMutableBytes { try reader.read(into: $0) }
-        return count == 0 ? nil : Array(chunk[..<count])
-    }
 }
 
 /// A body arriving in a reply, into the blob store.

@@ -10,33 +10,14 @@ func couchbaseLiteBenchmark(_ options: Options) throws {
     defer { try? FileManager.default.removeItem(atPath: work) }
     let sofa = sofaBinary
     let cblite = FileManager.default.currentDirectoryPath + "/../shared/peers/cblite"
-    let documents = min(options.documents, 10_000)
-    let withBlob = documents / 10
-    let blobSize = 100_000
+    let dataset = ReplicationDataset(options)
+    let (documents, withBlob, blobSize) = (dataset.documents, dataset.withAttachment, dataset.attachmentSize)
     print("Couchbase Lite sync benchmark: \(documents) documents, \(withBlob) with a \(blobSize / 1000) KB blob; in \(work)")
     print(String(repeating: "-", count: 104))
-
-    // The source: Couchbase Lite's shape (blob properties), random bytes so nothing compresses.
-    let source = try Database.create(at: "\(work)/source.sofa")
-    var state: UInt64 = 0x9E37_79B9_7F4A_7C15
-    try source.inBatch { batch in
-        for i in 0..<documents {
-            var draft = try source.newRevision(of: String(format: "doc-%05d", i))
-            draft.properties = ["n": .integer(Int64(i)), "title": .string("Document \(i)"), "tags": ["sync", "bench"]]
-            if i % 10 == 0 {
-                var body = [UInt8](repeating: 0, count: blobSize)
-                for index in body.indices {
-                    state ^= state << 13; state ^= state >> 7; state ^= state << 17
-                    body[index] = UInt8(truncatingIfNeeded: state)
-                }
-                try draft.setBlob(at: "/photo", blob: source.blobs.write(body), contentType: "image/jpeg")
-            }
-            try batch.save(draft)
-        }
-    }
-    for name in ["pushed-blip", "pushed-couch"] { _ = try Database.create(at: "\(work)/\(name).sofa") }
-    let server = try ServeProcess(sofa: sofa, databases: ["\(work)/source.sofa", "\(work)/pushed-blip.sofa", "\(work)/pushed-couch.sofa"],
-                                  work: work)
+    _ = try dataset.makeSource(at: "\(work)/source.sofa", asBlobs: true)
+    for name in ["pushed-blip", "pushed-couch", "pushed-sofa-blip"] { _ = try Database.create(at: "\(work)/\(name).sofa") }
+    let server = try ServeProcess(sofa: sofa, databases: ["\(work)/source.sofa", "\(work)/pushed-blip.sofa", "\(work)/pushed-couch.sofa",
+                                                          "\(work)/pushed-sofa-blip.sofa"], work: work)
     defer { server.stop() }
     let http = "http://127.0.0.1:\(server.port)"
     let ws = "ws://127.0.0.1:\(server.port)"
@@ -46,6 +27,10 @@ func couchbaseLiteBenchmark(_ options: Options) throws {
     let sofaPull = try timeWithRSS([sofa, "pull", "\(work)/pulled.sofa", "\(http)/source"])
     let blipPull = try timeWithRSS([cblite, "--create", "--upgrade", "pull", "\(work)/app.cblite2", "\(ws)/source"])
     let sofaPush = try timeWithRSS([sofa, "push", "\(work)/pulled.sofa", "\(http)/pushed-couch"])
+    // Sofa's own replicator over BLIP.
+    _ = try timeShell("\(sofa) create \(work)/pulled-blip.sofa > /dev/null")
+    let sofaBlipPull = try timeWithRSS([sofa, "pull", "\(work)/pulled-blip.sofa", "\(ws)/source"])
+    let sofaBlipPush = try timeWithRSS([sofa, "push", "\(work)/pulled-blip.sofa", "\(ws)/pushed-sofa-blip"])
     // (cblite's push needs the remote introduced by a pull first: nothing to pull from an empty database.)
     _ = try timeWithRSS([cblite, "--writeable", "pull", "\(work)/app.cblite2", "\(ws)/pushed-blip"])
     let blipPush = try timeWithRSS([cblite, "--writeable", "push", "\(work)/app.cblite2", "\(ws)/pushed-blip"])
@@ -60,8 +45,10 @@ func couchbaseLiteBenchmark(_ options: Options) throws {
     line("pull: sofa pull (CouchDB protocol)", sofaPull)
     line("pull: cblite pull (BLIP, Couchbase Lite)", blipPull)
     row("  BLIP / CouchDB protocol", String(format: "%.2f×", blipPull.seconds / sofaPull.seconds))
+    line("pull: sofa pull ws:// (BLIP, Sofa)", sofaBlipPull)
     line("push: sofa push (CouchDB protocol)", sofaPush)
     line("push: cblite push (BLIP, Couchbase Lite)", blipPush)
     row("  BLIP / CouchDB protocol", String(format: "%.2f×", blipPush.seconds / sofaPush.seconds))
+    line("push: sofa push ws:// (BLIP, Sofa)", sofaBlipPush)
     row("cblite pull again, nothing new", String(format: "%6.2f s", again.seconds))
 }

@@ -40,7 +40,8 @@ struct ReplicationDataset {
     init(_ options: Options) { documents = min(options.documents, 10_000) }
 
     /// The dataset in a new database at `path`: random attachment bytes, so nothing compresses.
-    func makeSource(at path: String) throws -> Database {
+    /// `asBlobs`: each body is a Couchbase Lite blob (`/photo`) rather than an attachment.
+    func makeSource(at path: String, asBlobs: Bool = false) throws -> Database {
         let source = try Database.create(at: path)
         var state: UInt64 = 0x9E37_79B9_7F4A_7C15
         try source.inBatch { batch in
@@ -53,7 +54,11 @@ struct ReplicationDataset {
                         state ^= state << 13; state ^= state >> 7; state ^= state << 17
                         body[index] = UInt8(truncatingIfNeeded: state)
                     }
-                    try draft.setAttachment("data.bin", data: body)
+                    if asBlobs {
+                        try draft.setBlob(at: "/photo", blob: source.blobs.write(body), contentType: "image/jpeg")
+                    } else {
+                        try draft.setAttachment("data.bin", data: body)
+                    }
                 }
                 try batch.save(draft)
             }

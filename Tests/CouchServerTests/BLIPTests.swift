@@ -255,4 +255,17 @@ struct BLIPFrameTests {
         #expect(try db.currentRevision(of: "half") == nil && db.currentRevision(of: "cut") == nil)
         #expect(try waitUntil(10) { try FileManager.default.contentsOfDirectory(atPath: path + "/attachments/tmp").isEmpty })
     }
+
+    /// A server that stops tells its sync clients so (1001), instead of holding them for its
+    /// grace period and then cutting them off.
+    @Test func aStoppingServerClosesItsSyncConnectionsWithAReason() throws {
+        let (server, _) = try served()
+        let client = try WebSocketClient(port: server.port, path: "/target/_blipsync")
+        #expect(client.status == 101)
+        let stopped = server.stop()
+        #expect(stopped.status == 0, "\(stopped.stderr)")
+        let close = try #require(try client.closeFrame())
+        #expect(close.code == 1001 && close.reason.contains("stopping"), "\(close)")
+    }
 }
+

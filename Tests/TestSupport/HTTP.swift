@@ -86,7 +86,8 @@ public final class HTTPConnection {
         fd = try HTTPConnection.open(port: port, timeout: timeout)
     }
 
-    private static func open(port: Int, timeout: Int) throws -> Int32 {
+    /// A TCP connection to 127.0.0.1:`port` with a receive timeout.
+    static func open(port: Int, timeout: Int) throws -> Int32 {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)

@@ -13,18 +13,8 @@ public final class WebSocketClient {
     /// Opens the connection and sends the upgrade request (`headers` added to the usual ones).
     public init(port: Int, path: String, protocols: String? = "BLIP_3+CBMobile_3", headers: [(String, String)] = [],
                 timeout: Int = 10) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = try HTTPConnection.open(port: port, timeout: timeout)
         self.fd = fd
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else { throw SofaError.io(operation: "connect", path: "127.0.0.1:\(port)", errno: errno) }
-        var limit = timeval(tv_sec: timeout, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
         var request = "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
         if let protocols { request += "Sec-WebSocket-Protocol: \(protocols)\r\n" }
