@@ -469,9 +469,10 @@ final class BLIPSyncSession: @unchecked Sendable {
             }
         }
         guard let (revision, ancestors) = loaded else {
-            try await connection.request("norev", properties: [("id", change.docID), ("rev", change.revID.description),
-                                                               ("sequence", String(change.sequence)), ("error", "404"),
-                                                               ("reason", "the revision is no longer here")])
+            // (No reply wanted, as the protocol says of `norev`.)
+            await connection.send("norev", properties: [("id", change.docID), ("rev", change.revID.description),
+                                                        ("sequence", String(change.sequence)), ("error", "404"),
+                                                        ("reason", "the revision is no longer here")])
             return
         }
         // The history stops at the first revision the client has, or at its limit.

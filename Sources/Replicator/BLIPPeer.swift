@@ -19,8 +19,7 @@ import NIOWebSocket
 /// with the revision each follows, or `changes`), sends a `rev` for each wanted, and answers
 /// the server's `getAttachment` from the local database. The Replicator's calls map onto that:
 /// `changes` returns the next `changes` message, `revisions` answers it and collects the `rev`
-/// messages, which are acknowledged once written (the next call). Everything waits on one
-/// condition that the connection's handler signals.
+/// messages. Everything waits on one condition that the connection's handler signals.
 final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
     // Sendable invariant: `condition` guards the inboxes and `closed`; the rest is set in init.
     let remote: RemoteDatabase
@@ -36,8 +35,6 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
     private var closed: String?
     /// The `changes` message returned last, until `revisions` answers it.
     private var unanswered: BLIPMessage?
-    /// `rev` messages taken but not acknowledged: they are, once the target wrote them.
-    private var written: [BLIPMessage] = []
     private var subscribed = false
     private var checkpointRevs: [String: String] = [:]
     /// How long the server may stay silent while this side waits for it.
@@ -65,9 +62,8 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
 
     deinit { runner.cancel() }
 
-    /// Ends the connection (after acknowledging what was written).
+    /// Ends the connection.
     func close() {
-        acknowledgeWritten()
         let blip = self.blip
         _ = try? BLIPPeer.waitFor { await blip.close("replication done") }
         runner.cancel()
@@ -242,7 +238,11 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
                 revMessages[key] = message
                 condition.broadcast()
             }
-            if message.profile == "norev" { await connection.reply(to: message) }
+            // Acknowledged as it arrives, not once written: a server keeps a window of revisions
+            // unanswered (sofa serve 32, Sync Gateway its own) and would wait for this side, which
+            // waits for the whole batch. What makes the pull safe is the checkpoint, saved only
+            // after the batch is written.
+            await connection.reply(to: message)
         case "getAttachment":
             do {
                 let reader = try openLocalBody(digest: message["digest"] ?? "")
@@ -294,24 +294,12 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         }
     }
 
-    /// The `rev` messages taken since the last call are in the target now: acknowledged.
-    private func acknowledgeWritten() {
-        let done = condition.withLock { () -> [BLIPMessage] in
-            defer { written = [] }
-            return written
-        }
-        guard !done.isEmpty else { return }
-        let blip = self.blip
-        _ = try? BLIPPeer.waitFor { for message in done { await blip.reply(to: message) } }
-    }
-
     // MARK: - As a source (pull)
 
     func changes(since: JSONValue, limit: Int, filter: ReplicationFilter) throws -> ChangeBatch {
         guard filter.selector == nil, filter.function == nil else {
             throw SofaError.invalidArgument("a Couchbase Lite endpoint takes no Mango or JavaScript filter; --doc-ids and --channels work")
         }
-        acknowledgeWritten()
         if let left = condition.withLock({ () -> BLIPMessage? in defer { unanswered = nil }; return unanswered }) {
             // Nothing of it was wanted (the target has it all).
             let blip = self.blip
@@ -387,7 +375,6 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
                                                         reason: revMessage["reason"] ?? "the server no longer has it")))
                 continue
             }
-            condition.withLock { written.append(revMessage) }
             do {
                 results.append(.success(try BLIPPeer.revision(from: revMessage, id: id, rev: rev)))
             } catch {
@@ -562,7 +549,6 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
     }
 
     func saveCheckpoint(_ id: String, _ body: JSONObject) throws {
-        acknowledgeWritten()
         var properties = [("client", id)]
         if let rev = checkpointRevs[id] { properties.append(("rev", rev)) }
         let reply = try request("setCheckpoint", properties, body: JSONValue.object(body).serialized())
