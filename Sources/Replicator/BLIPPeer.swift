@@ -558,8 +558,14 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
 
 /// Lets the connection's handler, made before the peer, reach it.
 private final class PeerBox: @unchecked Sendable {
-    // Sendable invariant: set once, before the connection can deliver anything that uses it.
-    weak var peer: BLIPPeer?
+    // Sendable invariant: `reference` is only touched under `lock`.
+    private let lock = NSLock()
+    private weak var reference: BLIPPeer?
+
+    var peer: BLIPPeer? {
+        get { lock.withLock { reference } }
+        set { lock.withLock { reference = newValue } }
+    }
 }
 
 /// A body arriving in a reply, into the blob store.

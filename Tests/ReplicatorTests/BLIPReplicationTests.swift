@@ -57,6 +57,10 @@ import Testing
         #expect(try copy.blobs.contents(of: BlobKey.of(photo)) == photo)
         let note = try #require(try copy.currentRevision(of: "with-attachment")?.attachments.first)
         #expect(try copy.blobs.contents(of: try #require(note.blobKey)) == Array("hello".utf8))
+        // Some documents only (the server filters the subscription by id).
+        let some = try made("some")
+        #expect(try sofa("pull", some, "\(ws)/source", "--doc-ids", "doc-7,with-blob").succeeded)
+        #expect(try Database.open(at: some).changes(since: 0).map(\.docID).sorted() == ["doc-7", "with-blob"])
         // Again: nothing new, nothing read.
         #expect(try sofa("pull", local, "\(ws)/source").stdout.contains("0 documents read"))
 
