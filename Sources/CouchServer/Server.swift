@@ -333,7 +333,7 @@ public final class CouchServer: @unchecked Sendable {
         guard stopLock.withLock({ unserved.removeValue(forKey: ObjectIdentifier(channel)) != nil }) else { return }
         let kind: ConnectionKind
         do {
-            kind = try await accepted.kind.get()
+            kind = try await accepted.kind.valueUnderLock()
         } catch {
             log.debug("connection ended before its first request: \(error)")
             return

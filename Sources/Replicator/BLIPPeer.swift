@@ -137,7 +137,7 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         }
         let outcome: Upgrade
         do {
-            outcome = try await upgrade.get()
+            outcome = try await upgrade.valueUnderLock()
         } catch let error as NIOSSLError {
             let why = "\(error)".contains("CERTIFICATE_VERIFY_FAILED")
                 ? "its certificate is not trusted here (give the CA that signed it with --cacert)" : "\(error)"
