@@ -246,11 +246,11 @@ final class BLIPSyncSession: @unchecked Sendable {
             }
             return (id, rev)
         }
+        // `_revs_diff`'s answer, one entry at a time: the leaves here it may follow, or 0 (here).
         let answer = try await blocking { () -> [JSONValue] in
             try asked.map { id, rev in
-                guard let tree = try self.db.revisionTreeIfAny(of: id) else { return .array([]) }
-                if tree.contains(rev) { return .integer(0) }
-                return .array(tree.leaves.map(\.id).filter { $0.generation < rev.generation }.sorted(by: >).map { .string($0.description) })
+                guard let missing = try self.db.revsDiff([(id, [rev])]).first?.missing else { return .integer(0) }
+                return .array(missing.possibleAncestors.map { .string($0.description) })
             }
         }
         await connection.reply(to: request, body: JSONValue.array(answer).serialized())
@@ -485,12 +485,7 @@ final class BLIPSyncSession: @unchecked Sendable {
         if !revision.attachments.isEmpty {
             var attachments = JSONObject()
             for attachment in revision.attachments {
-                var metadata: JSONObject = ["content_type": .string(attachment.contentType),
-                                            "digest": .string(attachment.blobKey?.digestString ?? attachment.digest),
-                                            "length": .integer(attachment.length),
-                                            "revpos": .integer(Int64(attachment.revpos)), "stub": true]
-                if attachment.blobKey == nil { metadata["digest"] = .string(attachment.digest) }
-                attachments[attachment.name] = .object(metadata)
+                attachments[attachment.name] = .object(CouchFormat.stub(attachment, bySHA1: true))
             }
             body["_attachments"] = .object(attachments)
         }

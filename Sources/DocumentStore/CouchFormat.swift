@@ -72,9 +72,11 @@ public enum CouchFormat {
     }
 
     /// One `_attachments` entry without its body: content type, revpos, digest, length, stub.
-    public static func stub(_ attachment: Attachment) -> JSONObject {
-        ["content_type": .string(attachment.contentType), "revpos": .integer(Int64(attachment.revpos)),
-         "digest": .string(attachment.digest), "length": .integer(attachment.length), "stub": true]
+    /// `bySHA1`: the digest of the bytes here when they are (what Couchbase Lite looks bodies up by).
+    public static func stub(_ attachment: Attachment, bySHA1: Bool = false) -> JSONObject {
+        let digest = bySHA1 ? attachment.blobKey?.digestString ?? attachment.digest : attachment.digest
+        return ["content_type": .string(attachment.contentType), "revpos": .integer(Int64(attachment.revpos)),
+                "digest": .string(digest), "length": .integer(attachment.length), "stub": true]
     }
 
     /// Renders `revision`. `readBody` is called for inline bodies. `hasBody` tells

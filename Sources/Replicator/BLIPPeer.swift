@@ -492,10 +492,7 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
             if !revision.attachments.isEmpty {
                 var attachments = JSONObject()
                 for attachment in revision.attachments {
-                    attachments[attachment.name] = ["content_type": .string(attachment.contentType),
-                                                    "digest": .string(attachment.blobKey?.digestString ?? attachment.digest),
-                                                    "length": .integer(attachment.length),
-                                                    "revpos": .integer(Int64(attachment.revpos)), "stub": true]
+                    attachments[attachment.name] = .object(CouchFormat.stub(attachment, bySHA1: true))
                 }
                 body["_attachments"] = .object(attachments)
             }
