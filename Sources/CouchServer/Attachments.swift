@@ -99,7 +99,7 @@ extension CouchServer {
         let rev = try requestedRev(request)
         let contentType = request.headers["Content-Type"].first ?? MIMEType.forFileName(name)
         let gzip = request.headers["Content-Encoding"].first?.lowercased() == "gzip"
-        let sink = try await blocking { try AttachmentSink(blobs: db.blobs, gzip: gzip) }
+        let sink = try await blocking { try IncomingBody(blobs: db.blobs, gzip: gzip) }
         let body: ReceivedBody
         do {
             while let chunk = try await request.body.next() {

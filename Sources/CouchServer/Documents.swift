@@ -7,7 +7,7 @@ import NIOHTTP1
 /// An attachment body that has arrived (inline or as a MIME part) and is in the blob store.
 struct ReceivedBody {
     let blob: StoredBlob
-    /// Describes the bytes as stored (see `AttachmentSink.finish`).
+    /// Describes the bytes as stored (see `IncomingBody.finish`).
     let digest: String
 }
 
@@ -294,13 +294,13 @@ extension CouchServer {
         var pending = (document.attachments ?? []).filter { if case .follows = $0.body { return true } else { return false } }
         var received: [String: ReceivedBody] = [:]
         while let headers = try await reader.nextPart() {
-            let named = headers["content-disposition"].flatMap { headerParameter($0, "filename") }
+            let named = headers["content-disposition"].flatMap { MultipartParser.parameter($0, "filename") }
             guard let index = named.flatMap({ name in pending.firstIndex { $0.name == name } }) ?? (pending.isEmpty ? nil : 0) else {
                 throw MultipartReader.malformed("a part matches no attachment marked follows")
             }
             let attachment = pending.remove(at: index)
             let gzip = (headers["content-encoding"] ?? attachment.encoding)?.lowercased() == "gzip"
-            let sink = try await blocking { try AttachmentSink(blobs: db.blobs, gzip: gzip) }
+            let sink = try await blocking { try IncomingBody(blobs: db.blobs, gzip: gzip) }
             do {
                 while let chunk = try await reader.readChunk() {
                     try await blocking { try sink.write(chunk) }
@@ -357,7 +357,7 @@ extension CouchServer {
                 guard case .data(let bytes) = attachment.body else { continue }
                 let claimed = attachment.digest
                 let body = try await blocking { () -> ReceivedBody in
-                    let sink = try AttachmentSink(blobs: db.blobs, gzip: false)
+                    let sink = try IncomingBody(blobs: db.blobs, gzip: false)
                     try sink.write(bytes)
                     let result = try sink.finish(claimedDigest: claimed?.hasPrefix("md5-") == true ? nil : claimed)
                     // Inline data is always decoded; CouchDB's md5 may describe its gzip form.

@@ -78,6 +78,10 @@ struct HTTPError: Error, CustomStringConvertible {
         if let error = error as? SofaError { return HTTPError(error) }
         if let error = error as? CouchFormatError { return HTTPError(.badRequest, error.error, error.reason) }
         if let error = error as? JSONParseError { return HTTPError(SofaError.invalidJSON(error)) }
+        if let error = error as? IncomingBodyMismatch {
+            return HTTPError(.badRequest, "bad_request", "attachment body does not match its digest \(error.claimedDigest ?? "")")
+        }
+        if let error = error as? MultipartError { return HTTPError(.badRequest, "bad_request", "\(error)", closeConnection: true) }
         return HTTPError(.internalServerError, "internal_server_error", "\(error)")
     }
 }
@@ -324,22 +328,8 @@ extension HTTPHeaders {
     /// A parameter of Content-Type (e.g. the multipart `boundary`), unquoted.
     func contentTypeParameter(_ name: String) -> String? {
         guard let value = self["Content-Type"].first else { return nil }
-        return headerParameter(value, name)
+        return MultipartParser.parameter(value, name)
     }
-}
-
-/// A `name=value` parameter of a header value like `multipart/related; boundary="x"`.
-func headerParameter(_ value: String, _ name: String) -> String? {
-    for piece in value.split(separator: ";").dropFirst() {
-        let kv = piece.split(separator: "=", maxSplits: 1)
-        guard kv.count == 2, kv[0].trimmingCharacters(in: .whitespaces).lowercased() == name else { continue }
-        var result = kv[1].trimmingCharacters(in: .whitespaces)
-        if result.count >= 2 && result.hasPrefix("\"") && result.hasSuffix("\"") {
-            result = String(result.dropFirst().dropLast())
-        }
-        return result
-    }
-    return nil
 }
 
 /// Ends a connection gently after a request that could not be parsed (oversized headers,
