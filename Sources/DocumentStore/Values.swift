@@ -144,6 +144,9 @@ public struct ReplicatedRevision: Sendable {
     public let deleted: Bool
     public let properties: JSONObject
     public let attachments: [Attachment]
+    /// Bodies that came with the revision (a `_bulk_get` with `attachments=true`), by
+    /// attachment name: in the blob store already, checked against their digests.
+    public var arrivedBodies: [String: ArrivedBody] = [:]
 
     public init(docID: String, revID: RevisionID, ancestors: [RevisionID], deleted: Bool = false,
                 properties: JSONObject, attachments: [Attachment] = []) {
@@ -153,6 +156,23 @@ public struct ReplicatedRevision: Sendable {
         self.deleted = deleted
         self.properties = properties
         self.attachments = attachments
+    }
+}
+
+/// An attachment body received with a revision: the blob, the digest of its bytes as stored
+/// (`IncomingBody.finish`), and when the request that brought it began (a revision that
+/// cannot be saved removes the bodies it brought, if nothing else took them since). It is
+/// not synced yet: whoever saves the revision syncs it first (`BlobStore.sync`), all of a
+/// batch together, on a thread that does not hold up the next batch's download.
+public struct ArrivedBody: Sendable {
+    public let blob: StoredBlob
+    public let digest: String
+    public let since: Date
+
+    public init(blob: StoredBlob, digest: String, since: Date) {
+        self.blob = blob
+        self.digest = digest
+        self.since = since
     }
 }
 

@@ -214,6 +214,20 @@ public final class HTTPClient {
         self.remote = remote
     }
 
+    /// A client of the same remote with the same settings and login, for another thread
+    /// (each client is one thread's at a time). Its `cancellation` is its own.
+    public func sibling() throws -> HTTPClient {
+        let other = try HTTPClient(remote: remote)
+        other.caFile = caFile
+        other.stallTimeout = stallTimeout
+        other.connectTimeout = connectTimeout
+        other.receiveBufferSize = receiveBufferSize
+        other.retry = retry
+        other.onRetry = onRetry
+        other.cookie = cookie
+        return other
+    }
+
     deinit {
         curl_multi_cleanup(multi)
         curl_easy_cleanup(handle)

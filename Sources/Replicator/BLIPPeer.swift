@@ -87,13 +87,15 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         guard let components = URLComponents(string: remote.url), let host = components.host, let port = components.port else {
             throw SofaError.invalidArgument("\(remote): no host")
         }
-        var tls: NIOSSLContext?
+        let tls: NIOSSLContext?
         if remote.url.hasPrefix("wss://") {
             var configuration = TLSConfiguration.makeClientConfiguration()
             if let caFile { configuration.trustRoots = .file(caFile) }
             do { tls = try NIOSSLContext(configuration: configuration) } catch {
                 throw SofaError.invalidArgument("\(remote): TLS cannot start: \(error)")
             }
+        } else {
+            tls = nil
         }
         // SNI takes names only; an address is checked against the certificate's IP entries.
         let serverName = host.allSatisfy { $0.isNumber || $0 == "." || $0 == ":" } ? nil : host
@@ -353,7 +355,8 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
         }
     }
 
-    func revisions(_ wanted: [(id: String, rev: RevisionID)]) throws -> [Result<ReplicatedRevision, DocumentFailure>] {
+    func revisions(_ wanted: [(id: String, rev: RevisionID)], bodies: BodyRequest?) throws
+        -> [Result<ReplicatedRevision, DocumentFailure>] {
         guard let message = condition.withLock({ () -> BLIPMessage? in defer { unanswered = nil }; return unanswered }) else {
             throw ReplicationError.protocolError("revisions asked of \(remote) outside a changes message")
         }
@@ -433,6 +436,9 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
     }
 
     // MARK: - As a target (push)
+
+    /// Blobs are asked for one by one with `getAttachment` (a `rev` message carries none).
+    func bodyRequest(for missing: [(id: String, missing: MissingRevisions)]) -> BodyRequest? { nil }
 
     func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
         // What a Couchbase Lite client proposes: each revision with the one it follows (its

@@ -47,7 +47,8 @@ final class LocalPeer: ReplicationPeer {
         try database.revsDiff(revs)
     }
 
-    func revisions(_ wanted: [(id: String, rev: RevisionID)]) throws -> [Result<ReplicatedRevision, DocumentFailure>] {
+    func revisions(_ wanted: [(id: String, rev: RevisionID)], bodies: BodyRequest?) throws
+        -> [Result<ReplicatedRevision, DocumentFailure>] {
         try wanted.map { id, rev in
             let revision: Revision
             let tree: RevisionTree
@@ -63,6 +64,14 @@ final class LocalPeer: ReplicationPeer {
                                                deleted: revision.deleted, properties: revision.properties,
                                                attachments: revision.attachments))
         }
+    }
+
+    /// Every body, when the policy downloads them all: they then come in the requests that
+    /// bring the revisions. A policy that leaves some on the server asks for each it wants.
+    func bodyRequest(for missing: [(id: String, missing: MissingRevisions)]) -> BodyRequest? {
+        guard downloads.enabled, downloads.maximumSize == nil, downloads.types.isEmpty else { return nil }
+        return BodyRequest(blobs: database.blobs, attsSince: Dictionary(missing.map { ($0.id, $0.missing.possibleAncestors) },
+                                                                        uniquingKeysWith: { $0 + $1 }))
     }
 
     func fetchBody(of attachment: Attachment, docID: String, rev: RevisionID, into blobs: BlobStore) throws
@@ -81,7 +90,9 @@ final class LocalPeer: ReplicationPeer {
                result: inout ReplicationResult) throws -> [DocumentFailure] {
         var failures: [DocumentFailure] = []
         var ready: [(revision: ReplicatedRevision, fetched: [StoredBlob])] = []
-        let started = Date()
+        // Bodies this run wrote, which a document that does not fit takes away: those fetched
+        // here and those that arrived with the revisions.
+        let started = revisions.flatMap { $0.arrivedBodies.values.map(\.since) }.min() ?? Date()
         for revision in revisions {
             var fetched: [StoredBlob] = []
             do {
@@ -97,6 +108,8 @@ final class LocalPeer: ReplicationPeer {
                 try database.removeUnreferencedBlobs(fetched.map(\.key), writtenSince: started)
             }
         }
+        // Bodies that came with the revisions are made durable before anything refers to them.
+        try database.blobs.sync(revisions.flatMap { $0.arrivedBodies.values.map(\.blob.key) })
         // One transaction for the batch; a revision this database refuses (an invalid id or
         // body) is left out and named, the others are saved.
         do {
@@ -147,7 +160,13 @@ final class LocalPeer: ReplicationPeer {
         let ancestors = try database.attachmentsForStubs(of: revision.docID, ancestors: revision.ancestors)
         var attachments: [Attachment] = []
         for attachment in revision.attachments {
-            if let (blob, digest) = try database.localBody(for: attachment, ancestorsAttachments: ancestors) {
+            if let arrived = revision.arrivedBodies[attachment.name] {
+                fetched.append(arrived.blob)
+                if !attachment.digest.isEmpty, attachment.digest != arrived.digest { try database.recordAlias(attachment.digest, of: arrived.blob.key) }
+                result.attachmentsDownloaded += 1
+                result.attachmentBytesDownloaded += arrived.blob.length
+                attachments.append(attachment.withBody(arrived.blob, digest: arrived.digest))
+            } else if let (blob, digest) = try database.localBody(for: attachment, ancestorsAttachments: ancestors) {
                 // Here already (an earlier revision, another document): it never travels again.
                 if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
                 attachments.append(attachment.withBody(blob, digest: digest))

@@ -22,9 +22,16 @@ protocol ReplicationPeer: AnyObject {
     /// The revisions of `revs` this peer lacks.
     func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)]
 
-    /// The revisions with their history and attachment metadata; bodies stay where they are.
-    /// A revision this peer cannot give is a failure of that document, not of the run.
-    func revisions(_ wanted: [(id: String, rev: RevisionID)]) throws -> [Result<ReplicatedRevision, DocumentFailure>]
+    /// The revisions with their history and attachment metadata, and with `bodies` the bodies
+    /// the target asked for where this peer can send them along (`arrivedBodies`); the others
+    /// stay where they are. A revision this peer cannot give is a failure of that document,
+    /// not of the run.
+    func revisions(_ wanted: [(id: String, rev: RevisionID)], bodies: BodyRequest?) throws
+        -> [Result<ReplicatedRevision, DocumentFailure>]
+
+    /// The bodies this peer, as a target, would take along with the revisions `missing` names
+    /// (nil: it asks for them one by one, or not at all).
+    func bodyRequest(for missing: [(id: String, missing: MissingRevisions)]) -> BodyRequest?
 
     /// Stores the body of one of its attachments in `blobs`, checked against the attachment's
     /// digest and length; returns it with the digest of the bytes as stored.
@@ -44,6 +51,14 @@ protocol ReplicationPeer: AnyObject {
 
     /// Saves a `_local` checkpoint document.
     func saveCheckpoint(_ id: String, _ body: JSONObject) throws
+}
+
+/// Bodies a target asks to receive with the revisions themselves (a local database whose
+/// policy downloads every body): stored into `blobs`. `attsSince`: per document, the
+/// revisions the target has, whose attachments need not travel (CouchDB's `atts_since`).
+struct BodyRequest {
+    let blobs: BlobStore
+    let attsSince: [String: [RevisionID]]
 }
 
 /// Which documents a replication carries.

@@ -13,6 +13,12 @@ final class RemotePeer: ReplicationPeer {
     private let log = Logger(label: "sofa.replicate")
     /// Servers without `_bulk_get` (CouchDB before 2.2, some gateways) answer 404, 405 or 400.
     private var bulkGetUnsupported = false
+    /// Whether the server answers `_bulk_get` in `multipart/mixed` (nil: not asked yet).
+    private var bulkGetMultipart: Bool?
+    /// Connections of the parts of a `_bulk_get` fetched at once beside `client`'s, kept between pages.
+    private var fetchClients: [HTTPClient] = []
+    /// Connections of pushes' parallel uploads beside `client`'s, kept between pages.
+    private var uploadClients: [HTTPClient] = []
     /// The `_rev` of each checkpoint document, once known (read once, then taken from each PUT's answer).
     private var checkpointRevs: [String: String?] = [:]
 
@@ -63,32 +69,98 @@ final class RemotePeer: ReplicationPeer {
         }
     }
 
-    func revisions(_ wanted: [(id: String, rev: RevisionID)]) throws -> [Result<ReplicatedRevision, DocumentFailure>] {
-        try fetchDocuments(wanted).map { entry in
+    func revisions(_ wanted: [(id: String, rev: RevisionID)], bodies: BodyRequest?) throws -> [Result<ReplicatedRevision, DocumentFailure>] {
+        if let bodies, !bulkGetUnsupported, bulkGetMultipart != false, let results = try revisionsWithBodies(wanted, bodies) {
+            return results
+        }
+        return try fetchDocuments(wanted).map { entry in
             guard let document = entry["ok"] else {
                 let error = entry["error"]
                 return .failure(DocumentFailure(docID: error?["id"]?.stringValue ?? "?", rev: error?["rev"]?.stringValue,
                                                 error: error?["error"]?.stringValue ?? "error",
                                                 reason: error?["reason"]?.stringValue ?? "the source did not give this revision"))
             }
-            do {
-                return .success(try RemotePeer.replicatedRevision(document))
-            } catch {
-                return .failure(DocumentFailure(docID: document["_id"]?.stringValue ?? "?", rev: document["_rev"]?.stringValue,
-                                                error: "invalid", reason: "\(error)"))
-            }
+            return RemotePeer.revisionResult(document)
+        }
+    }
+
+    /// A revision as the source sent it, or why it cannot be taken.
+    static func revisionResult(_ json: JSONValue) -> Result<ReplicatedRevision, DocumentFailure> {
+        do {
+            return .success(try replicatedRevision(try IncomingDocument(json)))
+        } catch {
+            return .failure(DocumentFailure(docID: json["_id"]?.stringValue ?? "?", rev: json["_rev"]?.stringValue,
+                                            error: "invalid", reason: "\(error)"))
         }
     }
 
     /// A revision as the source sent it, attachments as metadata only.
-    static func replicatedRevision(_ json: JSONValue) throws -> ReplicatedRevision {
-        let document = try IncomingDocument(json)
+    static func replicatedRevision(_ document: IncomingDocument) throws -> ReplicatedRevision {
         guard let id = document.id, let rev = document.rev else {
             throw CouchFormatError("bad_request", "a document without _id or _rev")
         }
         return ReplicatedRevision(docID: id, revID: rev, ancestors: document.ancestors, deleted: document.deleted,
                                   properties: document.properties,
                                   attachments: (document.attachments ?? []).map { $0.metadata(of: rev) })
+    }
+
+    /// The revisions and the bodies they carry in one `_bulk_get` per batch, `multipart/mixed`
+    /// with `attachments=true` (bodies the target has, by `atts_since`, stay as stubs), streamed
+    /// into the blob store as they arrive. Nil when the server answers in JSON instead (it
+    /// would inline every body in base64): the revisions are then read without bodies, which
+    /// the target asks for one by one.
+    private func revisionsWithBodies(_ wanted: [(id: String, rev: RevisionID)], _ bodies: BodyRequest) throws
+        -> [Result<ReplicatedRevision, DocumentFailure>]? {
+        // Split in parts fetched at once, each on a connection of its own, once the server
+        // has shown that it answers in multipart.
+        let parts = bulkGetMultipart == true ? min(ReplicatorTuning.bulkGetsInFlight, max(1, wanted.count / 16)) : 1
+        while fetchClients.count < parts - 1 { fetchClients.append(try client.sibling()) }
+        let clients = [client] + fetchClients.prefix(parts - 1)
+        let size = (wanted.count + parts - 1) / parts
+        let slices = stride(from: 0, to: wanted.count, by: size).map { Array(wanted[$0..<min($0 + size, wanted.count)]) }
+        let outcomes = Locked([Result<[Result<ReplicatedRevision, DocumentFailure>], any Error>?](repeating: nil, count: slices.count))
+        runConcurrently(slices.count) { [self] index in
+            let outcome = Result { try bulkGetWithBodies(slices[index], bodies, on: clients[index]) }
+            outcomes.withLock { $0[index] = outcome }
+        }
+        do {
+            let results = try outcomes.withLock { $0 }.flatMap { try $0!.get() }
+            bulkGetMultipart = true
+            return results
+        } catch is BulkGetNotMultipart {
+            log.info("\(name) answers _bulk_get in JSON only; attachment bodies come one by one")
+            bulkGetMultipart = false
+            return nil
+        } catch ReplicationError.http(let status, _, _, _) where [400, 404, 405].contains(status) {
+            log.info("\(name) has no _bulk_get (HTTP \(status)); fetching revisions one by one")
+            bulkGetUnsupported = true
+            return nil
+        }
+    }
+
+    /// One `_bulk_get` with bodies, retried while failures may pass.
+    private func bulkGetWithBodies(_ wanted: [(id: String, rev: RevisionID)], _ bodies: BodyRequest, on client: HTTPClient) throws
+        -> [Result<ReplicatedRevision, DocumentFailure>] {
+        let docs = wanted.map { id, rev -> JSONValue in
+            var entry: JSONObject = ["id": .string(id), "rev": .string(rev.description)]
+            if let since = bodies.attsSince[id], !since.isEmpty { entry["atts_since"] = .array(since.map { .string($0.description) }) }
+            return .object(entry)
+        }
+        let request = JSONValue.object(["docs": .array(docs)]).serialized()
+        let url = client.remote.url("_bulk_get?revs=true&latest=true&attachments=true&att_encoding_info=true")
+        let results = try client.withRetry { () -> [Result<ReplicatedRevision, DocumentFailure>] in
+            let reader = BulkGetReader(wanted: wanted, blobs: bodies.blobs, bodyProgress: bodyProgress)
+            let answer = try client.send("POST", url, headers: ["Accept": "multipart/mixed", "Content-Type": "application/json"],
+                                         body: BytesUpload(request)) { bytes, status, headers in
+                guard status < 300 else { return false }
+                if !reader.isStarted, !reader.start(contentType: headers["content-type"] ?? "") { throw BulkGetNotMultipart() }
+                try reader.feed(bytes)
+                return true
+            }
+            guard answer.status < 300 else { throw client.httpError(answer, url: url) }
+            return try reader.finish()
+        }
+        return results
     }
 
     /// The requested revisions as `{"ok": doc}` / `{"error": …}` entries: one `_bulk_get`,
@@ -125,59 +197,31 @@ final class RemotePeer: ReplicationPeer {
         -> (blob: StoredBlob, digest: String) {
         let name = stub.name.split(separator: "/", omittingEmptySubsequences: false).map { percentEncodedPathSegment(String($0)) }.joined(separator: "/")
         let url = client.remote.url("\(percentEncodedPathSegment(docID))/\(name)?rev=\(rev)")
-        let writer = try blobs.makeWriter()
-        let receivedMD5 = MessageDigest(.md5)
-        let identityMD5 = MessageDigest(.md5)
-        var decoder: GzipDecoder?
-        var started = false
+        var body: IncomingBody?
         var lastReport = Date()
         do {
             let answer = try client.send("GET", url, headers: ["Accept": "*/*", "Accept-Encoding": "gzip"]) { [bodyProgress] bytes, status, headers in
                 guard status < 300 else { return false }
-                if !started {
-                    started = true
-                    if headers["content-encoding"]?.lowercased() == "gzip" { decoder = try GzipDecoder() }
-                }
+                if body == nil { body = try IncomingBody(blobs: blobs, gzip: headers["content-encoding"]?.lowercased() == "gzip") }
                 if let bodyProgress, Date().timeIntervalSince(lastReport) >= 0.5 {
                     lastReport = Date()
-                    bodyProgress(BodyProgress(digest: stub.digest, docID: docID, name: stub.name, present: writer.length,
+                    bodyProgress(BodyProgress(digest: stub.digest, docID: docID, name: stub.name, present: body?.length ?? 0,
                                               length: stub.length, fetching: true))
                 }
-                receivedMD5.update(bytes)
-                if let decoder {
-                    try decoder.decode(Array(bytes)) { piece in
-                        identityMD5.update(piece)
-                        try piece.withUnsafeBytes { try writer.write($0) }
-                    }
-                } else {
-                    identityMD5.update(bytes)
-                    try writer.write(bytes)
-                }
+                try body?.write(bytes)
                 return true
             }
             guard answer.status < 300 else { throw client.httpError(answer, url: url) }
-            try decoder?.finish()
+            // Checked before the blob is installed: a body that fails its digest is never stored.
+            let received = try body ?? IncomingBody(blobs: blobs, gzip: false)
+            body = nil
+            return try received.finish(claimedDigest: stub.digest, claimedLength: stub.length)
+        } catch let mismatch as IncomingBodyMismatch {
+            throw ReplicationError.protocolError("attachment \(stub.name) of \(docID): \(mismatch)")
         } catch {
-            writer.cancel()
+            body?.cancel()
             throw error
         }
-        // Checked before the blob is installed: a body that fails its digest is never stored.
-        let received = "md5-" + Data(receivedMD5.finalize()).base64EncodedString()
-        let identity = "md5-" + Data(identityMD5.finalize()).base64EncodedString()
-        let mismatch = ReplicationError.protocolError(
-            "attachment \(stub.name) of \(docID): the body received (\(writer.length) bytes) does not match its digest \(stub.digest) and length \(stub.length)")
-        guard !stub.digest.hasPrefix("md5-") || stub.digest == received || stub.digest == identity else {
-            writer.cancel()
-            throw mismatch
-        }
-        let blob: StoredBlob
-        do {
-            blob = try writer.finish(expecting: stub.digest.hasPrefix("sha1-") ? BlobKey(digestString: stub.digest) : nil)
-        } catch SofaError.blobCorrupted {
-            throw mismatch
-        }
-        guard blob.length == stub.length else { throw mismatch }
-        return (blob, stub.digest.hasPrefix("sha1-") ? stub.digest : identity)
     }
 
     func openBody(of attachment: Attachment, docID: String) throws -> BlobReader {
@@ -185,6 +229,8 @@ final class RemotePeer: ReplicationPeer {
     }
 
     // MARK: - As a target
+
+    func bodyRequest(for missing: [(id: String, missing: MissingRevisions)]) -> BodyRequest? { nil }
 
     func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
         guard !revs.isEmpty else { return [] }
@@ -203,7 +249,8 @@ final class RemotePeer: ReplicationPeer {
                result: inout ReplicationResult) throws -> [DocumentFailure] {
         let held = try ancestorsHeld(revisions, missing: missing)
         var failures: [DocumentFailure] = []
-        var bulk: [(revision: ReplicatedRevision, json: JSONValue)] = []
+        var inline: [(revision: ReplicatedRevision, rendered: CouchFormat.Rendered)] = []
+        var uploads: [Upload] = []
         for revision in revisions {
             var options = CouchFormat.Options()
             options.revisions = true
@@ -218,38 +265,28 @@ final class RemotePeer: ReplicationPeer {
                                                 reason: "the body of attachment \(absent.name) was never downloaded here (sofa download fetches it)"))
                 continue
             }
-            if rendered.following.isEmpty {
-                bulk.append((revision, .object(rendered.json)))
-                continue
-            }
-            do {
-                try client.withRetry { try putMultipart(rendered, id: revision.docID, from: source) }
-                result.docsWritten += 1
-            } catch ReplicationError.http(_, let error, let reason, _) {
-                // Refused for good (a validation function's `forbidden`), or still failing after the retries.
-                failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: error, reason: reason))
+            if rendered.following.allSatisfy({ $0.length <= ReplicatorTuning.largestInlineBody }) {
+                inline.append((revision, rendered))
+            } else {
+                uploads.append(.multipart(revision, rendered))
             }
         }
-        guard !bulk.isEmpty else { return failures }
-        let (status, answer) = try client.json("POST", "_bulk_docs", ["new_edits": false, "docs": .array(bulk.map(\.json))], allow: [412])
-        if status == 412 {
-            // One missing stub refuses the whole batch: send the documents one by one.
-            for (revision, json) in bulk {
-                let (one, answer) = try client.json("POST", "_bulk_docs", ["new_edits": false, "docs": [json]], allow: [412])
-                if one < 300, let failure = RemotePeer.failures(answer).first {
-                    failures.append(failure)
-                } else if one < 300 {
-                    result.docsWritten += 1
-                } else {
-                    failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description,
-                                                    error: answer["error"]?.stringValue ?? "HTTP \(one)",
-                                                    reason: answer["reason"]?.stringValue ?? ""))
-                }
+        // The others in `_bulk_docs` requests, small bodies inline, a few requests at once.
+        var group: [(revision: ReplicatedRevision, rendered: CouchFormat.Rendered)] = []
+        var groupBytes: Int64 = 0
+        for entry in inline {
+            let bytes = entry.rendered.following.reduce(0) { $0 + $1.length }
+            if !group.isEmpty && (groupBytes + bytes > ReplicatorTuning.inlineBytesPerRequest
+                || group.count == ReplicatorTuning.documentsPerRequest) {
+                uploads.append(.inline(group))
+                (group, groupBytes) = ([], 0)
             }
-            return failures
+            group.append(entry)
+            groupBytes += bytes
         }
-        let refused = RemotePeer.failures(answer)
-        result.docsWritten += bulk.count - refused.count
+        if !group.isEmpty { uploads.append(.inline(group)) }
+        let (written, refused) = try sendAll(uploads, from: source)
+        result.docsWritten += written
         return failures + refused
     }
 
@@ -281,8 +318,62 @@ final class RemotePeer: ReplicationPeer {
         return held
     }
 
+    /// The documents: in `_bulk_docs` requests with small bodies inline
+    /// (base64, streamed from `source`), the others each a `PUT /db/doc?new_edits=false` in
+    /// `multipart/related`; `ReplicatorTuning.uploadsInFlight` requests at once, each on a
+    /// connection of its own. A request per document costs a round trip and a commit of the
+    /// server (CouchDB syncs each), which in turn bound a push. Returns how many were written
+    /// and those the server refused for good.
+    private func sendAll(_ uploads: [Upload], from source: ReplicationPeer) throws -> (written: Int, refused: [DocumentFailure]) {
+        guard !uploads.isEmpty else { return (0, []) }
+        let workers = min(ReplicatorTuning.uploadsInFlight, uploads.count)
+        while uploadClients.count < workers - 1 { uploadClients.append(try client.sibling()) }
+        let job = UploadJob(uploads: uploads, clients: [client] + uploadClients.prefix(workers - 1), source: source)
+        runConcurrently(workers) { job.run(worker: $0) }
+        return try job.outcome()
+    }
+
+    /// `POST /db/_bulk_docs` with `new_edits=false`, the bodies of `following` inline. One
+    /// missing stub refuses the whole request (412): the documents are then sent one by one.
+    fileprivate static func postInline(_ documents: [(revision: ReplicatedRevision, rendered: CouchFormat.Rendered)],
+                                       from source: ReplicationPeer, with client: HTTPClient) throws
+        -> (written: Int, refused: [DocumentFailure]) {
+        let url = client.remote.url("_bulk_docs")
+        func post(_ part: [(revision: ReplicatedRevision, rendered: CouchFormat.Rendered)]) throws -> (status: Int, json: JSONValue) {
+            try client.withRetry {
+                let upload = InlineBulkDocsUpload(part.map { ($0.rendered, $0.revision.docID) }) { attachment, id in
+                    try source.openBody(of: attachment, docID: id)
+                }
+                let answer = try client.send("POST", url, headers: ["Content-Type": "application/json"], body: upload)
+                guard answer.status < 300 || answer.status == 412 else { throw client.httpError(answer, url: url) }
+                guard let json = answer.json else { throw ReplicationError.protocolError("POST _bulk_docs answered \(answer.status) without JSON") }
+                return (answer.status, json)
+            }
+        }
+        let (status, answer) = try post(documents)
+        guard status == 412 else {
+            let refused = RemotePeer.failures(answer)
+            return (documents.count - refused.count, refused)
+        }
+        var written = 0
+        var refused: [DocumentFailure] = []
+        for document in documents {
+            let (one, answer) = try post([document])
+            if one < 300, let failure = RemotePeer.failures(answer).first {
+                refused.append(failure)
+            } else if one < 300 {
+                written += 1
+            } else {
+                refused.append(DocumentFailure(docID: document.revision.docID, rev: document.revision.revID.description,
+                                               error: answer["error"]?.stringValue ?? "HTTP \(one)", reason: answer["reason"]?.stringValue ?? ""))
+            }
+        }
+        return (written, refused)
+    }
+
     /// `PUT /db/doc?new_edits=false` as `multipart/related`, the bodies streamed from `source`.
-    private func putMultipart(_ rendered: CouchFormat.Rendered, id: String, from source: ReplicationPeer) throws {
+    fileprivate static func putMultipart(_ rendered: CouchFormat.Rendered, id: String, from source: ReplicationPeer,
+                                         with client: HTTPClient) throws {
         let boundary = BlobKey.hexString((0..<16).map { _ in UInt8.random(in: 0...255) })
         let upload = MultipartUpload(json: JSONValue.object(rendered.json).serialized(), attachments: rendered.following,
                                      boundary: boundary, open: { try source.openBody(of: $0, docID: id) })
@@ -309,6 +400,189 @@ final class RemotePeer: ReplicationPeer {
         if let rev = checkpointRevs[id] ?? nil { document["_rev"] = .string(rev) }
         let (_, saved) = try client.json("PUT", "_local/\(id)", .object(document))
         checkpointRevs[id] = .some(saved["rev"]?.stringValue)
+    }
+}
+
+/// A `_bulk_get` answered in JSON when asked for `multipart/mixed`.
+private struct BulkGetNotMultipart: Error {}
+
+/// One request of a push's page: documents in `_bulk_docs` (small bodies inline), or one
+/// with large bodies in a multipart PUT.
+private enum Upload {
+    case inline([(revision: ReplicatedRevision, rendered: CouchFormat.Rendered)])
+    case multipart(ReplicatedRevision, CouchFormat.Rendered)
+}
+
+/// One page's uploads shared by the threads that send them: each takes the next request.
+private final class UploadJob: @unchecked Sendable {
+    // Sendable invariant: worker i alone uses clients[i]; `next`, `written`, `refused` and
+    // `error` are guarded by `lock`; `source` is a local database (it opens bodies from any thread).
+    private let uploads: [Upload]
+    private let clients: [HTTPClient]
+    private let source: ReplicationPeer
+    private let lock = NSLock()
+    private var next = 0
+    private var written = 0
+    private var refused: [DocumentFailure] = []
+    private var error: (any Error)?
+
+    init(uploads: [Upload], clients: [HTTPClient], source: ReplicationPeer) {
+        (self.uploads, self.clients, self.source) = (uploads, clients, source)
+    }
+
+    func run(worker: Int) {
+        let client = clients[worker]
+        while true {
+            let index = lock.withLock { () -> Int? in
+                guard error == nil, next < uploads.count else { return nil }
+                defer { next += 1 }
+                return next
+            }
+            guard let index else { return }
+            do {
+                switch uploads[index] {
+                case .inline(let documents):
+                    let (count, failures) = try RemotePeer.postInline(documents, from: source, with: client)
+                    lock.withLock {
+                        written += count
+                        refused += failures
+                    }
+                case .multipart(let revision, let rendered):
+                    do {
+                        try client.withRetry { try RemotePeer.putMultipart(rendered, id: revision.docID, from: source, with: client) }
+                        lock.withLock { written += 1 }
+                    } catch ReplicationError.http(_, let error, let reason, _) {
+                        // Refused for good (a validation function's `forbidden`), or still failing after the retries.
+                        lock.withLock { refused.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: error, reason: reason)) }
+                    }
+                }
+            } catch {
+                lock.withLock { self.error = self.error ?? error }
+            }
+        }
+    }
+
+    /// How many were written and those refused; throws what stopped the uploads.
+    func outcome() throws -> (written: Int, refused: [DocumentFailure]) {
+        try lock.withLock {
+            if let error { throw error }
+            return (written, refused)
+        }
+    }
+}
+
+/// `{"new_edits":false,"docs":[…]}` produced as curl reads it: each document's JSON with the
+/// bodies it must send inline as base64, encoded from their blobs on the way (never whole
+/// in memory), in `_attachments` order; stubs stay stubs.
+final class InlineBulkDocsUpload: UploadSource {
+    private enum Piece {
+        case bytes([UInt8])
+        case base64(Attachment, docID: String)
+    }
+    private var pieces: [Piece] = []
+    private var current = 0
+    private var offset = 0
+    let length: Int64
+    private let open: (Attachment, String) throws -> BlobReader
+    private var reader: BlobReader?
+    /// Read bytes not encoded yet (fewer than 3), and encoded ones not handed over yet.
+    private var leftover: [UInt8] = []
+    private var encoded: [UInt8] = []
+    private var encodedOffset = 0
+    private var ended = false
+
+    init(_ documents: [(rendered: CouchFormat.Rendered, docID: String)], open: @escaping (Attachment, String) throws -> BlobReader) {
+        self.open = open
+        var text: [UInt8] = Array(#"{"new_edits":false,"docs":["#.utf8)
+        var built: [Piece] = []
+        func flush() {
+            if !text.isEmpty { built.append(.bytes(text)) }
+            text = []
+        }
+        for (index, (rendered, docID)) in documents.enumerated() {
+            if index > 0 { text += Array(",".utf8) }
+            guard !rendered.following.isEmpty else {
+                text += JSONValue.object(rendered.json).serialized()
+                continue
+            }
+            var json = rendered.json
+            let attachments = json["_attachments"]?.objectValue ?? [:]
+            json["_attachments"] = nil
+            text += json.isEmpty ? Array("{".utf8) : Array(JSONValue.object(json).serialized().dropLast()) + Array(",".utf8)
+            text += Array(#""_attachments":{"#.utf8)
+            let following = Dictionary(rendered.following.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+            for (position, (name, entry)) in attachments.enumerated() {
+                if position > 0 { text += Array(",".utf8) }
+                text += JSONValue.string(name).serialized() + Array(":".utf8)
+                guard let attachment = following[name] else {
+                    text += entry.serialized()
+                    continue
+                }
+                var meta = JSONObject()
+                meta["content_type"] = entry["content_type"]
+                meta["revpos"] = entry["revpos"]
+                text += Array(JSONValue.object(meta).serialized().dropLast()) + Array(#","data":""#.utf8)
+                flush()
+                built.append(.base64(attachment, docID: docID))
+                text += Array(#""}"#.utf8)
+            }
+            text += Array("}}".utf8)
+        }
+        text += Array("]}".utf8)
+        flush()
+        pieces = built
+        length = built.reduce(0) { total, piece in
+            switch piece {
+            case .bytes(let bytes): total + Int64(bytes.count)
+            case .base64(let attachment, _): total + (attachment.length + 2) / 3 * 4
+            }
+        }
+    }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        while current < pieces.count {
+            switch pieces[current] {
+            case .bytes(let bytes):
+                let count = min(buffer.count, bytes.count - offset)
+                if count > 0 {
+                    bytes.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + offset, byteCount: count) }
+                    offset += count
+                    return count
+                }
+            case .base64(let attachment, let docID):
+                if encodedOffset == encoded.count { try encodeMore(attachment, docID: docID) }
+                let count = min(buffer.count, encoded.count - encodedOffset)
+                if count > 0 {
+                    encoded.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + encodedOffset, byteCount: count) }
+                    encodedOffset += count
+                    return count
+                }
+                (reader, leftover, ended) = (nil, [], false)
+            }
+            current += 1
+            offset = 0
+        }
+        return 0
+    }
+
+    /// Reads the next piece of a body and encodes it (whole groups of 3 bytes until the end).
+    private func encodeMore(_ attachment: Attachment, docID: String) throws {
+        (encoded, encodedOffset) = ([], 0)
+        if reader == nil { reader = try open(attachment, docID) }
+        var chunk = [UInt8](repeating: 0, count: 48 * 1024)
+        while encoded.isEmpty && !ended {
+            let count = try chunk.withUnsafeMutableBytes { try reader!.read(into: $0) }
+            var bytes = leftover + chunk[..<count]
+            if count == 0 {
+                ended = true
+                leftover = []
+            } else {
+                let whole = bytes.count / 3 * 3
+                leftover = Array(bytes[whole...])
+                bytes = Array(bytes[..<whole])
+            }
+            encoded = Array(Data(bytes).base64EncodedData())
+        }
     }
 }
 

@@ -176,13 +176,23 @@ public final class Replicator {
         }
         let local = LocalPeer(database, downloads: downloads)
         let remotePeer = RemotePeer(client: client)
-        remotePeer.bodyProgress = bodyProgress
+        // Bodies arrive on the reading threads too: their reports are told one at a time.
+        let reporting = NSLock()
+        let reportBody = bodyProgress.map { report in { (body: BodyProgress) in reporting.withLock { report(body) } } }
+        remotePeer.bodyProgress = reportBody
+        // The pages are read ahead over a connection of their own.
+        let reader = try client.sibling()
+        let cancellation = Cancellation()
+        reader.cancellation = cancellation
+        let readingLocal = LocalPeer(database, downloads: downloads)
+        let readingRemote = RemotePeer(client: reader)
+        readingRemote.bodyProgress = reportBody
         switch direction {
         case .pull:
             try database.rememberRemote(remote.url)
-            return try replicate(from: remotePeer, to: local)
+            return try replicate(from: remotePeer, to: local, readAhead: (readingRemote, readingLocal, cancellation))
         case .push:
-            return try replicate(from: local, to: remotePeer)
+            return try replicate(from: local, to: remotePeer, readAhead: (readingLocal, readingRemote, cancellation))
         }
     }
 
@@ -198,8 +208,8 @@ public final class Replicator {
         switch direction {
         case .pull:
             try database.rememberRemote(remote.url)
-            return try replicate(from: peer, to: local)
-        case .push: return try replicate(from: local, to: peer)
+            return try replicate(from: peer, to: local, readAhead: nil)
+        case .push: return try replicate(from: local, to: peer, readAhead: nil)
         }
     }
 
@@ -215,21 +225,30 @@ public final class Replicator {
 
     // MARK: - The routine
 
-    private func replicate(from source: ReplicationPeer, to target: ReplicationPeer) throws -> ReplicationResult {
+    /// `readAhead`: peers of their own for steps 1 to 3, which then run ahead of the writes
+    /// on a thread of their own (`PagesReadAhead`); nil: all steps in turn on this thread.
+    private func replicate(from source: ReplicationPeer, to target: ReplicationPeer,
+                           readAhead: (source: ReplicationPeer, target: ReplicationPeer, cancellation: Cancellation)?) throws
+        -> ReplicationResult {
         var result = ReplicationResult()
         let session = UUID().uuidString.lowercased()
         let started = Date()
         let startSeq = try startingSequence(source, target) ?? 0
         let filter = ReplicationFilter(docIDs: docIDs, selector: selector, channels: channels, function: filterFunction,
                                        queryParameters: queryParameters)
+        let pages: PageSource = readAhead.map {
+            PagesReadAhead(source: $0.source, target: $0.target, filter: filter, since: startSeq, limit: batchSize, cancellation: $0.cancellation)
+        } ?? PagesInTurn(source: source, target: target, filter: filter, since: startSeq, limit: batchSize)
+        defer { pages.stop() }
         var since = startSeq
         /// Where the checkpoint stays once a document failed: just before it.
         var heldAt: JSONValue?
         result.lastSeq = since
         result.checkpointedSeq = since
         while true {
-            let batch = try source.changes(since: since, limit: batchSize, filter: filter)
-            let failures = try transfer(batch.changes, from: source, to: target, result: &result)
+            let page = try pages.next()
+            let batch = page.batch
+            let failures = try write(page, from: source, to: target, result: &result)
             if heldAt == nil, !failures.isEmpty {
                 let failed = Set(failures.map(\.docID))
                 let first = batch.changes.firstIndex { failed.contains($0.docID) } ?? 0
@@ -250,16 +269,12 @@ public final class Replicator {
         return result
     }
 
-    /// Steps 2 to 4 for one page of changes; returns the documents that did not arrive.
-    private func transfer(_ changes: [PeerChange], from source: ReplicationPeer, to target: ReplicationPeer,
-                          result: inout ReplicationResult) throws -> [DocumentFailure] {
-        let asked = changes.map { (id: $0.docID, revs: $0.revs) }.filter { !$0.revs.isEmpty }
-        guard !asked.isEmpty else { return [] }
-        let missing = try target.revsDiff(asked)
-        guard !missing.isEmpty else { return [] }
+    /// Step 4 for one page: writes what the source gave; returns the documents that did not arrive.
+    private func write(_ page: FetchedPage, from source: ReplicationPeer, to target: ReplicationPeer,
+                       result: inout ReplicationResult) throws -> [DocumentFailure] {
         var failures: [DocumentFailure] = []
         var revisions: [ReplicatedRevision] = []
-        for read in try source.revisions(missing.flatMap { id, entry in entry.missing.map { (id, $0) } }) {
+        for read in page.reads {
             switch read {
             case .success(let revision):
                 result.docsRead += 1
@@ -268,8 +283,10 @@ public final class Replicator {
                 failures.append(failure)
             }
         }
-        let byID = Dictionary(missing.map { ($0.id, $0.missing) }, uniquingKeysWith: { $1 })
-        failures += try target.write(revisions, missing: byID, from: source, result: &result)
+        if !revisions.isEmpty {
+            let byID = Dictionary(page.missing.map { ($0.id, $0.missing) }, uniquingKeysWith: { $1 })
+            failures += try target.write(revisions, missing: byID, from: source, result: &result)
+        }
         for failure in failures { log.warning("\(direction.rawValue): \(failure)") }
         return failures
     }

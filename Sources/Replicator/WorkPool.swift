@@ -67,3 +67,29 @@ final class WorkPool: @unchecked Sendable {
         }
     }
 }
+
+/// Runs `body(0)` … `body(count - 1)` at once, each on a thread of its own (`body(0)` on the
+/// caller's), and returns when all have returned: a page's requests on their connections.
+/// `body` must be safe to run from several threads at once for distinct indexes.
+func runConcurrently(_ count: Int, _ body: @escaping (Int) -> Void) {
+    guard count > 1 else {
+        if count == 1 { body(0) }
+        return
+    }
+    // Sendable invariant: `body` is safe to call concurrently, as the caller promises.
+    final class Work: @unchecked Sendable {
+        let body: (Int) -> Void
+        init(_ body: @escaping (Int) -> Void) { self.body = body }
+    }
+    let work = Work(body)
+    let done = DispatchGroup()
+    for index in 1..<count {
+        done.enter()
+        Thread.detachNewThread {
+            work.body(index)
+            done.leave()
+        }
+    }
+    body(0)
+    done.wait()
+}

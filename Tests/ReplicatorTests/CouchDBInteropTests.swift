@@ -165,6 +165,68 @@ import TestSupport
         #expect(totals["attachment_bytes_downloaded"]?.int64Value == 0)
     }
 
+    /// #30: documents with 0, 1 and 50 attachments (text CouchDB stores gzip, and binary)
+    /// pulled through a proxy that refuses connections, answers 503 and resets answers
+    /// halfway (the bodies come in `_bulk_get` answers, so a reset cuts a batch of them), and
+    /// pushed back through 503s and a server gone silent: both end as clean runs end.
+    @Test func aPullAndAPushThroughFaultsEndAsCleanRunsDo() throws {
+        let source = try couch.newDatabase("faults")
+        var generator = SystemRandomNumberGenerator()
+        var docs: [JSONValue] = []
+        for i in 0..<36 {
+            var doc: JSONObject = ["_id": .string(String(format: "doc-%02d", i)), "n": .integer(Int64(i))]
+            let count = [0, 1, 50][i % 3]
+            var attachments = JSONObject()
+            for a in 0..<count {
+                let text = a % 2 == 0
+                let size = count == 1 ? 150_000 + i * 1000 : 500 + a * 37
+                let bytes: [UInt8] = text ? Array(String(repeating: "line \(i) \(a)\n", count: size / 10).utf8)
+                    : (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
+                attachments["\(text ? "notes" : "blob")-\(a).\(text ? "txt" : "bin")"] =
+                    ["content_type": .string(text ? "text/plain" : "application/octet-stream"), "data": .string(Data(bytes).base64EncodedString())]
+            }
+            if count > 0 { doc["_attachments"] = .object(attachments) }
+            docs.append(.object(doc))
+        }
+        #expect(try couch.request("POST", "/\(source)/_bulk_docs", ["docs": .array(docs)]).status == 201)
+
+        let clean = directory.appending("clean.sofa")
+        #expect(try sofa("create", clean).succeeded)
+        let cleanPull = try sofa("pull", clean, couch.url(source), "--json")
+        #expect(cleanPull.succeeded, "\(cleanPull.stderr)")
+        #expect(try summary(cleanPull)["attachments_downloaded"]?.int64Value == 12 * 50 + 12)
+
+        let proxy = try FaultProxy(upstreamPort: couch.port)
+        func viaProxy(_ db: String) -> String { couch.url(db).replacingOccurrences(of: ":\(couch.port)/", with: ":\(proxy.port)/") }
+        let faulted = directory.appending("faulted.sofa")
+        #expect(try sofa("create", faulted).succeeded)
+        proxy.refuseNext(1)
+        proxy.refuseServiceNext(2)
+        proxy.resetNext(3, afterBytes: 400_000)
+        let pulled = try ChildProcess([sofaBinary, "pull", faulted, viaProxy(source), "--json", "--retries", "8", "--retry-delay", "0.05"]).wait()
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        #expect(pulled.stderr.contains("retrying"), "the faults happened: \(pulled.stderr)")
+        #expect(try ReplicationTests().snapshot(Database.open(at: faulted)) == ReplicationTests().snapshot(Database.open(at: clean)))
+        #expect(try Database.open(at: faulted).check().isEmpty)
+
+        // Back through 503s and a server that goes silent after taking a request (the proxy
+        // then drops that connection, as a restarting server would).
+        proxy.behave()
+        let copy = try couch.newDatabase("faults-copy")
+        proxy.refuseServiceNext(2)
+        let stallFrom = proxy.connections + 2
+        proxy.stallNext(1, afterBytes: 0)
+        let push = try ChildProcess([sofaBinary, "push", faulted, viaProxy(copy), "--json", "--retries", "8", "--retry-delay", "0.05"])
+        #expect(waitUntil(30) { proxy.connections > stallFrom })
+        Thread.sleep(forTimeInterval: 1)
+        proxy.behave()
+        let pushed = push.wait()
+        #expect(pushed.succeeded, "\(pushed.stderr)")
+        #expect(try summary(pushed)["doc_write_failures"]?.int64Value == 0)
+        expectSame(try describe(port: couch.port, source, digests: true), try describe(port: couch.port, copy, digests: true),
+                   "CouchDB → Sofa (through faults) → CouchDB")
+    }
+
     @Test func aDeferredPullKeepsMetadataAndPushesOnceDownloaded() throws {
         let source = try couch.newDatabase("deferred")
         try makeScenario(source)

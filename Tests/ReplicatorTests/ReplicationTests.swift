@@ -577,7 +577,8 @@ import TestSupport
         let local = directory.appending("local.sofa")
         #expect(try sofa("create", local).succeeded)
         let blob = directory.appending("photo.bin")
-        try writePatternFile(blob, count: 200_000)
+        // Over ReplicatorTuning.largestInlineBody, so that a push carrying it is a multipart PUT the log shows.
+        try writePatternFile(blob, count: 1_500_000)
         #expect(try sofa("put", local, "shared", #"{"v":0}"#).succeeded)
         #expect(try sofa("attach", local, "shared", "photo.bin", blob).succeeded)
         #expect(try sofa("sync", local, url).succeeded)

@@ -41,6 +41,11 @@ public final class FaultProxy: @unchecked Sendable {
     /// The next `count` connections are closed as soon as they are accepted.
     public func refuseNext(_ count: Int) { lock.withLock { refuseCount = count } }
 
+    /// The next `count` connections get `503 Service Unavailable` (a server restarting, a
+    /// proxy without a backend) instead of the server's answer.
+    public func refuseServiceNext(_ count: Int) { lock.withLock { unavailableCount = count } }
+    private var unavailableCount = 0
+
     /// The next `count` connections are reset after `bytes` bytes of answers.
     public func resetNext(_ count: Int, afterBytes bytes: Int) { lock.withLock { cut = (bytes, count, false) } }
 
@@ -58,7 +63,7 @@ public final class FaultProxy: @unchecked Sendable {
     public func limitRate(_ bytesPerSecond: Int?) { lock.withLock { rate = bytesPerSecond } }
     private var rate: Int?
 
-    public func behave() { lock.withLock { refuseCount = 0; cut = nil; replacement = nil; stalling = false; rate = nil } }
+    public func behave() { lock.withLock { refuseCount = 0; unavailableCount = 0; cut = nil; replacement = nil; stalling = false; rate = nil } }
     private var stalling = false
 
     private func acceptLoop() {
@@ -74,10 +79,18 @@ public final class FaultProxy: @unchecked Sendable {
                     refuseCount -= 1
                     return (true, nil)
                 }
+                if unavailableCount > 0 {
+                    unavailableCount -= 1
+                    return (true, (0, false))
+                }
                 guard let cut else { return (false, nil) }
                 self.cut = cut.count > 1 ? (cut.bytes, cut.count - 1, cut.stall) : nil
                 if cut.stall { stalling = true }
                 return (false, (cut.bytes, cut.stall))
+            }
+            if refuse, limit != nil {
+                Thread.detachNewThread { FaultProxy.answerUnavailable(client) }
+                continue
             }
             if refuse {
                 abort(client)
@@ -106,6 +119,26 @@ public final class FaultProxy: @unchecked Sendable {
                 pair.release()
             }
         }
+    }
+
+    /// Reads the request's head and answers 503, then closes.
+    private static func answerUnavailable(_ fd: Int32) {
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        var received: [UInt8] = []
+        while received.firstRange(of: Array("\r\n\r\n".utf8)) == nil {
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { break }
+            received += buffer[..<count]
+        }
+        let body = #"{"error":"service_unavailable","reason":"the fault proxy says so"}"#
+        let answer = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)"
+        _ = Array(answer.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        shutdown(fd, Int32(SHUT_WR))
+        // Drain what the client still sends (a body), so closing does not reset the answer away.
+        var quiet = timeval(tv_sec: 1, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &quiet, socklen_t(MemoryLayout<timeval>.size))
+        while buffer.withUnsafeMutableBytes({ recv(fd, $0.baseAddress, $0.count, 0) }) > 0 {}
+        Glibc.close(fd)
     }
 
     /// Closes with a TCP reset rather than a clean end.
