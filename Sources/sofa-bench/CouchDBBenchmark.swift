@@ -23,12 +23,23 @@ func couchDBBenchmark(_ options: Options) throws {
     func curlJSON(_ method: String, _ path: String, _ body: String) throws -> Double {
         try timeShell("curl -sf -X \(method) '\(admin)\(path)' -H 'Content-Type: application/json' -d '\(body)' >/dev/null")
     }
-    var couch: [Double] = [], pull: [Double] = [], deferred: [Double] = [], push: [Double] = []
+    // The limit of a pull: what the server can send. Every document and body in `_bulk_get`
+    // requests of 200 (`multipart/mixed`, as Sofa asks), 4 at once, into /dev/null.
+    let requests = "\(work)/bulk-get"
+    try FileManager.default.createDirectory(atPath: requests, withIntermediateDirectories: true)
+    for start in stride(from: 0, to: dataset.documents, by: 200) {
+        let ids = (start..<min(start + 200, dataset.documents)).map { #"{"id":"\#(String(format: "doc-%05d", $0))"}"# }
+        try #"{"docs":[\#(ids.joined(separator: ","))]}"#.write(toFile: String(format: "\(requests)/%06d.json", start), atomically: true, encoding: .utf8)
+    }
+    let limitCommand = "ls \(requests)/*.json | xargs -P 4 -I{} curl -sf -X POST '\(admin)/\(source)/_bulk_get?revs=true&attachments=true&att_encoding_info=true'"
+        + " -H 'Accept: multipart/mixed' -H 'Content-Type: application/json' -d @{} -o /dev/null"
+    var couch: [Double] = [], pull: [Double] = [], deferred: [Double] = [], push: [Double] = [], limit: [Double] = []
     var pullRSS = 0, deferredRSS = 0, pushRSS = 0
     for round in 0..<3 {
         // CouchDB's replicator: the same documents and bodies into a new database of the node.
         couch.append(try curlJSON("POST", "/_replicate",
                                   #"{"source":"\#(admin)/\#(source)","target":"\#(admin)/bench-couch-\#(round)-\#(getpid())","create_target":true}"#))
+        limit.append(try timeShell(limitCommand))
         let pulled = try timeWithRSS([sofa, "cp", "\(admin)/\(source)", "\(work)/pull-\(round).sofa"])
         pull.append(pulled.seconds)
         pullRSS = max(pullRSS, pulled.maxRSS)
@@ -54,5 +65,8 @@ func couchDBBenchmark(_ options: Options) throws {
     row("sofa pull (sofa cp URL DB), all bodies", pull, pullRSS)
     row("sofa pull --no-download-attachments", deferred, deferredRSS)
     row("sofa push into a new CouchDB database", push, pushRSS)
+    let limitTime = median(limit)
+    print("server limit: _bulk_get ×4 into /dev/null".padding(toLength: 48, withPad: " ", startingAt: 0)
+          + String(format: " %7.2f s  (sofa pull at %.2f of it)", limitTime, limitTime / median(pull)))
     print("(times are medians of 3 interleaved rounds; ratios are CouchDB's time / Sofa's: higher is better)")
 }
