@@ -10,6 +10,8 @@ final class LocalPeer: ReplicationPeer {
     var downloads: DownloadPolicy
     /// The `_rev` of each checkpoint document, once read (then taken from each save).
     private var checkpointRevs: [String: String?] = [:]
+    /// Changes left after the last page read (for progress).
+    private var pendingChanges: Int?
 
     init(_ database: Database, downloads: DownloadPolicy = DownloadPolicy()) {
         self.database = database
@@ -40,7 +42,12 @@ final class LocalPeer: ReplicationPeer {
             let leaves = try database.revisionTree(of: change.docID).leaves.map(\.id)
             changes.append(PeerChange(sequence: .integer(change.sequence), docID: change.docID, revs: leaves))
         }
-        return ChangeBatch(changes: changes, lastSequence: .integer(page.last?.sequence ?? from), isLast: page.count < limit)
+        // What is left: counted once, then told down page by page (a count per page would read
+        // the whole rest of the index each time).
+        let left = try pendingChanges.map { $0 - page.count } ?? database.changeCount(since: from) - page.count
+        pendingChanges = max(0, left)
+        return ChangeBatch(changes: changes, lastSequence: .integer(page.last?.sequence ?? from), isLast: page.count < limit,
+                           pending: pendingChanges)
     }
 
     func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {

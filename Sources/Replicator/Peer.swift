@@ -87,6 +87,8 @@ struct ChangeBatch {
     var lastSequence: JSONValue
     /// No more changes after this page.
     var isLast: Bool
+    /// Changes left after this page, when the peer tells (CouchDB's `pending`): for progress.
+    var pending: Int?
 }
 
 /// A revision that a replication could not carry, with the reason the peer gave

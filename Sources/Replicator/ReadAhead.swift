@@ -51,62 +51,99 @@ final class PagesInTurn: PageSource {
     func stop() {}
 }
 
-/// Pages read ahead of the writes, on a thread of their own with peers of their own (their
-/// own HTTP connection): the source's next page of changes, the target's `_revs_diff` and the
-/// revisions with their bodies travel while the target writes the page before, so a
-/// replication takes about the longer of the two rather than their sum.
-/// `ReplicatorTuning.pagesAhead` pages wait at most (memory: their JSON; bodies are on disk).
+/// Pages read ahead of the writes by two threads with peers of their own (their own HTTP
+/// connections): one reads the source's changes, page after page; the other asks the target's
+/// `_revs_diff` about each and fetches the revisions with their bodies. So the changes, the
+/// fetch and the target's writes of three successive pages travel at once, and a replication
+/// takes about the longest of the three rather than their sum. `ReplicatorTuning.pagesAhead`
+/// pages wait at most between two steps (memory: their JSON; bodies are on disk).
 final class PagesReadAhead: PageSource, @unchecked Sendable {
-    // Sendable invariant: `source`, `target` and `filter` are used only by the reading
-    // thread once it starts; `pending`, `stopped` and `running` are guarded by `condition`.
+    // Sendable invariant: each peer is used by one thread only (`changesSource` by the
+    // changes reader, `source` and `target` by the fetcher); the queues lock themselves.
+    private let changesSource: ReplicationPeer
     private let source: ReplicationPeer
     private let target: ReplicationPeer
     private let filter: ReplicationFilter
     private let limit: Int
     private let cancellation: Cancellation
-    private let condition = NSCondition()
-    private var pending: [Result<FetchedPage, any Error>] = []
-    private var stopped = false
-    private var running = true
+    private let batches = HandOff<ChangeBatch>(capacity: ReplicatorTuning.pagesAhead)
+    private let pages = HandOff<FetchedPage>(capacity: ReplicatorTuning.pagesAhead)
+    private let running = DispatchGroup()
 
     /// `cancellation`: stops the readers' requests in flight when the routine ends early.
-    init(source: ReplicationPeer, target: ReplicationPeer, filter: ReplicationFilter, since: JSONValue, limit: Int,
-         cancellation: Cancellation) {
-        (self.source, self.target, self.filter, self.limit, self.cancellation) = (source, target, filter, limit, cancellation)
-        let thread = Thread { [self] in read(from: since) }
-        thread.name = "sofa-read-ahead"
-        thread.start()
+    init(changesFrom changesSource: ReplicationPeer, source: ReplicationPeer, target: ReplicationPeer, filter: ReplicationFilter,
+         since: JSONValue, limit: Int, cancellation: Cancellation) {
+        (self.changesSource, self.source, self.target) = (changesSource, source, target)
+        (self.filter, self.limit, self.cancellation) = (filter, limit, cancellation)
+        for (name, changes) in [("sofa-changes", true), ("sofa-fetch", false)] {
+            running.enter()
+            let thread = Thread { [self] in
+                if changes { readChanges(from: since) } else { fetchPages() }
+                running.leave()
+            }
+            thread.name = name
+            thread.start()
+        }
     }
 
-    private func read(from start: JSONValue) {
+    private func readChanges(from start: JSONValue) {
         var since = start
         while true {
-            let item = Result { try FetchedPage.fetch(try source.changes(since: since, limit: limit, filter: filter), from: source, to: target) }
-            let kept = condition.withLock { () -> Bool in
-                while pending.count >= ReplicatorTuning.pagesAhead && !stopped { condition.wait() }
-                guard !stopped else { return false }
-                pending.append(item)
-                condition.broadcast()
-                return true
-            }
-            guard kept, case .success(let page) = item, !page.batch.isLast else { break }
-            since = page.batch.lastSequence
+            let batch = Result { try changesSource.changes(since: since, limit: limit, filter: filter) }
+            guard batches.put(batch), case .success(let page) = batch, !page.isLast else { return }
+            since = page.lastSequence
         }
-        condition.withLock {
-            running = false
-            condition.broadcast()
+    }
+
+    private func fetchPages() {
+        while let batch = batches.take() {
+            let page = batch.flatMap { batch in Result { try FetchedPage.fetch(batch, from: source, to: target) } }
+            guard pages.put(page), case .success(let fetched) = page, !fetched.batch.isLast else { return }
         }
     }
 
     func next() throws -> FetchedPage {
-        try condition.withLock {
-            while pending.isEmpty {
-                guard running else { throw ReplicationError.protocolError("read past the last page of changes") }
-                condition.wait()
-            }
+        guard let page = pages.take() else { throw ReplicationError.cancelled }
+        return try page.get()
+    }
+
+    func stop() {
+        batches.stop()
+        pages.stop()
+        cancellation.cancel()
+        running.wait()
+    }
+}
+
+/// Results handed from one thread to the next, at most `capacity` waiting.
+final class HandOff<Value>: @unchecked Sendable {
+    // Sendable invariant: `items` and `stopped` are guarded by `condition`.
+    private let condition = NSCondition()
+    private var items: [Result<Value, any Error>] = []
+    private var stopped = false
+    private let capacity: Int
+
+    init(capacity: Int) { self.capacity = max(1, capacity) }
+
+    /// Waits for room; false once stopped (the item is dropped).
+    func put(_ item: Result<Value, any Error>) -> Bool {
+        condition.withLock {
+            while items.count >= capacity && !stopped { condition.wait() }
+            guard !stopped else { return false }
+            items.append(item)
             condition.broadcast()
-            return pending.removeFirst()
-        }.get()
+            return true
+        }
+    }
+
+    /// Waits for an item; nil once stopped.
+    func take() -> Result<Value, any Error>? {
+        condition.withLock {
+            while items.isEmpty && !stopped { condition.wait() }
+            guard !stopped else { return nil }
+            condition.broadcast()
+            return items.removeFirst()
+        }
     }
 
     func stop() {
@@ -114,7 +151,5 @@ final class PagesReadAhead: PageSource, @unchecked Sendable {
             stopped = true
             condition.broadcast()
         }
-        cancellation.cancel()
-        condition.withLock { while running { condition.wait() } }
     }
 }

@@ -58,7 +58,8 @@ final class RemotePeer: ReplicationPeer {
             let revs = (row["changes"]?.arrayValue ?? []).compactMap { $0["rev"]?.stringValue.flatMap(RevisionID.init) }
             return PeerChange(sequence: row["seq"] ?? lastSeq, docID: id, revs: revs)
         }
-        return ChangeBatch(changes: changes, lastSequence: lastSeq, isLast: rows.count < limit)
+        return ChangeBatch(changes: changes, lastSequence: lastSeq, isLast: rows.count < limit,
+                           pending: answer["pending"]?.int64Value.map { Int($0) })
     }
 
     /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.

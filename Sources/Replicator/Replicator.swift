@@ -11,6 +11,10 @@ public struct ReplicationResult: Sendable {
     public var attachmentsDownloaded = 0
     public var attachmentBytesDownloaded: Int64 = 0
     public var attachmentsDeferred = 0
+    /// Changes of the source read so far, and those left after them when the source tells
+    /// (for progress and its estimate of the time left).
+    public var changesRead = 0
+    public var changesPending: Int?
     /// The source's sequence read up to.
     public var lastSeq: JSONValue = 0
     /// The sequence the checkpoint holds: `lastSeq`, or the change before the first failure.
@@ -180,19 +184,27 @@ public final class Replicator {
         let reporting = NSLock()
         let reportBody = bodyProgress.map { report in { (body: BodyProgress) in reporting.withLock { report(body) } } }
         remotePeer.bodyProgress = reportBody
-        // The pages are read ahead over a connection of their own.
-        let reader = try client.sibling()
+        // The pages are read ahead on connections of their own: the changes on one, the
+        // revisions (and `_revs_diff` pushing) on another.
         let cancellation = Cancellation()
-        reader.cancellation = cancellation
+        func readingRemote() throws -> RemotePeer {
+            let reader = try client.sibling()
+            reader.cancellation = cancellation
+            let peer = RemotePeer(client: reader)
+            peer.bodyProgress = reportBody
+            return peer
+        }
         let readingLocal = LocalPeer(database, downloads: downloads)
-        let readingRemote = RemotePeer(client: reader)
-        readingRemote.bodyProgress = reportBody
         switch direction {
         case .pull:
             try database.rememberRemote(remote.url)
-            return try replicate(from: remotePeer, to: local, readAhead: (readingRemote, readingLocal, cancellation))
+            return try replicate(from: remotePeer, to: local,
+                                 readAhead: ReadAheadPeers(changes: try readingRemote(), source: try readingRemote(), target: readingLocal,
+                                                           cancellation: cancellation))
         case .push:
-            return try replicate(from: local, to: remotePeer, readAhead: (readingLocal, readingRemote, cancellation))
+            return try replicate(from: local, to: remotePeer,
+                                 readAhead: ReadAheadPeers(changes: LocalPeer(database), source: readingLocal, target: try readingRemote(),
+                                                           cancellation: cancellation))
         }
     }
 
@@ -225,10 +237,16 @@ public final class Replicator {
 
     // MARK: - The routine
 
-    /// `readAhead`: peers of their own for steps 1 to 3, which then run ahead of the writes
-    /// on a thread of their own (`PagesReadAhead`); nil: all steps in turn on this thread.
-    private func replicate(from source: ReplicationPeer, to target: ReplicationPeer,
-                           readAhead: (source: ReplicationPeer, target: ReplicationPeer, cancellation: Cancellation)?) throws
+    /// Peers of their own for steps 1 to 3, which then run ahead of the writes (`PagesReadAhead`).
+    struct ReadAheadPeers {
+        let changes: ReplicationPeer
+        let source: ReplicationPeer
+        let target: ReplicationPeer
+        let cancellation: Cancellation
+    }
+
+    /// `readAhead`: steps 1 to 3 run ahead of the writes; nil: all steps in turn on this thread.
+    private func replicate(from source: ReplicationPeer, to target: ReplicationPeer, readAhead: ReadAheadPeers?) throws
         -> ReplicationResult {
         var result = ReplicationResult()
         let session = UUID().uuidString.lowercased()
@@ -237,7 +255,8 @@ public final class Replicator {
         let filter = ReplicationFilter(docIDs: docIDs, selector: selector, channels: channels, function: filterFunction,
                                        queryParameters: queryParameters)
         let pages: PageSource = readAhead.map {
-            PagesReadAhead(source: $0.source, target: $0.target, filter: filter, since: startSeq, limit: batchSize, cancellation: $0.cancellation)
+            PagesReadAhead(changesFrom: $0.changes, source: $0.source, target: $0.target, filter: filter, since: startSeq,
+                           limit: batchSize, cancellation: $0.cancellation)
         } ?? PagesInTurn(source: source, target: target, filter: filter, since: startSeq, limit: batchSize)
         defer { pages.stop() }
         var since = startSeq
@@ -249,6 +268,8 @@ public final class Replicator {
             let page = try pages.next()
             let batch = page.batch
             let failures = try write(page, from: source, to: target, result: &result)
+            result.changesRead += batch.changes.count
+            result.changesPending = batch.pending
             if heldAt == nil, !failures.isEmpty {
                 let failed = Set(failures.map(\.docID))
                 let first = batch.changes.firstIndex { failed.contains($0.docID) } ?? 0

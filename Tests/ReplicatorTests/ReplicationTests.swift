@@ -60,9 +60,13 @@ import TestSupport
         let target = directory.appending("target.sofa")
         #expect(try sofa("create", target).succeeded)
 
-        let first = try sofa("pull", target, url, "--json")
+        // Pages of 10 (three pages are in flight at once): each progress event tells the changes left.
+        let first = try sofa("pull", target, url, "--json", "--batch-size", "10")
         #expect(first.succeeded, "\(first.stderr)")
-        let summary = try #require(first.stdout.split(separator: "\n").last.map { try JSONParser.parse(Array($0.utf8)) })
+        let events = try first.stdout.split(separator: "\n").map { try JSONParser.parse(Array($0.utf8)) }
+        let pending = events.filter { $0["event"] == "progress" }.compactMap { $0["pending"]?.int64Value }
+        #expect(pending == [21, 11, 1, 0], "31 changes (30 documents, one of them deleted, and files), 10 a page: \(pending)")
+        let summary = try #require(events.last)
         #expect(summary["status"] == "complete")
         #expect(summary["docs_written"] == 32, "30 documents, the second leaf of the conflict, and files")
         #expect(summary["attachments_downloaded"] == 2)
