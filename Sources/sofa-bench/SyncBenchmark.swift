@@ -37,7 +37,11 @@ struct ReplicationDataset {
     var withAttachment: Int { documents / 10 }
     var summary: String { "\(documents) documents, \(withAttachment) with a \(attachmentSize / 1000) KB attachment" }
 
-    init(_ options: Options) { documents = min(options.documents, 10_000) }
+    /// 10,000 documents at most, unless `scale` and `--documents` say more (the CouchDB
+    /// benchmark's large runs).
+    init(_ options: Options, scale: Bool = false) {
+        documents = scale && options.documentsGiven ? options.documents : min(options.documents, 10_000)
+    }
 
     /// The dataset in a new database at `path`: random attachment bytes, so nothing compresses.
     /// `asBlobs`: each body is a Couchbase Lite blob (`/photo`) rather than an attachment.

@@ -18,6 +18,8 @@ struct Options {
     var suite = "storage"
     var directory = "/var/tmp"
     var documents = 100_000
+    /// `--documents` was given (benchmarks with a smaller default then take it as it is).
+    var documentsGiven = false
     var attachmentMiB = 1024
 
     init(_ arguments: [String]) {
@@ -25,7 +27,9 @@ struct Options {
         while let argument = iterator.next() {
             switch argument {
             case "--dir": directory = iterator.next() ?? directory
-            case "--documents": documents = iterator.next().flatMap(Int.init) ?? documents
+            case "--documents":
+                documents = iterator.next().flatMap(Int.init) ?? documents
+                documentsGiven = true
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
             case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders", "views", "couchbase-lite": suite = argument
             default:
