@@ -342,7 +342,7 @@ final class RemotePeer: ReplicationPeer {
         let url = client.remote.url("_bulk_docs")
         func post(_ part: [(revision: ReplicatedRevision, rendered: CouchFormat.Rendered)]) throws -> (status: Int, json: JSONValue) {
             try client.withRetry {
-                let upload = InlineBulkDocsUpload(part.map { ($0.rendered, $0.revision.docID) }) { attachment, id in
+                let upload = PiecewiseUpload.inlineBulkDocs(part.map { ($0.rendered, $0.revision.docID) }) { attachment, id in
                     try source.openBody(of: attachment, docID: id)
                 }
                 let answer = try client.send("POST", url, headers: ["Content-Type": "application/json"], body: upload)
@@ -376,8 +376,8 @@ final class RemotePeer: ReplicationPeer {
     fileprivate static func putMultipart(_ rendered: CouchFormat.Rendered, id: String, from source: ReplicationPeer,
                                          with client: HTTPClient) throws {
         let boundary = BlobKey.hexString((0..<16).map { _ in UInt8.random(in: 0...255) })
-        let upload = MultipartUpload(json: JSONValue.object(rendered.json).serialized(), attachments: rendered.following,
-                                     boundary: boundary, open: { try source.openBody(of: $0, docID: id) })
+        let upload = PiecewiseUpload.multipart(json: JSONValue.object(rendered.json).serialized(), attachments: rendered.following,
+                                                 boundary: boundary, open: { try source.openBody(of: $0, docID: id) })
         let url = client.remote.url("\(percentEncodedPathSegment(id))?new_edits=false")
         let answer = try client.send("PUT", url, headers: ["Content-Type": "multipart/related; boundary=\"\(boundary)\""], body: upload)
         guard answer.status < 300 else { throw client.httpError(answer, url: url) }
@@ -469,174 +469,5 @@ private final class UploadJob: @unchecked Sendable {
             if let error { throw error }
             return (written, refused)
         }
-    }
-}
-
-/// `{"new_edits":false,"docs":[…]}` produced as curl reads it: each document's JSON with the
-/// bodies it must send inline as base64, encoded from their blobs on the way (never whole
-/// in memory), in `_attachments` order; stubs stay stubs.
-final class InlineBulkDocsUpload: UploadSource {
-    private enum Piece {
-        case bytes([UInt8])
-        case base64(Attachment, docID: String)
-    }
-    private var pieces: [Piece] = []
-    private var current = 0
-    private var offset = 0
-    let length: Int64
-    private let open: (Attachment, String) throws -> BlobReader
-    private var reader: BlobReader?
-    /// Read bytes not encoded yet (fewer than 3), and encoded ones not handed over yet.
-    private var leftover: [UInt8] = []
-    private var encoded: [UInt8] = []
-    private var encodedOffset = 0
-    private var ended = false
-
-    init(_ documents: [(rendered: CouchFormat.Rendered, docID: String)], open: @escaping (Attachment, String) throws -> BlobReader) {
-        self.open = open
-        var text: [UInt8] = Array(#"{"new_edits":false,"docs":["#.utf8)
-        var built: [Piece] = []
-        func flush() {
-            if !text.isEmpty { built.append(.bytes(text)) }
-            text = []
-        }
-        for (index, (rendered, docID)) in documents.enumerated() {
-            if index > 0 { text += Array(",".utf8) }
-            guard !rendered.following.isEmpty else {
-                text += JSONValue.object(rendered.json).serialized()
-                continue
-            }
-            var json = rendered.json
-            let attachments = json["_attachments"]?.objectValue ?? [:]
-            json["_attachments"] = nil
-            text += json.isEmpty ? Array("{".utf8) : Array(JSONValue.object(json).serialized().dropLast()) + Array(",".utf8)
-            text += Array(#""_attachments":{"#.utf8)
-            let following = Dictionary(rendered.following.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
-            for (position, (name, entry)) in attachments.enumerated() {
-                if position > 0 { text += Array(",".utf8) }
-                text += JSONValue.string(name).serialized() + Array(":".utf8)
-                guard let attachment = following[name] else {
-                    text += entry.serialized()
-                    continue
-                }
-                var meta = JSONObject()
-                meta["content_type"] = entry["content_type"]
-                meta["revpos"] = entry["revpos"]
-                text += Array(JSONValue.object(meta).serialized().dropLast()) + Array(#","data":""#.utf8)
-                flush()
-                built.append(.base64(attachment, docID: docID))
-                text += Array(#""}"#.utf8)
-            }
-            text += Array("}}".utf8)
-        }
-        text += Array("]}".utf8)
-        flush()
-        pieces = built
-        length = built.reduce(0) { total, piece in
-            switch piece {
-            case .bytes(let bytes): total + Int64(bytes.count)
-            case .base64(let attachment, _): total + (attachment.length + 2) / 3 * 4
-            }
-        }
-    }
-
-    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
-        while current < pieces.count {
-            switch pieces[current] {
-            case .bytes(let bytes):
-                let count = min(buffer.count, bytes.count - offset)
-                if count > 0 {
-                    bytes.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + offset, byteCount: count) }
-                    offset += count
-                    return count
-                }
-            case .base64(let attachment, let docID):
-                if encodedOffset == encoded.count { try encodeMore(attachment, docID: docID) }
-                let count = min(buffer.count, encoded.count - encodedOffset)
-                if count > 0 {
-                    encoded.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + encodedOffset, byteCount: count) }
-                    encodedOffset += count
-                    return count
-                }
-                (reader, leftover, ended) = (nil, [], false)
-            }
-            current += 1
-            offset = 0
-        }
-        return 0
-    }
-
-    /// Reads the next piece of a body and encodes it (whole groups of 3 bytes until the end).
-    private func encodeMore(_ attachment: Attachment, docID: String) throws {
-        (encoded, encodedOffset) = ([], 0)
-        if reader == nil { reader = try open(attachment, docID) }
-        var chunk = [UInt8](repeating: 0, count: 48 * 1024)
-        while encoded.isEmpty && !ended {
-            let count = try chunk.withUnsafeMutableBytes { try reader!.read(into: $0) }
-            var bytes = leftover + chunk[..<count]
-            if count == 0 {
-                ended = true
-                leftover = []
-            } else {
-                let whole = bytes.count / 3 * 3
-                leftover = Array(bytes[whole...])
-                bytes = Array(bytes[..<whole])
-            }
-            encoded = Array(Data(bytes).base64EncodedData())
-        }
-    }
-}
-
-/// A `multipart/related` document body produced as curl reads it: the JSON part,
-/// then each attachment streamed from its blob.
-final class MultipartUpload: UploadSource {
-    private var pieces: [Piece] = []
-    private var current = 0
-    private var offset = 0
-    let length: Int64
-
-    private enum Piece {
-        case bytes([UInt8])
-        case blob(Attachment)
-    }
-    private let open: (Attachment) throws -> BlobReader
-    private var reader: BlobReader?
-
-    init(json: [UInt8], attachments: [Attachment], boundary: String, open: @escaping (Attachment) throws -> BlobReader) {
-        self.open = open
-        pieces.append(.bytes(Array("--\(boundary)\r\nContent-Type: application/json\r\n\r\n".utf8) + json))
-        for attachment in attachments {
-            pieces.append(.bytes(Array("\r\n--\(boundary)\r\n\(CouchFormat.partHeaders(attachment))".utf8)))
-            pieces.append(.blob(attachment))
-        }
-        pieces.append(.bytes(Array("\r\n--\(boundary)--".utf8)))
-        length = pieces.reduce(0) { total, piece in
-            switch piece {
-            case .bytes(let bytes): total + Int64(bytes.count)
-            case .blob(let attachment): total + attachment.length
-            }
-        }
-    }
-
-    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
-        while current < pieces.count {
-            switch pieces[current] {
-            case .bytes(let bytes):
-                let count = min(buffer.count, bytes.count - offset)
-                if count > 0 {
-                    bytes.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + offset, byteCount: count) }
-                    offset += count
-                    return count
-                }
-            case .blob(let attachment):
-                if reader == nil { reader = try open(attachment) }
-                let count = try reader!.read(into: buffer)
-                if count > 0 { return count }
-                reader = nil
-            }
-            current += 1
-            offset = 0
-        }
-        return 0
     }
 }
