@@ -291,15 +291,12 @@ extension CouchServer {
             _ = error
             throw HTTPError.invalidJSON
         }
-        var pending = (document.attachments ?? []).filter { if case .follows = $0.body { return true } else { return false } }
+        var pending = IncomingAttachment.following(in: document)
         var received: [String: ReceivedBody] = [:]
         while let headers = try await reader.nextPart() {
-            let named = headers["content-disposition"].flatMap { MultipartParser.parameter($0, "filename") }
-            guard let index = named.flatMap({ name in pending.firstIndex { $0.name == name } }) ?? (pending.isEmpty ? nil : 0) else {
+            guard let (attachment, gzip) = IncomingAttachment.take(partWith: headers, from: &pending) else {
                 throw MultipartReader.malformed("a part matches no attachment marked follows")
             }
-            let attachment = pending.remove(at: index)
-            let gzip = (headers["content-encoding"] ?? attachment.encoding)?.lowercased() == "gzip"
             let sink = try await blocking { try IncomingBody(blobs: db.blobs, gzip: gzip) }
             do {
                 while let chunk = try await reader.readChunk() {

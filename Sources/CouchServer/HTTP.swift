@@ -321,8 +321,7 @@ final class ResponseWriter {
 extension HTTPHeaders {
     /// The media type of Content-Type, lowercased, without parameters.
     var mediaType: String? {
-        self["Content-Type"].first.map { $0.split(separator: ";").first.map(String.init) ?? "" }
-            .map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+        self["Content-Type"].first.map(MultipartParser.mediaType)
     }
 
     /// A parameter of Content-Type (e.g. the multipart `boundary`), unquoted.

@@ -174,6 +174,26 @@ public final class MultipartParser {
     }
 }
 
+extension IncomingAttachment {
+    /// Takes from `following` (a document's attachments marked `follows`, in order) the one a
+    /// body part carries: by the part's filename, else the next; nil when none is left for it.
+    /// `gzip`: the part is gzip-encoded (its header, or the attachment's `encoding`).
+    public static func take(partWith headers: [String: String], from following: inout [IncomingAttachment])
+        -> (attachment: IncomingAttachment, gzip: Bool)? {
+        let named = headers["content-disposition"].flatMap { MultipartParser.parameter($0, "filename") }
+        guard let index = named.flatMap({ name in following.firstIndex { $0.name == name } }) ?? (following.isEmpty ? nil : 0) else {
+            return nil
+        }
+        let attachment = following.remove(at: index)
+        return (attachment, (headers["content-encoding"] ?? attachment.encoding)?.lowercased() == "gzip")
+    }
+
+    /// The document's attachments whose bodies follow as parts.
+    public static func following(in document: IncomingDocument) -> [IncomingAttachment] {
+        (document.attachments ?? []).filter { if case .follows = $0.body { true } else { false } }
+    }
+}
+
 /// A multipart body that cannot be read; says what is wrong with it.
 public struct MultipartError: Error, CustomStringConvertible {
     public let reason: String
@@ -202,19 +222,14 @@ public final class IncomingBody: @unchecked Sendable {
     }
 
     public func write(_ bytes: UnsafeRawBufferPointer) throws {
-        if inflater != nil { return try write(Array(bytes)) }
         receivedLength += Int64(bytes.count)
-        try writeIdentity(bytes)
+        guard let inflater else { return try writeIdentity(bytes) }
+        encodedMD5.update(bytes)
+        try inflater.decode(Array(bytes)) { piece in try piece.withUnsafeBytes { try writeIdentity($0) } }
     }
 
     public func write(_ bytes: [UInt8]) throws {
-        receivedLength += Int64(bytes.count)
-        if let inflater {
-            encodedMD5.update(bytes)
-            try inflater.decode(bytes) { piece in try piece.withUnsafeBytes { try writeIdentity($0) } }
-        } else {
-            try bytes.withUnsafeBytes { try writeIdentity($0) }
-        }
+        try bytes.withUnsafeBytes { try write($0) }
     }
 
     private func writeIdentity(_ bytes: UnsafeRawBufferPointer) throws {

@@ -125,12 +125,9 @@ final class BulkGetReader {
                 body = nil
                 return
             }
-            let named = headers["content-disposition"].flatMap { MultipartParser.parameter($0, "filename") }
-            guard let index = named.flatMap({ name in following.firstIndex { $0.name == name } }) ?? (following.isEmpty ? nil : 0) else {
+            guard let (attachment, gzip) = IncomingAttachment.take(partWith: headers, from: &following) else {
                 throw ReplicationError.protocolError("_bulk_get: a part of \(revision!.docID) matches no attachment marked follows")
             }
-            let attachment = following.remove(at: index)
-            let gzip = (headers["content-encoding"] ?? attachment.encoding)?.lowercased() == "gzip"
             do {
                 body = (attachment, try IncomingBody(blobs: blobs, gzip: gzip))
             } catch let error as SofaError where error.isDiskFull {
@@ -185,7 +182,7 @@ final class BulkGetReader {
         do {
             let document = try IncomingDocument(try JSONParser.parse(json))
             revision = try RemotePeer.replicatedRevision(document)
-            following = (document.attachments ?? []).filter { if case .follows = $0.body { true } else { false } }
+            following = IncomingAttachment.following(in: document)
         } catch {
             failure = DocumentFailure(docID: fallbackID, rev: nil, error: "invalid", reason: "\(error)")
         }

@@ -167,27 +167,27 @@ final class LocalPeer: ReplicationPeer {
         let ancestors = try database.attachmentsForStubs(of: revision.docID, ancestors: revision.ancestors)
         var attachments: [Attachment] = []
         for attachment in revision.attachments {
+            let body: (blob: StoredBlob, digest: String)
+            let downloaded: Bool
             if let arrived = revision.arrivedBodies[attachment.name] {
-                fetched.append(arrived.blob)
-                if !attachment.digest.isEmpty, attachment.digest != arrived.digest { try database.recordAlias(attachment.digest, of: arrived.blob.key) }
-                result.attachmentsDownloaded += 1
-                result.attachmentBytesDownloaded += arrived.blob.length
-                attachments.append(attachment.withBody(arrived.blob, digest: arrived.digest))
-            } else if let (blob, digest) = try database.localBody(for: attachment, ancestorsAttachments: ancestors) {
+                (body, downloaded) = ((arrived.blob, arrived.digest), true)
+            } else if let here = try database.localBody(for: attachment, ancestorsAttachments: ancestors) {
                 // Here already (an earlier revision, another document): it never travels again.
-                if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
-                attachments.append(attachment.withBody(blob, digest: digest))
+                (body, downloaded) = (here, false)
             } else if downloads.allows(attachment) && !isKeptDeferred(attachment, ancestors: ancestors) {
-                let (blob, digest) = try source.fetchBody(of: attachment, docID: revision.docID, rev: revision.revID, into: database.blobs)
-                fetched.append(blob)
-                if !attachment.digest.isEmpty, attachment.digest != digest { try database.recordAlias(attachment.digest, of: blob.key) }
-                result.attachmentsDownloaded += 1
-                result.attachmentBytesDownloaded += blob.length
-                attachments.append(attachment.withBody(blob, digest: digest))
+                (body, downloaded) = (try source.fetchBody(of: attachment, docID: revision.docID, rev: revision.revID, into: database.blobs), true)
             } else {
                 result.attachmentsDeferred += 1
                 attachments.append(attachment)
+                continue
             }
+            if downloaded {
+                fetched.append(body.blob)
+                result.attachmentsDownloaded += 1
+                result.attachmentBytesDownloaded += body.blob.length
+            }
+            if !attachment.digest.isEmpty, attachment.digest != body.digest { try database.recordAlias(attachment.digest, of: body.blob.key) }
+            attachments.append(attachment.withBody(body.blob, digest: body.digest))
         }
         return ReplicatedRevision(docID: revision.docID, revID: revision.revID, ancestors: revision.ancestors,
                                   deleted: revision.deleted, properties: revision.properties, attachments: attachments)
