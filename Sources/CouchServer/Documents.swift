@@ -4,13 +4,6 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 
-/// An attachment body that has arrived (inline or as a MIME part) and is in the blob store.
-struct ReceivedBody {
-    let blob: StoredBlob
-    /// Describes the bytes as stored (see `IncomingBody.finish`).
-    let digest: String
-}
-
 extension CouchServer {
     func documentOrAttachment(_ request: Request, _ db: Database, id: String, attachment: [String]) async throws {
         if !attachment.isEmpty {
@@ -349,20 +342,9 @@ extension CouchServer {
         let accepted = documents
         // Inline bodies go to the blob store first, outside the write transaction.
         var received = received
-        for (id, document) in documents {
-            for attachment in document.attachments ?? [] {
-                guard case .data(let bytes) = attachment.body else { continue }
-                let claimed = attachment.digest
-                let body = try await blocking { () -> ReceivedBody in
-                    let sink = try IncomingBody(blobs: db.blobs, gzip: false)
-                    try sink.write(bytes)
-                    let result = try sink.finish(claimedDigest: claimed?.hasPrefix("md5-") == true ? nil : claimed)
-                    // Inline data is always decoded; CouchDB's md5 may describe its gzip form.
-                    let digest = claimed?.hasPrefix("md5-") == true ? result.digest : result.blob.key.digestString
-                    return ReceivedBody(blob: result.blob, digest: digest)
-                }
-                received[id, default: [:]][attachment.name] = body
-            }
+        for (id, document) in documents where document.attachments?.contains(where: \.isInline) == true {
+            let inline = try await blocking { try db.storeInlineBodies(of: document) }
+            received[id, default: [:]].merge(inline) { _, new in new }
         }
         let bodies = received
         return try await blocking { [refused] in
@@ -407,30 +389,8 @@ extension CouchServer {
     /// A draft for a normal save (`new_edits=true`).
     private func draft(for document: IncomingDocument, id: String, db: Database, received: [String: ReceivedBody]) throws -> RevisionDraft {
         var draft = try document.rev.map { try db.newRevision(of: id, from: $0) } ?? db.newDocument(id)
-        draft.properties = document.properties
-        draft.deleted = document.deleted
-        let incoming = document.attachments ?? []
-        let keep = Set(incoming.map(\.name))
-        for name in draft.attachments.keys where !keep.contains(name) { try draft.removeAttachment(name) }
-        for attachment in incoming {
-            switch attachment.body {
-            case .stub:
-                guard draft.attachments[attachment.name] != nil else { throw missingStub(id, attachment.name) }
-                if let type = attachment.contentType, type != draft.attachments[attachment.name]?.contentType {
-                    try draft.setContentType(type, ofAttachment: attachment.name)
-                }
-            case .data, .follows:
-                guard let body = received[attachment.name] else { throw missingStub(id, attachment.name) }
-                try draft.setAttachment(attachment.name, blob: body.blob,
-                                        contentType: attachment.contentType ?? MIMEType.forFileName(attachment.name))
-            }
-        }
-        draft.orderAttachments(incoming.map(\.name))  // as sent: CouchDB keeps that order and derives the id from it
+        try draft.take(document, received: received)
         return draft
-    }
-
-    func missingStub(_ id: String, _ name: String) -> HTTPError {
-        HTTPError(.preconditionFailed, "missing_stub", "Invalid attachment stub in \(id) for \(name)")
     }
 
     /// A revision with its history for `new_edits=false`. Stubs refer to bodies this
@@ -445,10 +405,10 @@ extension CouchServer {
             switch attachment.body {
             case .stub:
                 if known == nil { known = try db.attachmentsForStubs(of: id, ancestors: document.ancestors) }
-                guard let existing = known?[attachment.name] else { throw missingStub(id, attachment.name) }
+                guard let existing = known?[attachment.name] else { throw MissingStub(id, attachment.name) }
                 attachments.append(existing.with(contentType: type, revpos: attachment.revpos ?? existing.revpos))
             case .data, .follows:
-                guard let body = received[attachment.name] else { throw missingStub(id, attachment.name) }
+                guard let body = received[attachment.name] else { throw MissingStub(id, attachment.name) }
                 attachments.append(Attachment(name: attachment.name, contentType: type, length: body.blob.length,
                                               digest: body.digest, blobKey: body.blob.key,
                                               revpos: attachment.revpos ?? rev.generation, contentAvailable: true))

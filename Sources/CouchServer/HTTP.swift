@@ -77,6 +77,9 @@ struct HTTPError: Error, CustomStringConvertible {
         if let error = error as? HTTPError { return error }
         if let error = error as? SofaError { return HTTPError(error) }
         if let error = error as? CouchFormatError { return HTTPError(.badRequest, error.error, error.reason) }
+        if let error = error as? MissingStub {
+            return HTTPError(.preconditionFailed, "missing_stub", "Invalid attachment stub in \(error.docID) for \(error.name)")
+        }
         if let error = error as? JSONParseError { return HTTPError(SofaError.invalidJSON(error)) }
         if let error = error as? IncomingBodyMismatch {
             return HTTPError(.badRequest, "bad_request", "attachment body does not match its digest \(error.claimedDigest ?? "")")

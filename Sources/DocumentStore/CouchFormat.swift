@@ -196,6 +196,12 @@ public struct IncomingAttachment: Sendable {
     public let length: Int64?
     /// `gzip` when a following part is compressed.
     public let encoding: String?
+
+    /// Whether the body came inline (`data`).
+    public var isInline: Bool {
+        if case .data = body { return true }
+        return false
+    }
 }
 
 /// A document as a client sends it (`PUT`, `_bulk_docs`, the JSON part of a multipart PUT).
