@@ -93,5 +93,56 @@ extension SofaError: CustomStringConvertible, LocalizedError {
         }
     }
 
-    private func quoted(_ text: String) -> String { "\"\(text)\"" }
+    /// A short name for programs (`sofa … --json` prints it as `error`), in CouchDB's style.
+    public var name: String {
+        switch self {
+        case .invalidJSON: "invalid_json"
+        case .invalidDocument: "invalid_document"
+        case .invalidDocumentID: "invalid_document_id"
+        case .invalidAttachmentName: "invalid_attachment_name"
+        case .invalidRevisionID: "invalid_revision_id"
+        case .documentNotFound, .revisionNotFound, .attachmentNotFound: "not_found"
+        case .invalidBlob: "invalid_blob"
+        case .conflict: "conflict"
+        case .notADatabase: "not_a_database"
+        case .databaseExists: "file_exists"
+        case .sqlite: "sqlite_error"
+        case .io: "io_error"
+        case .diskFull: "disk_full"
+        case .readOnlyFileSystem: "read_only"
+        case .blobCorrupted: "blob_corrupted"
+        case .bodyNotAvailable: "body_not_available"
+        case .invalidArgument: "invalid_argument"
+        case .invalidQuery(let error, _): error
+        case .forbidden: "forbidden"
+        case .unauthorized: "unauthorized"
+        case .designFunctionFailed(let error, _): error
+        }
+    }
+
+    private func quoted(_ text: String) -> String { "\"\(text.escapingControlCharacters)\"" }
+}
+
+extension String {
+    /// The text with C0 and C1 control characters, DEL and the Unicode line separators escaped
+    /// (`\n`, `\u{1B}`): a name put into a log line or a message cannot start another line or
+    /// drive the terminal.
+    public var escapingControlCharacters: String {
+        guard unicodeScalars.contains(where: String.isControl) else { return self }
+        var result = ""
+        for scalar in unicodeScalars {
+            switch scalar {
+            case "\n": result += "\\n"
+            case "\r": result += "\\r"
+            case "\t": result += "\\t"
+            case _ where String.isControl(scalar): result += "\\u{\(String(scalar.value, radix: 16, uppercase: true))}"
+            default: result.unicodeScalars.append(scalar)
+            }
+        }
+        return result
+    }
+
+    private static func isControl(_ scalar: Unicode.Scalar) -> Bool {
+        scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028 || scalar.value == 0x2029
+    }
 }

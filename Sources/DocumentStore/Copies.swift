@@ -126,7 +126,9 @@ extension Database {
     /// database, bodies hash to their names, CRCs match, the SQLite file passes its
     /// integrity check), then it gets a new identity that remembers the snapshot's, as
     /// `copy(to:)` gives.
-    public static func install(snapshot zip: String, at destination: String, replacing: Bool = false) throws -> Database {
+    /// `progress` is told the bytes unpacked so far and the total.
+    public static func install(snapshot zip: String, at destination: String, replacing: Bool = false,
+                               progress: ((_ done: Int64, _ total: Int64) -> Void)? = nil) throws -> Database {
         let archive: Archive
         do {
             archive = try Archive(url: URL(fileURLWithPath: zip), accessMode: .read)
@@ -143,6 +145,12 @@ extension Database {
                 ? "the archive holds no \(databaseFileName)" : "the archive holds \(roots.count) databases")
         }
         let stage = try StagedDirectory(for: destination, replacing: replacing)
+        let total = entries.reduce(Int64(0)) { $0 + Int64(clamping: $1.uncompressedSize) }
+        var done: Int64 = 0
+        let unpacked = { (count: Int) in
+            done += Int64(count)
+            progress?(done, total)
+        }
         do {
             let blobs = BlobStore(directory: "\(stage.path)/\(attachmentsDirectoryName)")
             try blobs.createDirectories()
@@ -153,7 +161,7 @@ extension Database {
                 let relative = String(entry.path.dropFirst(root.count))
                 guard entry.type == .file else { throw SofaError.notADatabase(path: zip, reason: "\(entry.path) is not a regular file") }
                 if relative == databaseFileName || relative == databaseFileName + "-wal" {
-                    try extract(entry, from: archive, toFile: "\(stage.path)/\(relative)")
+                    try extract(entry, from: archive, toFile: "\(stage.path)/\(relative)", unpacked: unpacked)
                 } else if relative.hasPrefix("\(attachmentsDirectoryName)/tmp/") || relative.hasSuffix("-shm") {
                     continue  // another process's unfinished write, or SQLite's shared memory: never needed
                 } else if relative.hasPrefix("\(attachmentsDirectoryName)/"), relative.hasSuffix(".blob"),
@@ -161,6 +169,7 @@ extension Database {
                     let writer = try blobs.makeWriter()
                     _ = try archive.extract(entry, bufferSize: BlobStore.chunkSize) { data in
                         try data.withUnsafeBytes { try writer.write($0) }
+                        unpacked(data.count)
                     }
                     do {
                         _ = try writer.finish(expecting: key, durable: false)
@@ -228,12 +237,13 @@ extension Database {
     }
 
     /// Streams one zip entry into a new file.
-    private static func extract(_ entry: Entry, from archive: Archive, toFile path: String) throws {
+    private static func extract(_ entry: Entry, from archive: Archive, toFile path: String, unpacked: (Int) -> Void) throws {
         let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
         defer { close(fd) }
         _ = try archive.extract(entry, bufferSize: BlobStore.chunkSize) { data in
             try data.withUnsafeBytes { try writeFully(fd, $0, path: path) }
+            unpacked(data.count)
         }
     }
 

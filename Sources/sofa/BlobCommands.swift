@@ -95,6 +95,7 @@ struct BlobList: SofaCommand {
     @Argument(help: "Document id.") var id: String
     @Option(help: "A specific revision.") var rev: String?
     @Flag(help: "Print JSON.") var json = false
+    var printsJSON: Bool { json }
 
     func execute() throws {
         let database = try db.open()

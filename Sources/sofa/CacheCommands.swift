@@ -97,6 +97,7 @@ struct Cache: SofaCommand {
     @Option(help: "The remote that must still have a body before it is evicted (default: where the database last pulled from).")
     var remote: String?
     @Flag(help: "Print JSON.") var json = false
+    var printsJSON: Bool { json }
     @OptionGroup var connection: ConnectionOptions
 
     func execute() throws {

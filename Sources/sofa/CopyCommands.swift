@@ -15,7 +15,13 @@ func copyDatabase(from source: String, to destination: String, replacing: Bool) 
     try refuseExisting(destination, force: replacing)
     var info = stat()
     guard stat(source, &info) == 0 else { throw SofaError.notADatabase(path: source, reason: "no such file or directory") }
-    if info.st_mode & S_IFMT == S_IFREG { return try Database.install(snapshot: source, at: destination, replacing: replacing) }
+    if info.st_mode & S_IFMT == S_IFREG {
+        var progress = Progress("unpacked")
+        defer { progress.finish() }
+        return try Database.install(snapshot: source, at: destination, replacing: replacing) { done, total in
+            progress.update(bytes: done, of: total)
+        }
+    }
     return try Database.open(at: source).copy(to: destination, replacing: replacing)
 }
 

@@ -21,6 +21,7 @@ struct Info: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Print JSON.") var json = false
+    var printsJSON: Bool { json }
 
     func execute() throws {
         let database = try db.open()
@@ -62,11 +63,12 @@ struct List: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Option(help: "At most this many documents.") var limit: Int?
     @Option(help: "Skip this many documents first.") var offset = 0
-    @Flag(name: .short, help: "Long format: revision, attachment count, conflicts, id.") var long = false
+    @Flag(name: .short, help: "Long format: revision, attachment count, id and conflicts, under a header line.") var long = false
     @Flag(help: "Include deleted documents.") var deleted = false
     @Flag(help: "Only documents with conflicting revisions (resolve them with sofa revs and sofa rm --rev, or in the mount).")
     var conflicts = false
     @Flag(help: "Print JSON.") var json = false
+    var printsJSON: Bool { json }
 
     func execute() throws {
         let database = try db.open()
@@ -77,6 +79,7 @@ struct List: SofaCommand {
         var first = true
         let counting = conflicts || long || json
         if json { Output.write(STDOUT_FILENO, "[") }
+        if long && !json { Output.line("REVISION\tATTACHMENTS\tID") }  // as ps does; --json is for programs
         while remaining > 0 {
             // With --conflicts, --offset and --limit count the conflicted documents only.
             let page = try database.documents(after: after, offset: conflicts ? 0 : skip, limit: conflicts ? 1000 : min(remaining, 1000),
@@ -171,7 +174,12 @@ struct Cat: SofaCommand {
 struct Put: SofaCommand {
     static let configuration = CommandConfiguration(
         abstract: "Create or update a document from JSON (an argument, or standard input).",
-        discussion: "A `_rev` in the JSON must be the current revision. Attachments are kept.")
+        discussion: """
+            A `_rev` in the JSON must be the current revision. Without `_attachments` the \
+            document keeps its attachments; with it, as CouchDB: each stub (`"stub": true`, as \
+            `sofa cat` prints them) keeps the attachment of that name, `data` (base64) sets one, \
+            and those left out are removed. So `sofa cat DB ID | jq … | sofa put DB ID` works.
+            """)
 
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id.") var id: String
@@ -180,27 +188,23 @@ struct Put: SofaCommand {
     func execute() throws {
         let database = try db.open()
         let bytes = json == "-" ? readStandardInput() : Array(json.utf8)
-        var body = try parseJSONObject(bytes, what: "a document body")
-        if let bodyID = body["_id"] {
-            guard bodyID.stringValue == id else { throw SofaError.invalidDocument(reason: "_id \(bodyID) does not match \(id)") }
-            body["_id"] = nil
+        let object = try parseJSONObject(bytes, what: "a document body")
+        if object["_deleted"] != nil {
+            throw SofaError.invalidDocument(reason: "top-level key \"_deleted\" is reserved (use `sofa rm` to delete)")
         }
-        let rev = body["_rev"]
-        body["_rev"] = nil
-        body["_conflicts"] = nil  // shown by cat, not stored
+        let document: IncomingDocument
+        do { document = try IncomingDocument(.object(object)) } catch let error as CouchFormatError {
+            throw SofaError.invalidDocument(reason: error.reason)
+        }
+        if let bodyID = document.id, bodyID != id { throw SofaError.invalidDocument(reason: "_id \(bodyID) does not match \(id)") }
         if DocumentID.isLocal(id) {
             try DocumentID.validate(id)
-            Output.line(try database.putLocalDocument(id, body: body, rev: rev?.stringValue))
+            Output.line(try database.putLocalDocument(id, body: document.properties, rev: object["_rev"]?.stringValue))
             return
         }
-        var draft: RevisionDraft
-        if let rev {
-            guard let text = rev.stringValue else { throw SofaError.invalidRevisionID(rev.description) }
-            draft = try database.newRevision(of: id, from: RevisionID.parse(text))
-        } else {
-            draft = try database.newRevision(of: id)
-        }
-        draft.properties = body
+        var draft = try document.rev.map { try database.newRevision(of: id, from: $0) } ?? database.newRevision(of: id)
+        let received = try database.storeInlineBodies(of: document)
+        try draft.take(document, received: received, keepingAttachmentsIfUnlisted: true)
         Output.line(try database.save(draft).revID.description)
     }
 }
@@ -228,6 +232,7 @@ struct Revs: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id.") var id: String
     @Flag(help: "Print JSON.") var json = false
+    var printsJSON: Bool { json }
 
     func execute() throws {
         let tree = try db.open().revisionTree(of: id)
@@ -272,6 +277,7 @@ struct Check: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Print JSON: {\"ok\": …, \"problems\": […]} (the exit status is the same).") var json = false
+    var printsJSON: Bool { json }
 
     func execute() throws {
         let problems = try db.open().check()
@@ -280,7 +286,10 @@ struct Check: SofaCommand {
         } else {
             for problem in problems { Output.line(problem) }
         }
-        guard problems.isEmpty else { throw SofaError.invalidArgument(counted(problems.count, "problem") + " found") }
+        guard problems.isEmpty else {
+            Output.error(counted(problems.count, "problem") + " found")
+            throw ExitCode(1)  // the answer is printed already, JSON or not
+        }
         if !json { Output.line("ok") }
     }
 }
@@ -292,6 +301,7 @@ struct Compact: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Print JSON.") var json = false
+    var printsJSON: Bool { json }
     @Flag(help: "Say what would be dropped and freed; change nothing.") var dryRun = false
 
     func execute() throws {

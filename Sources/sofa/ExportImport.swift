@@ -17,7 +17,9 @@ struct Export: SofaCommand {
 
     func execute() throws {
         if file != "-" { try refuseExisting(file, force: force) }
-        _ = try JSONLines.export(try db.open(), to: file, attachments: !noAttachments)
+        let count = try JSONLines.export(try db.open(), to: file, attachments: !noAttachments)
+        // As sofa import does: what it wrote (unless the lines themselves are the output).
+        if file != "-" { Output.line("exported \(counted(count, "document")) to \(file)") }
     }
 }
 

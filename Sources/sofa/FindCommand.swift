@@ -20,6 +20,7 @@ struct Find: SofaCommand {
     @Option(help: "Order by these fields (comma-separated; FIELD:desc for descending).") var sort: String?
     @Option(help: "Keep only these fields (comma-separated dotted paths).") var fields: String?
     @Flag(help: "Print _find's answer: docs, bookmark, warning and execution_stats.") var json = false
+    var printsJSON: Bool { json }
 
     func execute() throws {
         let parsed = try parseJSONObject(Array(selector.utf8), what: "a selector")

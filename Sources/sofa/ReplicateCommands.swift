@@ -251,7 +251,9 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
             Output.write(STDERR_FILENO, "\r\u{1B}[K\(replicator.direction.rawValue): " + meter.line(body))
         }
     }
+    let lastProgress = Locked<ReplicationResult?>(nil)
     replicator.progress = { result in
+        lastProgress.withLock { $0 = result }
         if json {
             Output.line(JSONValue.object(["event": "progress", "direction": .string(replicator.direction.rawValue),
                                           "docs_read": .integer(Int64(result.docsRead)),
@@ -275,7 +277,29 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
         if terminal && !json { Output.write(STDERR_FILENO, "\n") }
         return result
     } catch let error as ReplicationError {
-        throw SofaError.invalidArgument("\(replicator.direction.rawValue) failed: \(error)")
+        if terminal && !json { Output.write(STDERR_FILENO, "\n") }
+        throw ReplicationFailure(job: replicator.direction.rawValue, cause: error, partial: lastProgress.withLock { $0 })
+    }
+}
+
+/// A pull, push or download that stopped, with what it had done (`partial`, a replication's
+/// last progress counts) and what the user may want to know (`note`).
+struct ReplicationFailure: Error, CustomStringConvertible {
+    let job: String
+    let cause: ReplicationError
+    var partial: ReplicationResult?
+    var note = ""
+
+    var description: String { "\(job) failed: \(cause)\(note)" }
+
+    /// The error's name for `--json`: the server's (`unauthorized`, `not_found`…), or what went wrong.
+    var name: String {
+        switch cause {
+        case .network: "unreachable"
+        case .http(_, let error, _, _): error.isEmpty ? "http_error" : error
+        case .protocolError: "protocol_error"
+        case .cancelled: "cancelled"
+        }
     }
 }
 
@@ -315,6 +339,8 @@ struct Pull: SofaCommand {
     @OptionGroup var pulls: PullOptions
     @OptionGroup var downloads: DownloadOptions
 
+    var printsJSON: Bool { options.json }
+
     func execute() throws {
         let db = try Database.open(at: options.database)
         let policy = try downloads.policy(for: db, url: options.url)
@@ -329,6 +355,8 @@ struct Push: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Push changes to a CouchDB-compatible database (one-shot, resumable).")
     @OptionGroup var options: ReplicationOptions
     @OptionGroup var pushes: PushOptions
+
+    var printsJSON: Bool { options.json }
 
     func execute() throws {
         let db = try Database.open(at: options.database)
@@ -346,6 +374,8 @@ struct Sync: SofaCommand {
     @OptionGroup var pulls: PullOptions
     @OptionGroup var pushes: PushOptions
     @OptionGroup var downloads: DownloadOptions
+
+    var printsJSON: Bool { options.json }
 
     func execute() throws {
         let db = try Database.open(at: options.database)
@@ -383,6 +413,7 @@ struct Download: SofaCommand {
     @Argument(help: "Only this attachment of it.") var name: String?
     @Option(help: "The remote database URL.") var remote: String?
     @Flag(help: "Print JSON events (progress of each body, each body done) and a final summary.") var json = false
+    var printsJSON: Bool { json }
     @OptionGroup var connection: ConnectionOptions
 
     func execute() throws {
@@ -432,7 +463,7 @@ struct Download: SofaCommand {
                 Output.error("download cancelled\(resume)")
                 throw ExitCode(130)
             }
-            throw SofaError.invalidArgument("download failed: \(error)\(resume)")
+            throw ReplicationFailure(job: "download", cause: error, note: resume)
         }
     }
 }

@@ -134,7 +134,21 @@ struct Serve: SofaCommand {
         done.wait()
         signals.cancel()
         if let error = outcome.error {
-            throw SofaError.invalidArgument("cannot serve on \(host):\(port): \(error)")
+            throw SofaError.invalidArgument("cannot serve on \(host):\(port): \(Serve.explain(error))")
+        }
+    }
+}
+
+extension Serve {
+    /// A listening socket's failure in words, with what to do (NIO's own text names its calls).
+    static func explain(_ error: any Error) -> String {
+        guard let error = error as? IOError else { return "\(error)" }
+        let reason = String(cString: strerror(error.errnoCode))
+        switch error.errnoCode {
+        case EADDRNOTAVAIL: return "\(reason) (no network interface of this machine has that address; 127.0.0.1 or 0.0.0.0?)"
+        case EADDRINUSE: return "\(reason) (another program listens there; --port chooses another)"
+        case EACCES: return "\(reason) (ports below 1024 need root)"
+        default: return reason
         }
     }
 }

@@ -25,10 +25,8 @@ struct Sofa: ParsableCommand {
     static func main() {
         let arguments = Verbosity.take(from: Array(CommandLine.arguments.dropFirst()))
         LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = Verbosity.logLevel
-                ?? ProcessInfo.processInfo.environment["SOFA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
-            return handler
+            OneLineLogHandler(label: label, level: Verbosity.logLevel
+                ?? ProcessInfo.processInfo.environment["SOFA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning)
         }
         do {
             var command: ParsableCommand
@@ -130,21 +128,63 @@ final class SignalWatcher: @unchecked Sendable {
     func cancel() { lock.withLock { cancelled = true } }
 }
 
-/// A subcommand whose domain errors print as `sofa: <what failed and why>` and exit 1.
+/// A subcommand whose failures print as `sofa: <what failed and why>` and exit 1; with
+/// `--json` (`printsJSON`) also as `{"ok": false, "error": …, "reason": …}` on standard output,
+/// so that a program reading it always gets an answer.
 protocol SofaCommand: ParsableCommand {
     func execute() throws
+    /// Whether the command was asked for JSON (`--json`).
+    var printsJSON: Bool { get }
 }
 
 extension SofaCommand {
+    var printsJSON: Bool { false }
+
     func run() throws {
         do {
             try execute()
             // Output that did not arrive (a full disk, a closed pipe) fails the command too.
             if let failure = Output.standardOutputFailure { throw failure }
-        } catch let error as SofaError {
-            Output.error("\(error)")
+        } catch let error where !(error is ExitCode || error is CleanExit || error is ValidationError) {
+            let failure = CommandFailure(error)
+            if printsJSON { Output.line(failure.json.jsonString()) }
+            Output.error(failure.reason)
             throw ExitCode(1)
         }
+    }
+}
+
+/// Why a command failed, for people (`reason`) and programs (`error`, and what was done).
+struct CommandFailure {
+    let error: String
+    var reason: String
+    /// What a replication had done when it failed (its counts).
+    var partial: JSONValue?
+
+    init(_ error: any Error) {
+        switch error {
+        case let error as SofaError:
+            (self.error, reason) = (error.name, "\(error)")
+            if case .notADatabase(let path, "no such file or directory") = error {
+                reason += " (`sofa create \(path)` makes an empty one)"
+            }
+        case let error as ReplicationFailure:
+            (self.error, reason, partial) = (error.name, "\(error)", error.partial?.json)
+        case let error as JSONParseError:
+            (self.error, reason) = ("invalid_json", "\(error)")
+        case let error as CouchFormatError:
+            (self.error, reason) = (error.error, "\(error)")
+        case is MissingStub:
+            (self.error, reason) = ("missing_stub", "\(error)")
+        default:
+            (self.error, reason) = ("error", "\(error)")
+        }
+    }
+
+    var json: JSONValue {
+        var object: JSONObject = ["ok": false, "error": .string(error), "reason": .string(reason)]
+        if let partial { object["partial"] = partial }
+        return .object(object)
     }
 }
 
@@ -205,6 +245,15 @@ struct Progress {
         lastUpdate = Date()
         Output.write(STDERR_FILENO, "\r\(label): \(formatBytes(bytes))\u{1B}[K")
     }
+
+    mutating func update(bytes: Int64, of total: Int64) {
+        guard enabled, Date().timeIntervalSince(lastUpdate) > 0.1 else { return }
+        lastUpdate = Date()
+        let percent = total > 0 ? " (\(done(bytes, of: total)) %)" : ""
+        Output.write(STDERR_FILENO, "\r\(label): \(formatBytes(bytes)) of \(formatBytes(total))\(percent)\u{1B}[K")
+    }
+
+    private func done(_ bytes: Int64, of total: Int64) -> Int { Int(min(bytes, total) * 100 / total) }
 
     func finish() {
         if enabled { Output.write(STDERR_FILENO, "\r\u{1B}[K") }

@@ -65,7 +65,8 @@ import TestSupport
             (["put", db, "", "{}"], "invalid document id \"\": it is empty"),
             (["put", db, "_private", "{}"], "only _design/ and _local/ ids may start with '_'"),
             (["put", db, "doc", #"{"_rev":"1-nope","a":2}"#], "has no revision 1-nope"),
-            (["put", db, "doc", #"{"_deleted":true}"#], "top-level key \"_deleted\" is reserved"),
+            (["put", db, "doc", #"{"_deleted":true}"#], "top-level key \"_deleted\" is reserved (use `sofa rm` to delete)"),
+            (["put", db, "doc", #"{"_secret":1}"#], "Bad special document member: _secret"),
             (["attach", db, "doc", "_x", "/etc/hostname"], "invalid attachment name \"_x\""),
             (["attach", db, "doc", "", "/etc/hostname"], "invalid attachment name \"\""),
             (["attach", db, "doc", "a", directory.appending("missing")], "No such file or directory"),
@@ -115,6 +116,115 @@ import TestSupport
         #expect(try sofa("put", db, "doc", stdin: body).succeeded)
         #expect(try sofa("cat", db, "doc", "--properties").stdout == "{\n  \"from\": \"stdin\"\n}\n")
         #expect(try sofa("cat-attachment", db, "doc", "a.txt").stdout == "text")
+    }
+
+    /// `sofa cat DB ID | jq … | sofa put DB ID -`: the stubs cat prints are accepted (as CouchDB
+    /// accepts them), a name left out of `_attachments` is removed, inline data sets one, and a
+    /// stub for a body the document does not have is refused with nothing saved.
+    @Test func catFeedsPutWithItsAttachmentStubs() throws {
+        let db = try create()
+        let file = directory.appending("a.txt")
+        try Data("text".utf8).write(to: URL(fileURLWithPath: file))
+        #expect(try sofa("put", db, "doc", #"{"v":1}"#).succeeded)
+        #expect(try sofa("attach", db, "doc", "a.txt", file).succeeded)
+        #expect(try sofa("attach", db, "doc", "b.txt", file).succeeded)
+
+        func catThen(_ change: (inout JSONObject) -> Void) throws -> ProcessResult {
+            guard case .object(var object) = try JSONValue(parsing: try sofa("cat", db, "doc").stdout) else { fatalError() }
+            change(&object)
+            let edited = directory.appending("edited.json")
+            try Data(JSONValue.object(object).jsonString().utf8).write(to: URL(fileURLWithPath: edited))
+            return try sofa("put", db, "doc", "-", stdin: edited)
+        }
+        let same = try catThen { $0["v"] = 2 }
+        #expect(same.succeeded, "\(same.stderr)")
+        #expect(try sofa("cat", db, "doc", "--properties").stdout == "{\n  \"v\": 2\n}\n")
+        #expect(try sofa("cat-attachment", db, "doc", "b.txt").stdout == "text")
+
+        #expect(try catThen { object in
+            var attachments = object["_attachments"]?.objectValue ?? [:]
+            attachments["b.txt"] = nil
+            attachments["c.txt"] = ["content_type": "text/plain", "data": .string(Data("inline".utf8).base64EncodedString())]
+            object["_attachments"] = .object(attachments)
+        }.succeeded)
+        #expect(try sofa("cat-attachment", db, "doc", "c.txt").stdout == "inline")
+        #expect(try sofa("cat-attachment", db, "doc", "a.txt").stdout == "text")
+        #expect(try sofa("cat-attachment", db, "doc", "b.txt").status == 1, "left out of _attachments: removed")
+
+        let before = try sofa("cat", db, "doc").stdout
+        let refused = try catThen { object in
+            var attachments = object["_attachments"]?.objectValue ?? [:]
+            attachments["gone.txt"] = ["stub": true, "length": 4, "digest": "sha1-AAAAAAAAAAAAAAAAAAAAAAAAAAA="]
+            object["_attachments"] = .object(attachments)
+        }
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains(#"_attachments has a stub for "gone.txt""#), "\(refused.stderr)")
+        #expect(try sofa("cat", db, "doc").stdout == before)
+        // Without _attachments the document keeps its attachments, as before.
+        #expect(try sofa("put", db, "doc", #"{"v":3}"#).succeeded)
+        #expect(try sofa("cat-attachment", db, "doc", "c.txt").stdout == "inline")
+    }
+
+    /// Every command with --json answers on standard output when it fails too: a program that
+    /// parses the output gets `{"ok": false, "error": …, "reason": …}`, never nothing.
+    @Test func aFailureWithJSONIsJSONOnStandardOutput() throws {
+        let db = try create()
+        let missing = directory.appending("missing.sofa")
+        let cases: [([String], String)] = [
+            (["info", missing, "--json"], "not_a_database"),
+            (["ls", missing, "--json"], "not_a_database"),
+            (["revs", db, "nope", "--json"], "not_found"),
+            (["check", missing, "--json"], "not_a_database"),
+            (["compact", missing, "--json"], "not_a_database"),
+            (["find", db, "{not json", "--json"], "invalid_json"),
+            (["cache", missing, "--json"], "not_a_database"),
+            (["blob", "ls", db, "nope", "--json"], "not_found"),
+            (["pull", db, "http://127.0.0.1:9/nothing", "--retries", "0", "--json"], "unreachable"),
+            (["push", db, "http://127.0.0.1:9/nothing", "--retries", "0", "--json"], "unreachable"),
+            (["sync", db, "http://127.0.0.1:9/nothing", "--retries", "0", "--json"], "unreachable"),
+        ]
+        for (arguments, error) in cases {
+            let result = try ChildProcess([sofaBinary] + arguments).wait()
+            #expect(result.status == 1, "\(arguments) exited \(result.status): \(result.stderr)")
+            let lines = result.stdout.split(separator: "\n")
+            guard let last = lines.last, let answer = try? JSONValue(parsing: String(last)) else {
+                Issue.record("\(arguments): no JSON on stdout: \(result.stdout) / \(result.stderr)")
+                continue
+            }
+            #expect(answer["ok"] == false, "\(arguments)")
+            if !error.isEmpty { #expect(answer["error"] == .string(error), "\(arguments): \(answer)") }
+            let reason = answer["reason"]?.stringValue ?? ""
+            #expect(!reason.isEmpty && result.stderr.contains(reason), "\(arguments): the same reason on stderr")
+        }
+        // Without --json, nothing on stdout, as before.
+        #expect(try sofa("info", missing).stdout.isEmpty)
+    }
+
+    /// The small things a first day meets: a missing database suggests `sofa create`, `ls -l`
+    /// has a header, export says what it wrote, names with control characters are escaped in
+    /// messages, a listening address that is not this machine's is said plainly, and unpacking
+    /// a snapshot shows progress on a terminal.
+    @Test func firstDayRoughEdges() throws {
+        let db = try create()
+        let missing = try sofa("ls", directory.appending("nope.sofa"))
+        #expect(missing.stderr.contains("sofa create"), "\(missing.stderr)")
+        #expect(try sofa("put", db, "doc", #"{"v":1}"#).succeeded)
+        #expect(try sofa("ls", db, "-l").stdout.hasPrefix("REVISION\tATTACHMENTS\tID\n"))
+        let export = try sofa("export", db, directory.appending("out.jsonl"))
+        #expect(export.stdout == "exported 1 document to \(directory.appending("out.jsonl"))\n")
+        let odd = try sofa("cat", db, "line\nforged\u{1B}[31m")
+        #expect(odd.stderr == "sofa: no document \"line\\nforged\\u{1B}[31m\"\n", "\(odd.stderr)")
+        let serve = try sofa("serve", db, "--host", "192.0.2.1", "--port", "0")
+        #expect(serve.status == 1 && serve.stderr.contains("no network interface of this machine has that address"), "\(serve.stderr)")
+        #expect(!serve.stderr.contains("descriptor"))
+
+        let zip = directory.appending("snap.zip")
+        #expect(try sofa("snapshot", db, zip).succeeded)
+        let copy = directory.appending("copy.sofa")
+        // On a terminal (script(1) gives one), the unpacking shows its progress.
+        let onTerminal = try ChildProcess(["/usr/bin/script", "-qec", "\(sofaBinary) copy \(zip) \(copy)", "/dev/null"]).wait()
+        #expect(onTerminal.succeeded, "\(onTerminal.stderr)")
+        #expect(onTerminal.stdout.contains("unpacked: ") && onTerminal.stdout.contains("copied \(zip)"), "\(onTerminal.stdout)")
     }
 
     @Test func localDocumentsThroughTheCLI() throws {
