@@ -77,7 +77,7 @@ extension DocumentFileSystem {
                   scratch.map({ scratchIsEmpty(scratchPath(id, $0)) }) ?? true else {
                 throw MountError.notEmpty(path)
             }
-            _ = withState {
+            withState {
                 keptFolders.remove(FolderKey(docID: id, folder: folder))
                 folderChanges[FolderKey(docID: id, folder: folder)] = nil
             }

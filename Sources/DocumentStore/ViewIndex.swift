@@ -306,10 +306,15 @@ extension Database {
         }
     }
 
+    /// Whether the view tables exist (made by the first view built).
+    static func hasViewIndexes(_ connection: SQLiteConnection) throws -> Bool {
+        try connection.query("SELECT count(*) FROM sqlite_master WHERE name = 'view_indexes'", row: { $0.int(0) })[0] > 0
+    }
+
     /// Removes a purged document's rows from every view index: no change is left to tell
     /// an index's update that it went.
     static func forgetInViews(_ docID: String, in connection: SQLiteConnection) throws {
-        guard try connection.query("SELECT count(*) FROM sqlite_master WHERE name = 'view_indexes'") { $0.int(0) }[0] > 0 else { return }
+        guard try Database.hasViewIndexes(connection) else { return }
         try connection.run("DELETE FROM view_rows WHERE index_id IN (SELECT index_id FROM view_indexes) AND doc_id = ?", .text(docID))
     }
 
@@ -317,7 +322,7 @@ extension Database {
     /// or its design document changed since.
     public func viewIndexState(_ definition: ViewDefinition) throws -> (id: Int64, sequence: Int64)? {
         try read { connection in
-            guard try connection.query("SELECT count(*) FROM sqlite_master WHERE name = 'view_indexes'") { $0.int(0) }[0] > 0 else { return nil }
+            guard try Database.hasViewIndexes(connection) else { return nil }
             return try connection.query("SELECT index_id, update_seq FROM view_indexes WHERE ddoc = ? AND signature = ?",
                                         .text(definition.designID), .text(definition.signature)) { ($0.int64(0), $0.int64(1)) }.first
         }
@@ -427,7 +432,7 @@ extension Database {
     @discardableResult
     public func cleanUpViewIndexes() throws -> Int {
         let indexes = try read { connection -> [(Int64, String, String)] in
-            guard try connection.query("SELECT count(*) FROM sqlite_master WHERE name = 'view_indexes'") { $0.int(0) }[0] > 0 else { return [] }
+            guard try Database.hasViewIndexes(connection) else { return [] }
             return try connection.query("SELECT index_id, ddoc, signature FROM view_indexes") { ($0.int64(0), $0.text(1), $0.text(2)) }
         }
         var dropped = 0

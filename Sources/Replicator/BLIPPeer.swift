@@ -174,7 +174,7 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
     /// Carries frames both ways until either side closes.
     private static func run(_ channel: NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, _ blip: BLIPConnection) async {
         try? await channel.executeThenClose { inbound, outbound in
-            try await withThrowingTaskGroup(of: Void.self) { group in
+            await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask {
                     while let frame = await blip.nextFrame() {
                         try await outbound.write(WebSocketFrame(fin: true, opcode: .binary, maskKey: .random(), data: ByteBuffer(bytes: frame)))
