@@ -43,7 +43,7 @@ extension DocumentFileSystem {
                 handle.emptiedAtOpen = truncating
                 return try attach(register(handle), flags: flags & ~O_TRUNC, caller: caller)
             }
-            return try openForReading(attachment, docID: id, path: path)
+            return try openForReading(attachment, docID: id, path: path, caller: caller)
         case .conflictProperties(let id, let rev):
             guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: render(conflict.properties))), directIO: true)
@@ -51,7 +51,7 @@ extension DocumentFileSystem {
             guard let conflict = try conflictRevision(id, rev), let attachment = conflict.attachment(named: name) else {
                 throw MountError.notFound(path)
             }
-            return try openForReading(attachment, docID: id, path: path)
+            return try openForReading(attachment, docID: id, path: path, caller: caller)
         case .statusFile(let name):
             guard let bytes = try statusFile(name) else { throw MountError.notFound(path) }
             withState { openStatusFiles[name] = (bytes, (openStatusFiles[name]?.opens ?? 0) + 1) }
@@ -71,7 +71,7 @@ extension DocumentFileSystem {
         }
     }
 
-    private func openForReading(_ attachment: Attachment, docID: String, path: String) throws -> OpenFile {
+    private func openForReading(_ attachment: Attachment, docID: String, path: String, caller: pid_t) throws -> OpenFile {
         // A body evicted or purged a moment ago (the watcher has not said so yet) is deferred again.
         // Only a missing file means that: a disk error is answered as one, not with a remote fetch.
         let stored = try attachment.blobKey.flatMap { key -> BlobReader? in
@@ -84,6 +84,14 @@ extension DocumentFileSystem {
         }
         guard let reader = stored else {
             if let bodySource, let revID = try cached(docID).revision?.revID {
+                // Who opens it decides whether it is fetched: a thumbnailer drawing a folder does
+                // not download it (BrowsingPolicy); anyone else does.
+                let who = Caller(tid: caller)
+                guard browsing.mayFetch(attachment.length, for: who) else {
+                    throw MountError.leftForThumbnailer(path, reader: who.description, length: attachment.length,
+                                                        limit: browsing.thumbnailFetchMax ?? attachment.length)
+                }
+                log.debug("\(path): fetched as \(who) reads it")
                 // Reads fetch what they need; the kernel caches what they got (mmap works too).
                 let reader = try bodySource.open(attachment, docID: docID, revID: revID)
                 return OpenFile(handle: handles.add(DeferredBodyHandle(path: path, reader: reader, timeout: fetchTimeout)),

@@ -106,11 +106,17 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     public let bodySource: BodySource?
     /// How long a read waits for the bytes of a body being downloaded before failing with EIO.
     public let fetchTimeout: Double
+    /// Which readers may fetch bodies that are not here (thumbnailers only small ones).
+    public let browsing: BrowsingPolicy
 
     /// Extra fields of `/.sofa/status.json` (replication state, downloads), from the mount command.
     public var statusProvider: (@Sendable () -> JSONObject)?
+    /// Told of every failure `failed` records (the mount command's desktop notifications).
+    public var onFailure: (@Sendable (_ operation: String, _ path: String, _ errno: Int32, _ reason: String) -> Void)?
 
-    public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = 30) throws {
+    public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = 30,
+                browsing: BrowsingPolicy = BrowsingPolicy()) throws {
+        self.browsing = browsing
         self.database = database
         self.bodySource = bodySource
         self.fetchTimeout = fetchTimeout
@@ -541,7 +547,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         var status: JSONObject = [
             "database": .string(database.path),
             "read_only": .bool(readOnly),
-            "mounted_at": .double(mountTime),
+            "mounted_at": .string(ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: mountTime))),
             "last_sequence": .integer(try database.lastSequence),
             "replication": ["state": "none"],
             "downloads": [],
@@ -564,6 +570,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             recentFailures.append(entry)
             if recentFailures.count > Tuning.recentFailures { recentFailures.removeFirst(recentFailures.count - Tuning.recentFailures) }
         }
+        onFailure?(operation, path, code, reason)
     }
 
     // MARK: - Statistics, times, xattrs

@@ -58,6 +58,7 @@ extension MountError: ErrnoConvertible {
         case .crossDevice: EXDEV
         case .busy: EBUSY
         case .rejected: EBADMSG
+        case .leftForThumbnailer: ENODATA
         case .bodyUnreadable, .inconsistent: EIO
         }
     }

@@ -46,6 +46,8 @@ public enum MountError: Error, CustomStringConvertible {
     case busy(String, why: String)
     /// Bytes renamed onto a file that cannot hold them (EBADMSG): invalid properties.json.
     case rejected(String, why: String)
+    /// A body that is not here, not fetched for a thumbnailer (ENODATA): `BrowsingPolicy`.
+    case leftForThumbnailer(String, reader: String, length: Int64, limit: Int64)
     /// A body could not be read (EIO); `cause` says why (a remote that failed, a timeout).
     case bodyUnreadable(String, cause: any Error)
     /// A state the mount should never be in (EIO), named so a report can say where.
@@ -66,7 +68,8 @@ public enum MountError: Error, CustomStringConvertible {
              .readOnly(let path, _), .notWritableHere(let path), .cannotMakeFolder(let path), .tooLarge(let path, _),
              .notOpenFor(let path, _), .invalidArgument(let path, _), .notUserAttribute(let path, _),
              .notSupported(let path, _), .noAttribute(let path, _), .crossDevice(let path, _), .busy(let path, _),
-             .rejected(let path, _), .bodyUnreadable(let path, _), .inconsistent(let path, _):
+             .rejected(let path, _), .bodyUnreadable(let path, _), .inconsistent(let path, _),
+             .leftForThumbnailer(let path, _, _, _):
             path
         }
     }
@@ -90,6 +93,9 @@ public enum MountError: Error, CustomStringConvertible {
         case .crossDevice(let path, let why): "\(path): \(why) (copy it instead)"
         case .busy(let path, let why): "\(path): \(why)"
         case .rejected(let path, let why): "\(path): \(why)"
+        case .leftForThumbnailer(let path, let reader, let length, let limit):
+            "\(path): not fetched for \(reader), a thumbnailer: the body (\(length) bytes) is not on this machine, and "
+                + "thumbnailers fetch bodies of up to \(limit) bytes (mount option thumbnail_fetch_max=SIZE|all)"
         case .bodyUnreadable(let path, let cause): "\(path): the body could not be read: \(cause)"
         case .inconsistent(let path, let why): "\(path): internal error: \(why)"
         }

@@ -7,6 +7,12 @@ import Foundation
 public enum KernelFile {
     /// The text of `path`, read to its end; nil when it cannot be opened.
     public static func text(_ path: String) -> String? {
+        bytes(path).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// The bytes of `path` (`/proc/PID/cmdline` separates arguments with NULs), read to its
+    /// end; nil when it cannot be opened.
+    public static func bytes(_ path: String) -> [UInt8]? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
@@ -15,7 +21,7 @@ public enum KernelFile {
         while true {
             let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if count < 0 && errno == EINTR { continue }
-            guard count > 0 else { return count == 0 ? String(decoding: bytes, as: UTF8.self) : nil }
+            guard count > 0 else { return count == 0 ? bytes : nil }
             bytes += buffer[..<count]
         }
     }

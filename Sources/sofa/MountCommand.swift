@@ -27,6 +27,10 @@ struct Mount: SofaCommand {
     var remote: String?
     @OptionGroup var connection: ConnectionOptions
     @Option(help: "Seconds a read waits for a body being downloaded before failing with EIO.") var fetchTimeout = 30.0
+    @Option(help: ArgumentHelp(
+        "Thumbnailers (what file managers start to draw icons) fetch bodies that are not here only up to this size (e.g. 512K, 4M; 0: never; all: any).",
+        valueName: "size"))
+    var thumbnailFetchMax = "1M"
     @Flag(help: "With --remote: pull from it when mounted (continuously with --continuous).") var pull = false
     @Flag(help: "With --remote: push the revisions made here to it.") var push = false
     @Flag(help: "With --remote: pull and push.") var sync = false
@@ -48,6 +52,7 @@ struct Mount: SofaCommand {
     func validate() throws {
         if !directions.isEmpty && remote == nil { throw ValidationError("--pull, --push and --sync need --remote URL") }
         if continuous && directions.isEmpty { throw ValidationError("--continuous needs --pull, --push or --sync") }
+        do { _ = try browsingPolicy() } catch { throw ValidationError("\(error)") }
     }
 
     func execute() throws {
@@ -90,7 +95,10 @@ struct Mount: SofaCommand {
                 session?.caFile = connection.cacert
             }
         }
-        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: downloader, fetchTimeout: fetchTimeout)
+        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: downloader, fetchTimeout: fetchTimeout,
+                                                browsing: try browsingPolicy())
+        // A desktop user learns of a lost save from a notification (where a session bus is).
+        if let notifier = DesktopNotifier() { fileSystem.onFailure = notifier.failed }
         let mounted = Locked<FuseMount?>(nil)
         fileSystem.statusProvider = { [downloader, session, mounted] in
             var status: JSONObject = [:]
@@ -150,6 +158,15 @@ struct Mount: SofaCommand {
         do { try database.checkpoint() } catch { log.warning("\(database.path): the write-ahead log was not moved into the database file: \(error)") }
     }
 
+    /// `--thumbnail-fetch-max`: a size, or `all`.
+    func browsingPolicy() throws -> BrowsingPolicy {
+        if thumbnailFetchMax.lowercased() == "all" { return BrowsingPolicy(thumbnailFetchMax: nil) }
+        guard let size = parseSize(thumbnailFetchMax), size >= 0 else {
+            throw SofaError.invalidArgument("--thumbnail-fetch-max \(thumbnailFetchMax): expected a size (512K, 4M, 0) or all")
+        }
+        return BrowsingPolicy(thumbnailFetchMax: size)
+    }
+
     /// Runs this command again in the foreground as a detached child, and returns once it is mounted.
     private func daemonize(_ mountPoint: String) throws {
         var arguments = [sofaExecutable, "mount", db.database, mountPoint, "--foreground"]
@@ -157,7 +174,7 @@ struct Mount: SofaCommand {
         for option in options { arguments += ["-o", option] }
         if let remote { arguments += ["--remote", remote] }
         arguments += connection.arguments
-        arguments += ["--fetch-timeout", String(fetchTimeout)]
+        arguments += ["--fetch-timeout", String(fetchTimeout), "--thumbnail-fetch-max", thumbnailFetchMax]
         if pull { arguments.append("--pull") }
         if push { arguments.append("--push") }
         if sync { arguments.append("--sync") }

@@ -123,6 +123,9 @@ import TestSupport
         #expect(types == "[('status.json', False)]\n", "\(types)")
         let status = try JSONValue(parsing: try sh("cat \(mount.path(".sofa/status.json"))"))
         #expect(status["last_sequence"] == .integer(try db.lastSequence))
+        // When it was mounted, as a person reads a time (ISO 8601), within the last minute.
+        let mounted = try #require(status["mounted_at"]?.stringValue.flatMap { ISO8601DateFormatter().date(from: $0) }, "\(status)")
+        #expect(abs(mounted.timeIntervalSinceNow) < 60)
         #expect(!(try shell("touch \(mount.path(".sofa/x"))")).succeeded)
     }
 

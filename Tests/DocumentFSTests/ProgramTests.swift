@@ -196,6 +196,60 @@ import TestSupport
         #expect(try leaves() == 1)
     }
 
+    /// A save the mount refuses reaches a desktop user as a notification: a real session bus,
+    /// a real notification server (dunst) on a virtual display, the mount told of the bus as a
+    /// program started in a desktop session is. A burst of refusals is one more notification
+    /// that counts them, not one each.
+    @Test func aRefusedSaveIsADesktopNotification() throws {
+        for tool in ["/usr/bin/Xvfb", "/usr/bin/dbus-daemon", "/usr/bin/dunst", "/usr/bin/dunstctl", "/usr/bin/gdbus"] {
+            try #require(FileManager.default.isExecutableFile(atPath: tool), "\(tool) is missing (Scripts/test installs it)")
+        }
+        for id in ["doc", "a", "b", "c"] { try db.put(id, ["title": .string(id)]) }
+        let display = try VirtualDisplay()
+        let addressFile = directory.appending("bus-address")
+        let bus = try ChildProcess(["/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=1"], stdout: addressFile)
+        defer { bus.kill(); _ = bus.wait() }
+        #expect(waitUntil(10) { ((try? String(contentsOfFile: addressFile, encoding: .utf8)) ?? "").contains("unix:") })
+        let address = try String(contentsOfFile: addressFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let session = display.environment.merging(["DBUS_SESSION_BUS_ADDRESS": address]) { $1 }
+        let dunst = try ChildProcess(["/usr/bin/dunst"], environment: session)
+        defer { dunst.kill(); _ = dunst.wait() }
+        func dunstctl(_ arguments: String...) throws -> String {
+            try ChildProcess(["/usr/bin/dunstctl"] + arguments, environment: session).wait().stdout
+        }
+        #expect(waitUntil(10) { (try? dunstctl("count", "displayed"))?.trimmingCharacters(in: .whitespacesAndNewlines) == "0" })
+        /// The notifications received so far (closing those shown puts them in the history).
+        func received() throws -> [JSONValue] {
+            _ = try dunstctl("close-all")
+            usleep(200_000)
+            return try JSONValue(parsing: try dunstctl("history"))["data"]?.arrayValue?.first?.arrayValue ?? []
+        }
+
+        let mount = try MountedDatabase(db.path, environment: ["DBUS_SESSION_BUS_ADDRESS": address])
+        let invalid = directory.appending("invalid.json")
+        try Data(#"{"title": oops"#.utf8).write(to: URL(fileURLWithPath: invalid))
+        // cp, which checks what close says (a shell's `>` does not).
+        let refused = try shell("cp '\(invalid)' '\(mount.path("docs/doc/properties.json"))'")
+        #expect(!refused.succeeded, "an invalid properties.json was accepted")
+        #expect(waitUntil(10) { (try? dunstctl("count", "displayed"))?.trimmingCharacters(in: .whitespacesAndNewlines) == "1" })
+        let first = try received()
+        #expect(first.count == 1)
+        let summary = first.first?["summary"]?["data"]?.stringValue ?? "", body = first.first?["body"]?["data"]?.stringValue ?? ""
+        #expect(summary == "Not saved: properties.json", "\(summary)")
+        #expect(body.contains("/docs/doc/properties.json") && body.contains("invalid JSON") && body.contains("properties.rejected.json"), "\(body)")
+
+        // Three more at once: one notification more, a few seconds later, that counts them.
+        for id in ["a", "b", "c"] {
+            #expect(!(try shell("cp '\(invalid)' '\(mount.path("docs/\(id)/properties.json"))'").succeeded))
+        }
+        #expect(waitUntil(15) { ((try? received()) ?? []).count >= 2 })
+        usleep(6_000_000)  // nothing more comes after the summary
+        let all = try received()
+        #expect(all.count == 2, "\(all.count) notifications for 4 refusals")
+        #expect(all.contains { ($0["summary"]?["data"]?.stringValue ?? "") == "3 saves failed in the Sofa mount" }, "\(all)")
+        #expect(mount.unmount().succeeded)
+    }
+
     /// Mousepad (GTK, GLib's safe save: a `.goutputstream-…` file renamed over the original)
     /// on a virtual display, keys sent as a user types them.
     @Test func mousepadSavesPropertiesAndAttachmentsAndARejectedSaveLosesNothing() throws {

@@ -122,6 +122,78 @@ final class DeferredReadTests {
         #expect(mount.unmount().succeeded)
     }
 
+    /// Writes a PNG of random pixels (incompressible: about 3 × `side`² bytes) with python3.
+    func writePNG(_ path: String, side: Int) throws {
+        let script = """
+            import os, struct, sys, zlib
+            w = h = int(sys.argv[2])
+            raw = b''.join(b'\\x00' + os.urandom(w * 3) for _ in range(h))
+            def chunk(t, d): return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))
+            open(sys.argv[1], 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0))
+                + chunk(b'IDAT', zlib.compress(raw, 0)) + chunk(b'IEND', b''))
+            """
+        let made = try ChildProcess(["/usr/bin/python3", "-c", script, path, String(side)]).wait()
+        #expect(made.succeeded, "\(made.stderr)")
+    }
+
+    /// A file manager drawing a folder of deferred photos starts a thumbnailer on each: the
+    /// real gdk-pixbuf-thumbnailer (what pcmanfm and Nautilus run) gets no large body that is
+    /// not here (ENODATA, nothing fetched), a small one is fetched for it, a reader that is not
+    /// a thumbnailer gets the large one, and once it is here the thumbnailer draws it too.
+    @Test func thumbnailersDoNotDownloadLargeBodiesToDrawAnIcon() throws {
+        let big = directory.appending("big.png"), small = directory.appending("small.png")
+        try writePNG(big, side: 1200)  // 4.3 MB, over the default 1 MiB
+        try writePNG(small, side: 150)  // 67 KB
+        let sourcePath = directory.appending("photos.sofa")
+        #expect(try sofa("create", sourcePath).succeeded)
+        #expect(try sofa("attach", sourcePath, "album", "big.png", big).succeeded)
+        #expect(try sofa("attach", sourcePath, "album", "small.png", small).succeeded)
+        let server = try ServedDatabases([sourcePath])
+        let proxy = try FaultProxy(upstreamPort: server.port)
+        let target = directory.appending("deferred-photos.sofa")
+        #expect(try sofa("create", target).succeeded)
+        #expect(try sofa("pull", target, "http://127.0.0.1:\(proxy.port)/photos", "--no-download-attachments").stdout.contains("2 deferred"))
+        let mount = try MountedDatabase(target)
+        let folder = mount.path("docs/album/attachments")
+
+        /// Whether the thumbnailer drew it, and what it said.
+        func thumbnail(_ name: String) throws -> (drawn: Bool, said: String) {
+            let out = directory.appending("thumb-\(name)")
+            unlink(out)
+            let result = try ChildProcess(["/usr/bin/gdk-pixbuf-thumbnailer", "-s", "128", "\(folder)/\(name)", out]).wait()
+            return (result.succeeded && access(out, F_OK) == 0, result.stderr)
+        }
+        var sent = proxy.bytesFromServer
+        let refused = try thumbnail("big.png")
+        #expect(!refused.drawn, "the thumbnailer drew a body that is not here")
+        #expect(proxy.bytesFromServer - sent < 64 << 10, "a thumbnailer's read fetched \(proxy.bytesFromServer - sent) bytes")
+        #expect(try attribute("\(folder)/big.png", "user.sofa.available") == "false")
+
+        sent = proxy.bytesFromServer
+        let drawn = try thumbnail("small.png")
+        #expect(drawn.drawn, "a small body is fetched for a thumbnail: \(drawn.said)")
+        let smallSize = try #require(try FileManager.default.attributesOfItem(atPath: small)[.size] as? Int)
+        #expect(proxy.bytesFromServer - sent >= smallSize)
+
+        // Opened by anything else (a viewer, cat, cp), the large body comes whole.
+        let sum = try shell("sha1sum '\(folder)/big.png'").stdout
+        #expect(sum.prefix(40) == (try shell("sha1sum '\(big)'").stdout.prefix(40)))
+        #expect(waitUntil { (try? self.attribute("\(folder)/big.png", "user.sofa.available")) == "true" })
+        let now = try thumbnail("big.png")
+        #expect(now.drawn, "here now, it is drawn: \(now.said)")
+        #expect(mount.unmount().succeeded)
+
+        // thumbnail_fetch_max=all (here as sofa mount's flag): thumbnailers fetch every body.
+        let second = directory.appending("all.sofa")
+        #expect(try sofa("create", second).succeeded)
+        #expect(try sofa("pull", second, "http://127.0.0.1:\(proxy.port)/photos", "--no-download-attachments").succeeded)
+        let open = try MountedDatabase(second, arguments: ["--thumbnail-fetch-max", "all"])
+        let out = directory.appending("thumb-all")
+        let all = try ChildProcess(["/usr/bin/gdk-pixbuf-thumbnailer", "-s", "128", open.path("docs/album/attachments/big.png"), out]).wait()
+        #expect(all.succeeded && access(out, F_OK) == 0, "\(all.stderr)")
+        #expect(open.unmount().succeeded)
+    }
+
     @Test func twoReadersAtOnceGetTheirBytesAndEachChunkTravelsOnce() throws {
         let setup = try setUp()
         let mount = try MountedDatabase(setup.target)

@@ -11,13 +11,13 @@ public final class MountedDatabase: @unchecked Sendable {
     private var result: ProcessResult?
     private let lock = NSLock()
 
-    public init(_ databasePath: String, arguments: [String] = []) throws {
+    public init(_ databasePath: String, arguments: [String] = [], environment: [String: String] = [:]) throws {
         MountedDatabase.sweepDeadMounts()
         self.databasePath = databasePath
         var template = Array("/tmp/sofa-mnt-XXXXXX".utf8CString)
         mountPoint = String(cString: mkdtemp(&template)!)
         process = try ChildProcess([sofaBinary, "mount", databasePath, mountPoint, "--foreground"] + arguments,
-                                   environment: ["SOFA_LOG_LEVEL": "info"])
+                                   environment: ["SOFA_LOG_LEVEL": "info"].merging(environment) { $1 })
         let deadline = Date().addingTimeInterval(15)
         while !MountedDatabase.isMounted(mountPoint) {
             var status: Int32 = 0
