@@ -154,6 +154,7 @@ extension CouchServer {
         case "forbidden": .forbidden
         case "unauthorized": .unauthorized
         case "method_not_allowed": .methodNotAllowed
+        case "not_acceptable": .notAcceptable  // provides() has no rendering for the Accept header or ?format
         case "bad_request": .badRequest
         case "conflict": .conflict
         default: .internalServerError

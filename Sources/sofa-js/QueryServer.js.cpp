@@ -34,7 +34,7 @@ extern const char sofaQueryServerScript[] = R"JS(
     toJSON: JSON.stringify,
     // List functions' side of the protocol, as CouchDB's render.js: `start` sets the response
     // head, `send` adds to the body, `getRow` hands over what was sent and asks for a row.
-    start(head) { if (listing) listing.head = head; },
+    start(head) { if (listing) listing.head = mime.withType(head || {}); },
     send(chunk) { if (listing) listing.chunks.push(String(chunk)); },
     getRow() {
       if (!listing) throw new ProtocolError("invalid_call", "getRow() is only for list functions");
@@ -54,6 +54,103 @@ extern const char sofaQueryServerScript[] = R"JS(
       return message[1];
     },
   };
+  // Content negotiation for shows and lists, as CouchDB's render.js: `registerType(key,
+  // mime…)` names types, `provides(key, fun)` offers a rendering; after the function, the one
+  // asked for by `?format=KEY`, else the best match of the Accept header, else the first
+  // offered, runs, and its type becomes the answer's Content-Type.
+  const mime = {
+    byKey: new Map(), keyByType: new Map(), offered: [], chosenType: null,
+    register(key, ...types) {
+      mime.byKey.set(key, types);
+      for (const type of types) mime.keyByType.set(type, key);
+    },
+    reset() { mime.offered = []; mime.chosenType = null; },
+    // One media range of an Accept header: [type, subtype, parameters].
+    parseRange(text) {
+      const [full, ...parameters] = text.split(";");
+      const params = {};
+      for (const parameter of parameters) {
+        const equals = parameter.indexOf("=");
+        if (equals > 0) params[parameter.slice(0, equals).trim()] = parameter.slice(equals + 1).trim();
+      }
+      let [type, subtype] = full.trim().split("/");
+      if (full.trim() === "*") { type = "*"; subtype = "*"; }
+      const q = parseFloat(params.q);
+      params.q = !isNaN(q) && q >= 0 && q <= 1 ? params.q : "1";
+      return [type, subtype, params];
+    },
+    // How well `type` fits the ranges: [fitness, quality] of its best-fitting range.
+    fitness(type, ranges) {
+      const [target, subtarget, targetParams] = mime.parseRange(type);
+      let best = -1, quality = 0;
+      for (const [rangeType, rangeSubtype, params] of ranges) {
+        if ((rangeType === target || rangeType === "*" || target === "*")
+            && (rangeSubtype === subtarget || rangeSubtype === "*" || subtarget === "*")) {
+          let fit = (rangeType === target ? 100 : 0) + (rangeSubtype === subtarget ? 10 : 0);
+          for (const key of Object.keys(targetParams)) if (key !== "q" && params[key] === targetParams[key]) fit += 1;
+          if (fit > best) { best = fit; quality = parseFloat(params.q); }
+        }
+      }
+      return [best, quality];
+    },
+    // The supported type the Accept header prefers ("" for none). Ties go as CouchDB's do: its
+    // candidates are sorted as text ("fitness,quality,index,type") and the last one wins.
+    bestMatch(supported, accept) {
+      const ranges = accept.split(",").map(mime.parseRange);
+      const weighted = supported.map((type, index) => [mime.fitness(type, ranges), String(index), type]);
+      weighted.sort();
+      const last = weighted[weighted.length - 1];
+      return last && last[0][1] ? last[2] : "";
+    },
+    run(request, designDocument) {
+      let key = null;
+      const accept = request && request.headers ? request.headers["Accept"] : undefined;
+      if (request && request.query && request.query.format) {
+        key = request.query.format;
+        const types = mime.byKey.get(key);
+        // A format no registerType named fails as CouchDB's does (a TypeError there: render_error).
+        if (!types) throw new ProtocolError("render_error", "function raised error: no type is registered as the format " + key);
+        mime.chosenType = types[0];
+      } else if (accept) {
+        const supported = [];
+        for (const [offeredKey] of mime.offered.slice().reverse()) supported.push(...(mime.byKey.get(offeredKey) || []));
+        mime.chosenType = mime.bestMatch(supported, accept);
+        key = mime.keyByType.get(mime.chosenType) || null;
+      } else {
+        key = mime.offered[0][0];
+        mime.chosenType = (mime.byKey.get(key) || [null])[0];
+      }
+      const chosen = mime.offered.find(([offeredKey]) => offeredKey === key);
+      if (!chosen) {
+        const types = mime.offered.map(([offeredKey]) => (mime.byKey.get(offeredKey) || []).join(", ") || offeredKey);
+        throw ["error", "not_acceptable", "Content-Type " + (accept || key) + " not supported, try one of: " + types.join(", ")];
+      }
+      return chosen[1].call(designDocument);
+    },
+    withType(response) {
+      response.headers = response.headers || {};
+      if (mime.chosenType) response.headers["Content-Type"] = response.headers["Content-Type"] || mime.chosenType;
+      return response;
+    },
+  };
+  mime.register("all", "*/*");
+  mime.register("text", "text/plain; charset=utf-8", "txt");
+  mime.register("html", "text/html; charset=utf-8");
+  mime.register("xhtml", "application/xhtml+xml", "xhtml");
+  mime.register("xml", "application/xml", "text/xml", "application/x-xml");
+  mime.register("js", "text/javascript", "application/javascript", "application/x-javascript");
+  mime.register("css", "text/css");
+  mime.register("ics", "text/calendar");
+  mime.register("csv", "text/csv");
+  mime.register("rss", "application/rss+xml");
+  mime.register("atom", "application/atom+xml");
+  mime.register("yaml", "application/x-yaml", "text/yaml");
+  mime.register("multipart_form", "multipart/form-data");
+  mime.register("url_encoded_form", "application/x-www-form-urlencoded");
+  mime.register("json", "application/json", "text/x-json");
+  helpers.registerType = (key, ...types) => mime.register(key, ...types);
+  helpers.provides = (key, fun) => { mime.offered.push([key, fun]); };
+
   for (const name of Object.keys(helpers)) global[name] = helpers[name];
 
   // A function from its source text, evaluated where it sees the global helpers only.
@@ -184,19 +281,42 @@ extern const char sofaQueryServerScript[] = R"JS(
       // Shows and updates as CouchDB's main.js runs them: `this` is the design document, a
       // string answer is the body, anything else the response object.
       case "shows": {
-        const answer = wrapResponse(rendering(() => fn.apply(designDocuments.get(id).body, args)) || {});
-        if (typeof answer !== "object") throw new ProtocolError("render_error", "undefined response from show function");
-        return ["resp", answer];
+        // A show may also `send` and `start` as a list does, and `provides` renderings.
+        const designDocument = designDocuments.get(id).body;
+        mime.reset();
+        listing = { chunks: [], head: null, started: true, lastRow: true };
+        try {
+          let answer = wrapResponse(rendering(() => fn.apply(designDocument, args)) || {});
+          if (typeof answer !== "object") throw new ProtocolError("render_error", "undefined response from show function");
+          if (listing.chunks.length > 0) {
+            answer.headers = Object.assign(answer.headers || {}, listing.head || {});
+            answer.body = listing.chunks.join("") + (answer.body || "");
+            listing.chunks = [];
+          }
+          if (mime.offered.length > 0) {
+            const provided = wrapResponse(rendering(() => mime.run(args[1], designDocument)) || {});
+            answer.body = (answer.body || "") + listing.chunks.join("") + (provided.body || "");
+            answer = mime.withType(answer);
+          }
+          return ["resp", answer];
+        } finally {
+          listing = null;
+          mime.reset();
+        }
       }
       case "lists": {
         listing = { chunks: [], head: null, started: false, lastRow: false };
+        mime.reset();
         try {
-          const tail = rendering(() => fn.apply(designDocuments.get(id).body, args));
+          const designDocument = designDocuments.get(id).body;
+          let tail = rendering(() => fn.apply(designDocument, args));
+          if (mime.offered.length > 0) tail = rendering(() => mime.run(args[1], designDocument));
           if (tail !== undefined && tail !== null) listing.chunks.push(String(tail));
           while (!listing.lastRow) helpers.getRow();  // every row is read, as CouchDB's does
           return ["end", listing.chunks];
         } finally {
           listing = null;
+          mime.reset();
         }
       }
       case "updates": {
