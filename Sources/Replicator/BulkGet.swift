@@ -192,11 +192,7 @@ final class BulkGetReader {
     private func answer(_ json: JSONValue, isError: Bool) throws {
         let asked = cursor < wanted.count ? wanted[cursor] : nil
         if isError || (json["error"] != nil && json["_id"] == nil) {
-            let rev = json["rev"]?.stringValue.flatMap { $0 == "undefined" ? nil : $0 } ?? asked?.rev.description
-            record(.failure(DocumentFailure(docID: json["id"]?.stringValue ?? asked?.id ?? "?", rev: rev,
-                                            error: json["error"]?.stringValue ?? "error",
-                                            reason: json["reason"]?.stringValue ?? "the source did not give this revision")),
-                   id: nil)
+            record(.failure(.notGiven(json, id: asked?.id, rev: asked?.rev.description)), id: nil)
             return
         }
         record(RemotePeer.revisionResult(json), id: json["_id"]?.stringValue)

@@ -111,4 +111,14 @@ public struct DocumentFailure: Error, Hashable, Sendable, CustomStringConvertibl
     public var json: JSONValue {
         ["id": .string(docID), "rev": rev.map { .string($0) } ?? .null, "error": .string(error), "reason": .string(reason)]
     }
+
+    /// A revision a source answered with an error entry (`_bulk_get`'s `{"id", "rev", "error",
+    /// "reason"}`, in JSON or as a multipart part); `id` and `rev` are what was asked, for what
+    /// the entry leaves out (CouchDB says `"rev": "undefined"` for a document it lacks).
+    static func notGiven(_ entry: JSONValue?, id: String? = nil, rev: String? = nil) -> DocumentFailure {
+        DocumentFailure(docID: entry?["id"]?.stringValue ?? id ?? "?",
+                        rev: entry?["rev"]?.stringValue.flatMap { $0 == "undefined" ? nil : $0 } ?? rev,
+                        error: entry?["error"]?.stringValue ?? "error",
+                        reason: entry?["reason"]?.stringValue ?? "the source did not give this revision")
+    }
 }

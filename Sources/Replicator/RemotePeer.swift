@@ -75,12 +75,7 @@ final class RemotePeer: ReplicationPeer {
             return results
         }
         return try fetchDocuments(wanted).map { entry in
-            guard let document = entry["ok"] else {
-                let error = entry["error"]
-                return .failure(DocumentFailure(docID: error?["id"]?.stringValue ?? "?", rev: error?["rev"]?.stringValue,
-                                                error: error?["error"]?.stringValue ?? "error",
-                                                reason: error?["reason"]?.stringValue ?? "the source did not give this revision"))
-            }
+            guard let document = entry["ok"] else { return .failure(.notGiven(entry["error"])) }
             return RemotePeer.revisionResult(document)
         }
     }
