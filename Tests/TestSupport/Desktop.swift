@@ -52,7 +52,9 @@ public final class VirtualDisplay: @unchecked Sendable {
     }
 
     /// The visible window whose title matches `pattern` (a regular expression), once there is one.
-    public func window(named pattern: String, within seconds: Double = 30) throws -> String? {
+    /// (90 s: a GTK program opening a file through a mount under ThreadSanitizer, beside the
+    /// rest of the suite, has taken more than 30.)
+    public func window(named pattern: String, within seconds: Double = 90) throws -> String? {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             let found = try xdotool("search --onlyvisible --name '\(pattern)'").stdout.split(separator: "\n").first
