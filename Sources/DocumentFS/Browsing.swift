@@ -20,10 +20,11 @@ public struct BrowsingPolicy: Sendable, Equatable {
         self.thumbnailFetchMax = thumbnailFetchMax
     }
 
-    /// Whether `caller` may fetch a body of `length` bytes that is not here.
-    public func mayFetch(_ length: Int64, for caller: Caller) -> Bool {
-        guard caller.isThumbnailer, let limit = thumbnailFetchMax else { return true }
-        return length <= limit
+    /// Whether `caller` may fetch a body of `length` bytes that is not here. Who the caller is
+    /// (three reads of /proc) is asked only of a body over the limit.
+    public func mayFetch(_ length: Int64, for caller: @autoclosure () -> Caller) -> Bool {
+        guard let limit = thumbnailFetchMax, length > limit else { return true }
+        return !caller().isThumbnailer
     }
 }
 

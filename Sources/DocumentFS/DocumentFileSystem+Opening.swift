@@ -86,12 +86,10 @@ extension DocumentFileSystem {
             if let bodySource, let revID = try cached(docID).revision?.revID {
                 // Who opens it decides whether it is fetched: a thumbnailer drawing a folder does
                 // not download it (BrowsingPolicy); anyone else does.
-                let who = Caller(tid: caller)
-                guard browsing.mayFetch(attachment.length, for: who) else {
-                    throw MountError.leftForThumbnailer(path, reader: who.description, length: attachment.length,
+                guard browsing.mayFetch(attachment.length, for: Caller(tid: caller)) else {
+                    throw MountError.leftForThumbnailer(path, reader: Caller(tid: caller).description, length: attachment.length,
                                                         limit: browsing.thumbnailFetchMax ?? attachment.length)
                 }
-                log.debug("\(path): fetched as \(who) reads it")
                 // Reads fetch what they need; the kernel caches what they got (mmap works too).
                 let reader = try bodySource.open(attachment, docID: docID, revID: revID)
                 return OpenFile(handle: handles.add(DeferredBodyHandle(path: path, reader: reader, timeout: fetchTimeout)),

@@ -192,10 +192,7 @@ struct Put: SofaCommand {
         if object["_deleted"] != nil {
             throw SofaError.invalidDocument(reason: "top-level key \"_deleted\" is reserved (use `sofa rm` to delete)")
         }
-        let document: IncomingDocument
-        do { document = try IncomingDocument(.object(object)) } catch let error as CouchFormatError {
-            throw SofaError.invalidDocument(reason: error.reason)
-        }
+        let document = try IncomingDocument(.object(object))  // its errors say "invalid document: …"
         if let bodyID = document.id, bodyID != id { throw SofaError.invalidDocument(reason: "_id \(bodyID) does not match \(id)") }
         if DocumentID.isLocal(id) {
             try DocumentID.validate(id)
