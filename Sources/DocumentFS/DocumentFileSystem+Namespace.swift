@@ -99,12 +99,14 @@ extension DocumentFileSystem {
             guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
         case .scratch(let id, let relative):
             guard rmdir(scratchPath(id, relative)) == 0 else { throw SofaError.system("rmdir", path: scratchPath(id, relative), errno: errno) }
-        case .root, .docs, .statusDirectory:
+        case .root, .docs, .statusDirectory, .query(.root):
             throw MountError.busy(path, why: "the mount's own folders stay")
         case .properties, .statusFile, .conflictProperties:
             throw MountError.notFolder(path)
         case .view:
             throw MountError.readOnly(path, why: .view)
+        case .query:
+            throw MountError.readOnly(path, why: .queryResults)
         }
     }
 
@@ -185,9 +187,9 @@ extension DocumentFileSystem {
             guard try conflictRevision(id, rev) != nil else { throw MountError.notFound(path) }
         case .scratch(let id, let relative):
             guard Glibc.unlink(scratchPath(id, relative)) == 0 else { throw SofaError.system("unlink", path: scratchPath(id, relative), errno: errno) }
-        case .statusFile, .view:
+        case .statusFile, .view, .query(.row):
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
-        case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
+        case .root, .docs, .statusDirectory, .document, .conflicts, .conflict, .query:
             throw MountError.isFolder(path)
         }
     }

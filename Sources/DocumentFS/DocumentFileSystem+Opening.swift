@@ -66,6 +66,9 @@ extension DocumentFileSystem {
         case .view(let view):
             _ = try viewAttributes(view, path: path)
             throw MountError.isFolder(path)
+        case .query(let query):
+            _ = try queryAttributes(query, path: path)
+            throw MountError.isFolder(path)
         case .root, .docs, .statusDirectory, .document, .conflicts, .conflict:
             throw MountError.isFolder(path)
         }
@@ -157,7 +160,7 @@ extension DocumentFileSystem {
             let fd = Glibc.open(target, flags | O_CREAT | O_CLOEXEC, mode_t(permissions))
             guard fd >= 0 else { throw SofaError.system("open", path: target, errno: errno) }
             return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
-        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory, .view:
+        case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory, .view, .query:
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         case .root, .docs, .document:
             throw MountError.notWritableHere(path)
@@ -169,6 +172,7 @@ extension DocumentFileSystem {
         switch node {
         case .statusFile, .statusDirectory: .status
         case .view: .view
+        case .query: .queryResults
         default: .conflict
         }
     }
@@ -177,6 +181,11 @@ extension DocumentFileSystem {
         if readOnly { throw MountError.readOnly(path, why: .mount) }
         switch node {
         case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory, .view:
+            throw MountError.readOnly(path, why: Self.readOnlyReason(node))
+        case .query(.results) where try attributesIfPresent(of: path) == nil:
+            throw MountError.invalidArgument(path, why: "queries/ holds saved queries, each a NAME.json file (a Mango _find body), "
+                                                 + "and beside each the folder of its results")
+        case .query:
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         default: return
         }

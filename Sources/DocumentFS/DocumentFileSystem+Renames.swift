@@ -15,6 +15,7 @@ extension DocumentFileSystem {
         guard !readOnly else { throw MountError.readOnly(from, why: .mount) }
         for (node, path) in [(source, from), (target, to)] {
             if case .view = node { throw MountError.readOnly(path, why: .view) }
+            if case .query = node { throw MountError.readOnly(path, why: .queryResults) }
         }
         guard flags & renameExchange == 0 else { throw MountError.invalidArgument(from, why: "RENAME_EXCHANGE is not supported") }
         let noReplace = flags & renameNoReplace != 0

@@ -65,7 +65,7 @@ extension DocumentFileSystem {
     // MARK: - Attributes
 
     /// When the database last committed: a view folder's time, which moves whenever its listing may.
-    private func databaseChangedAt() -> Double {
+    func databaseChangedAt() -> Double {
         var latest = mountTime
         for file in [Database.databaseFileName, Database.databaseFileName + "-wal"] {
             var info = stat()
@@ -77,7 +77,7 @@ extension DocumentFileSystem {
         return latest
     }
 
-    private func viewFolder(_ modified: Double) -> FileAttributes {
+    func viewFolder(_ modified: Double) -> FileAttributes {
         var attributes = directory(modified, writable: false)
         attributes.timeout = Tuning.viewAttributeTimeout
         return attributes
@@ -85,9 +85,9 @@ extension DocumentFileSystem {
 
     static func linkTarget(_ docID: String) -> String { "../../../../docs/" + FileNames.escape(docID) }
 
-    private func link(_ docID: String, _ modified: Double) -> FileAttributes {
-        var attributes = FileAttributes(kind: .symbolicLink, size: Int64(Self.linkTarget(docID).utf8.count),
-                                        modified: FileTime(seconds: modified))
+    /// A row's symbolic link (a view's, a saved query's), trusted by the kernel as its folder is.
+    func link(to target: String, _ modified: Double) -> FileAttributes {
+        var attributes = FileAttributes(kind: .symbolicLink, size: Int64(target.utf8.count), modified: FileTime(seconds: modified))
         attributes.timeout = Tuning.viewAttributeTimeout
         return attributes
     }
@@ -109,7 +109,7 @@ extension DocumentFileSystem {
             let view = try openView(design, name, path: path)
             guard try database.viewHasRow(index: view.indexID, view: view.position, key: key(keyName, in: view, path: path), docID: docID)
             else { throw MountError.notFound(path) }
-            return link(docID, databaseChangedAt())
+            return link(to: Self.linkTarget(docID), databaseChangedAt())
         case .reduce:
             var attributes = file(Int64(try reduced(node, path: path).count), databaseChangedAt(), writable: false)
             attributes.volatile = true
@@ -165,7 +165,7 @@ extension DocumentFileSystem {
             let finished = try listPaged(path, after: position, add: add) { mark, limit in
                 try database.viewDocuments(index: view.indexID, view: view.position, key: key,
                                            after: mark.map { String(decoding: $0, as: UTF8.self) }, limit: limit)
-                    .map { (mark: Array($0.utf8), entry: (FileNames.escape($0), link($0, modified))) }
+                    .map { (mark: Array($0.utf8), entry: (FileNames.escape($0), link(to: Self.linkTarget($0), modified))) }
             }
             guard finished, view.view.reduce != nil else { return }
             try addNamed([named(ViewNode.reduceFileName, attributes: reduceFile(modified))], after: position, add: add)
@@ -191,7 +191,7 @@ extension DocumentFileSystem {
     /// read after. Entries are at positions 3, 4, … in order; a read that goes on from where the
     /// last read of this folder stopped starts after its mark, any other reads from the start.
     /// Returns whether the listing reached its end (the folder's named files come after).
-    private func listPaged(_ path: String, after position: UInt64, add: (DirectoryEntry) -> Bool,
+    func listPaged(_ path: String, after position: UInt64, add: (DirectoryEntry) -> Bool,
                            page: (_ after: [UInt8]?, _ limit: Int) throws -> [(mark: [UInt8], entry: (name: String, attributes: FileAttributes))]) throws -> Bool {
         guard position < ListingPosition.firstName else { return true }
         var mark: [UInt8]?

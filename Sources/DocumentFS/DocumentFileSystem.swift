@@ -6,6 +6,8 @@
 /// /docs/<id>/conflicts/<rev>/…        losing branches (read-only; rm -r resolves)
 /// /docs/<id>/<anything else>          scratch files: local only, never replicated
 /// /views/<ddoc>/<view>/<key>/<id>    a view's rows: links to their documents (read-only)
+/// /queries/<name>.json                a saved Mango query (a scratch file of the mount's root)
+/// /queries/<name>/<id>                its results: links to their documents (read-only)
 /// /.sofa/status.json                  read-only status
 /// ```
 ///
@@ -60,6 +62,11 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// `_reduce.json` files as last computed, by path, with the index sequence they reflect.
     /// Guarded by `stateLock`.
     var reducedFiles: [String: (sequence: Int64, bytes: [UInt8])] = [:]
+    /// Saved queries as last read, by name (`DocumentFileSystem+Queries.swift`). Guarded by `stateLock`.
+    var savedQueries: [String: SavedQuery] = [:]
+    /// The results of saved queries cut by a limit or a skip, by name, with the query file and
+    /// the database sequence they reflect. Guarded by `stateLock`.
+    var queryMembers: [String: (stamp: [Int64], sequence: Int64, members: Set<String>)] = [:]
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
     var pendingFiles: [String: WriteHandle] = [:]
     /// Attachments renamed to a scratch name in their own document, by document id and name:
@@ -125,7 +132,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {
             throw SofaError.system("create directory", path: scratchRoot, errno: errno)
         }
-        if !self.readOnly { mkdir(scratchDirectory(Node.rootScratchID), 0o755) }
+        if !self.readOnly {
+            mkdir(scratchDirectory(Node.rootScratchID), 0o755)
+            mkdir(queriesDirectory, 0o755)
+        }
         recoverPendingSaves()
         do { try recoverStagedAttachments() } catch {
             log.error("files a stopped mount had written are not saved yet: \(error); they stay staged for the next mount")
@@ -342,12 +352,17 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return try scratchAttributes(scratchPath(id, relative))
         case .view(let view):
             return try viewAttributes(view, path: path)
+        case .query(let query):
+            return try queryAttributes(query, path: path)
         }
     }
 
     public func readLink(_ path: String) throws -> String {
-        guard case .view(let view) = Node(path: path) else { throw MountError.invalidArgument(path, why: "not a symbolic link") }
-        return try viewLinkTarget(view, path: path)
+        switch Node(path: path) {
+        case .view(let view): return try viewLinkTarget(view, path: path)
+        case .query(let query): return try queryLinkTarget(query, path: path)
+        default: throw MountError.invalidArgument(path, why: "not a symbolic link")
+        }
     }
 
     public func attributes(ofHandle number: UInt64) throws -> FileAttributes {
@@ -393,6 +408,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             guard add(entry) else { return }
         }
         if case .view(let view) = node { return try listView(view, path: path, after: position, add: add) }
+        if case .query(.results(let name)) = node { return try listQueryResults(name, path: path, after: position, add: add) }
         if node == .docs, position < ListingPosition.firstName {
             var after = ListingPosition.documentKey(after: position)
             while true {
@@ -417,6 +433,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .root:
             return [named("docs", attributes: directory(mountTime)),
                     named(Node.viewsDirectoryName, attributes: directory(mountTime, writable: false)),
+                    named(Node.queriesDirectoryName, attributes: try queryAttributes(.root, path: "/" + Node.queriesDirectoryName)),
                     named(Node.statusDirectoryName, attributes: directory(mountTime, writable: false))]
                 + (try scratchEntries(scratchDirectory(Node.rootScratchID))).filter { Node.isRootScratchName($0.name) }
         case .docs:
@@ -508,6 +525,12 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             throw MountError.notFolder(path)
         case .view:
             return []  // listed a page at a time (listView)
+        case .query(.root):
+            return try queryFolderEntries()
+        case .query(.results):
+            return []  // listed a page at a time (listQueryResults)
+        case .query(.row):
+            throw MountError.notFolder(path)
         }
     }
 

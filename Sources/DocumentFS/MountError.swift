@@ -59,6 +59,7 @@ public enum MountError: Error, CustomStringConvertible {
         case conflict = "conflicting revisions are read-only (rm -r resolves one)"
         case status = "status files are read-only"
         case view = "views are read-only: they follow the documents"
+        case queryResults = "a saved query's results are read-only: they follow the documents (edit or remove queries/NAME.json)"
     }
 
     /// The mount path the error is about.

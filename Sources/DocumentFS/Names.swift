@@ -43,6 +43,9 @@ enum Node: Equatable {
     case scratch(String, relative: String)
     /// `views/` and below: design documents' views as folders (`DocumentFileSystem+Views.swift`).
     case view(ViewNode)
+    /// `queries/` and the results of the saved queries in it (`DocumentFileSystem+Queries.swift`);
+    /// the query files themselves are scratch files of the mount's root.
+    case query(QueryNode)
 
     static let propertiesFileName = "properties.json"
     static let attachmentsDirectoryName = "attachments"
@@ -64,6 +67,7 @@ enum Node: Equatable {
     }
     static let statusDirectoryName = ".sofa"
     static let viewsDirectoryName = "views"
+    static let queriesDirectoryName = "queries"
 
     /// The scratch space of the mount's root, as the scratch folder of a document id no
     /// document can have: desktop trash folders (`.Trash-UID`, `.Trash`) live there.
@@ -94,6 +98,15 @@ enum Node: Equatable {
         if first == Node.viewsDirectoryName {
             guard let view = ViewNode(Array(parts[1...])) else { return nil }
             self = .view(view)
+            return
+        }
+        if first == Node.queriesDirectoryName {
+            if parts.count > 1 && QueryNode.isFileName(parts[1]) {
+                self = .scratch(Node.rootScratchID, relative: parts.joined(separator: "/"))
+                return
+            }
+            guard let query = QueryNode(Array(parts[1...])) else { return nil }
+            self = .query(query)
             return
         }
         guard first == "docs" else { return nil }
@@ -145,7 +158,7 @@ enum Node: Equatable {
     /// The document this node belongs to, if any.
     var documentID: String? {
         switch self {
-        case .root, .docs, .statusDirectory, .statusFile, .view: nil
+        case .root, .docs, .statusDirectory, .statusFile, .view, .query: nil
         case .document(let id), .properties(let id), .attachment(let id, _), .conflicts(let id), .conflict(let id, _),
              .conflictProperties(let id, _), .conflictAttachment(let id, _, _), .scratch(let id, _): id
         }
@@ -198,6 +211,48 @@ enum ViewNode: Equatable {
         case 4 where parts[3] == ViewNode.reduceFileName: self = .reduce(design: names[0], view: names[1], name: parts[2])
         case 4: self = .row(design: names[0], view: names[1], name: parts[2], docID: names[3])
         default: return nil
+        }
+    }
+}
+
+/// A path below `queries/` that is not a file: `queries/<name>/` is the results of the saved
+/// query `queries/<name>.json` (Mango's `_find` body), a symbolic link per matching document to
+/// its folder in `docs/`, in the query's order. Files in `queries/` (`*.json`, hidden files, the
+/// temporary files of editors) are the user's: scratch files kept beside the database.
+enum QueryNode: Equatable {
+    case root
+    case results(String)
+    case row(String, docID: String)
+
+    static let fileExtension = ".json"
+
+    /// Whether a name in `queries/` is a file kept as written rather than a results folder.
+    static func isFileName(_ name: String) -> Bool {
+        name.hasSuffix(fileExtension) || name.hasPrefix(".") || FileNames.isToolTemporary(name)
+            || (name.hasPrefix("#") && name.hasSuffix("#"))  // emacs's auto-save
+    }
+
+    /// The name of the results folder of a query file, if `file` is one.
+    static func resultsName(ofFile file: String) -> String? {
+        guard file.hasSuffix(fileExtension), case let name = String(file.dropLast(fileExtension.count)),
+              !name.isEmpty, !isFileName(name) else { return nil }
+        return name
+    }
+
+    init?(_ parts: [String]) {
+        switch parts.count {
+        case 0: self = .root
+        case 1: self = .results(parts[0])
+        case 2: self = .row(parts[0], docID: FileNames.unescape(parts[1]))
+        default: return nil
+        }
+    }
+
+    /// The saved query's results folder this node is or is in.
+    var name: String? {
+        switch self {
+        case .root: nil
+        case .results(let name), .row(let name, _): name
         }
     }
 }

@@ -5,6 +5,8 @@ import Foundation
 /// (`_id`, `_rev`, properties, attachment stubs), projected to the query's fields.
 public struct FindResult: Sendable {
     public var documents: [JSONObject] = []
+    /// Where each document is in the query's order: a page that starts after one goes on from it.
+    public var positions: [MangoQuery.Bookmark] = []
     /// Where the next page starts; nil when this one reached the end.
     public var bookmark: MangoQuery.Bookmark?
     public var plan: QueryPlan
@@ -61,27 +63,15 @@ extension Database {
                         guard query.selector.mayMatch(partial, known: Set(index.fields)) else { continue }
                     }
                     result.documentsExamined += 1
-                    // Matched on its properties with _id and _rev; rendered (attachment stubs) only when it matches,
-                    // or first when the selector looks at _attachments.
-                    func render() throws -> JSONObject? {
-                        try loadRevision(docKey: candidate.docKey, docID: candidate.docID, revID: candidate.revID, in: connection).map {
-                            try CouchFormat.render($0, history: [$0.revID], options: CouchFormat.Options(), readBody: { _ in [] }).json
-                        }
-                    }
-                    var rendered: JSONObject?
-                    if looksAtAttachments {
-                        rendered = try render()
-                        guard let rendered, query.selector.matches(rendered) else { continue }
-                    } else {
-                        guard query.selector.matches(try Database.indexedDocument(candidate.docID, revID: candidate.revID.description,
-                                                                                   body: candidate.body)) else { continue }
-                    }
-                    guard let rendered = try rendered ?? render() else { continue }
+                    guard let rendered = try match(query.selector, candidate, looksAtAttachments: looksAtAttachments, in: connection)
+                    else { continue }
                     if toSkip > 0 {
                         toSkip -= 1
                     } else if result.documents.count < query.limit {
+                        let position: MangoQuery.Bookmark = candidate.key.map { .afterKey($0, candidate.docID) } ?? .after(candidate.docID)
                         result.documents.append(query.project(rendered))
-                        result.bookmark = candidate.key.map { .afterKey($0, candidate.docID) } ?? .after(candidate.docID)
+                        result.positions.append(position)
+                        result.bookmark = position
                     } else {
                         break scan
                     }
@@ -91,6 +81,40 @@ extension Database {
         }
         result.regexTimeouts = query.selector.regexTimeouts
         return result
+    }
+
+    /// Whether the live document `id` matches `selector`, as `find` decides it for each
+    /// candidate (design documents never match).
+    public func matches(_ selector: Selector, documentID id: String) throws -> Bool {
+        guard !id.hasPrefix(DocumentID.designPrefix) else { return false }
+        let looksAtAttachments = JSONValue.object(selector.json).jsonString().contains("\"_attachments")
+        return try read { connection in
+            try connection.query("""
+                SELECT d.doc_key, d.doc_id, d.current_rev, NULL, NULL, r.body FROM docs d
+                JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev WHERE d.doc_id = ? AND d.deleted = 0
+                """, .text(id), row: Database.candidate).first.map {
+                try match(selector, $0, looksAtAttachments: looksAtAttachments, rendering: false, in: connection) != nil
+            } ?? false
+        }
+    }
+
+    /// The candidate as `_find` renders it (attachment stubs), if it matches: matched on its
+    /// properties with `_id` and `_rev`, rendered only when it matches (and `rendering`), or
+    /// first when the selector looks at `_attachments`. Not rendering, a match is `[:]`.
+    private func match(_ selector: Selector, _ candidate: Candidate, looksAtAttachments: Bool, rendering: Bool = true,
+                       in connection: SQLiteConnection) throws -> JSONObject? {
+        func render() throws -> JSONObject? {
+            try loadRevision(docKey: candidate.docKey, docID: candidate.docID, revID: candidate.revID, in: connection).map {
+                try CouchFormat.render($0, history: [$0.revID], options: CouchFormat.Options(), readBody: { _ in [] }).json
+            }
+        }
+        if looksAtAttachments {
+            guard let rendered = try render(), selector.matches(rendered) else { return nil }
+            return rendered
+        }
+        guard selector.matches(try Database.indexedDocument(candidate.docID, revID: candidate.revID.description, body: candidate.body))
+        else { return nil }
+        return rendering ? try render() : [:]
     }
 
     private struct Candidate {

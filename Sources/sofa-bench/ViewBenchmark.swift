@@ -100,17 +100,22 @@ private func viewFolders(db: Database, serve url: String, view: String, document
     let keys = #"{"views":{"by_n":{"map":"function (doc) { if (doc.type === 'reading') emit(doc.n, null); }"}}}"#
     try putDesign(keys, at: "\(url)/_design/keys", work: work)
     let plain = "\(work)/plain"
-    for path in ["\(plain)/by_n", "\(plain)/\(view)", "\(work)/mnt"] { try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true) }
+    for path in ["\(plain)/by_n", "\(plain)/\(view)", "\(plain)/queries/all", "\(plain)/queries/group7", "\(work)/mnt"] {
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
     for g in 0..<groups { mkdir("\(plain)/\(view)/\(g)", 0o755) }
     for i in 0..<documents {
         let id = String(format: "doc-%07d", i)
         mkdir("\(plain)/by_n/\(i)", 0o755)
         symlink("../../../../docs/\(id)", "\(plain)/by_n/\(i)/\(id)")
         symlink("../../../../docs/\(id)", "\(plain)/\(view)/\(i % groups)/\(id)")
+        symlink("../../docs/\(id)", "\(plain)/queries/all/\(id)")
+        if i % groups == 7 { symlink("../../docs/\(id)", "\(plain)/queries/group7/\(id)") }
     }
     let mount = try MountProcess(sofa: sofaBinary, database: db.path, at: "\(work)/mnt", remote: nil)
     do {
         try timeViewFolders(mounted: "\(work)/mnt/views", plain: plain, view: view, documents: documents, groups: groups)
+        try timeQueryFolders(mounted: "\(work)/mnt/queries", plain: "\(plain)/queries", documents: documents, groups: groups)
     } catch {
         _ = mount.stop()
         throw error
@@ -147,6 +152,29 @@ private func timeViewFolders(mounted: String, plain: String, view: String, docum
     try compare("ls -l of \(documents) keys (a stat each)", keys) { "ls -l \($0) > /dev/null" }
     try compare("find of \(groups) keys × \(documents / groups) links", grouped) { "find \($0) > /dev/null" }
     try compare("ls -l of one key's \(documents / groups) links", grouped) { "ls -l \($0)/7 > /dev/null" }
+}
+
+/// Saved queries as folders (`queries/<name>/`), beside plain folders of the same links: one
+/// that every document matches, and one of a hundred found by a scan (no index serves it).
+private func timeQueryFolders(mounted: String, plain: String, documents: Int, groups: Int) throws {
+    try #"{"selector": {"type": "reading"}}"#.write(toFile: "\(mounted)/all.json", atomically: false, encoding: .utf8)
+    try #"{"selector": {"group": 7}}"#.write(toFile: "\(mounted)/group7.json", atomically: false, encoding: .utf8)
+    print(String(repeating: "-", count: 100))
+    print("Saved queries as folders in the mount, beside plain folders of the same links (ratio = plain's time / the mount's)")
+    for name in ["all", "group7"] {
+        let (a, b) = (try shellOutput("ls \(mounted)/\(name) | md5sum"), try shellOutput("ls \(plain)/\(name) | md5sum"))
+        guard a == b else { throw SofaError.invalidArgument("queries/\(name) lists other entries than the plain folder") }
+    }
+    func compare(_ what: String, _ name: String, _ command: (String) -> String) throws {
+        usleep(1_100_000)  // trusted for a second, as views are: each timed run asks again
+        let mine = try timeShell(command("\(mounted)/\(name)"))
+        let theirs = try timeShell(command("\(plain)/\(name)"))
+        print(what.padding(toLength: 46, withPad: " ", startingAt: 0) + String(format: " mount %8.3f s  plain %8.3f s  %5.2f×", mine, theirs, theirs / mine))
+    }
+    try compare("ls of a query matching all \(documents)", "all") { "ls \($0) > /dev/null" }
+    try compare("ls -l of it (a lookup each)", "all") { "ls -l \($0) > /dev/null" }
+    try compare("ls of \(documents / groups) found by a scan of \(documents)", "group7") { "ls \($0) > /dev/null" }
+    try compare("ls -l of those (a lookup each)", "group7") { "ls -l \($0) > /dev/null" }
 }
 
 /// PUTs a design document's JSON from a file: its functions' quotes never meet a shell. (Given
