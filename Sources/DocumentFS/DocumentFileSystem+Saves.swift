@@ -175,6 +175,9 @@ extension DocumentFileSystem {
                 defer { if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) } }
                 try syncBodies(staged.compactMap(\.attachment.blobKey))
                 let saved = try database.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged.map(\.seq))
+                // The cached revision goes before the staged files it now holds: in between, a
+                // lookup would find neither (an unlink of a file just folded answered ENOENT).
+                if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) }
                 for (index, draft) in drafts.enumerated() where draft.allowConflict {
                     log.warning("docs/\(FileNames.escape(id)): changed since it was written; saved as conflicting revision \(saved[index].revID)")
                 }
