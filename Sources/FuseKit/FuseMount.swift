@@ -39,6 +39,10 @@ public final class FuseMount: @unchecked Sendable {
         /// How long the thread that reads requests keeps asking for the next one before it sleeps
         /// (seconds; 0: sleeps at once). See `DeviceIO`.
         public var spin = 50e-6
+        /// Let the kernel keep what symbolic links read (`FUSE_CAP_CACHE_SYMLINKS`): only for a
+        /// file system whose links never change their target (while the kernel knows the node),
+        /// as its `readLink` is then asked once per node instead of at every `ls -l`.
+        public var cacheSymbolicLinks = false
 
         public init() {}
     }
@@ -373,6 +377,9 @@ extension FuseMount {
             // open(O_TRUNC) arrives as one open, not an open and a truncate (one revision, not two).
             connection.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC)
             let box = Unmanaged<Box>.fromOpaque(userdata!).takeUnretainedValue()
+            if box.configuration.cacheSymbolicLinks && connection.pointee.capable & UInt32(FUSE_CAP_CACHE_SYMLINKS) != 0 {
+                connection.pointee.want |= UInt32(FUSE_CAP_CACHE_SYMLINKS)
+            }
             box.openDirectoryInKernel = connection.pointee.capable & UInt32(FUSE_CAP_NO_OPENDIR_SUPPORT) != 0
         }
         ops.lookup = { request, parent, name in

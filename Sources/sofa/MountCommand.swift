@@ -124,6 +124,8 @@ struct Mount: SofaCommand {
         configuration.options = ["default_permissions"] + fuseOptions.filter { $0 != "nonempty" } + (readOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
         configuration.passthrough = !noPassthrough
+        // The mount's links (the rows of views and saved queries) lead where their names say.
+        configuration.cacheSymbolicLinks = true
         // Whatever ends this process, the mount does not outlive it as a dead one. The guard starts
         // before the mount and is told its device as soon as it exists; killed before that, the
         // mount leaves the guard to find a dead Sofa mount there (`MountGuard.detachIfDead`).
