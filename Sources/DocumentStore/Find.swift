@@ -45,6 +45,8 @@ extension Database {
         // a page shorter than the limit is the last. With none returned, the one given.
         result.bookmark = query.bookmark
         let looksAtAttachments = JSONValue.object(query.selector.json).jsonString().contains("\"_attachments")
+        // Asked only for ids and revisions (the mount's saved queries), nothing is rendered.
+        let onlyIdentity = query.fields.map { Set($0).isSubset(of: ["_id", "_rev"]) } ?? false
         try read { connection in
             let indexID = try plan.index.map { index in
                 try connection.query("SELECT index_id FROM mango_indexes WHERE ddoc = ? AND name = ?",
@@ -63,8 +65,8 @@ extension Database {
                         guard query.selector.mayMatch(partial, known: Set(index.fields)) else { continue }
                     }
                     result.documentsExamined += 1
-                    guard let rendered = try match(query.selector, candidate, looksAtAttachments: looksAtAttachments, in: connection)
-                    else { continue }
+                    guard let rendered = try match(query.selector, candidate, looksAtAttachments: looksAtAttachments,
+                                                   rendering: !onlyIdentity, in: connection) else { continue }
                     if toSkip > 0 {
                         toSkip -= 1
                     } else if result.documents.count < query.limit {
@@ -100,7 +102,8 @@ extension Database {
 
     /// The candidate as `_find` renders it (attachment stubs), if it matches: matched on its
     /// properties with `_id` and `_rev`, rendered only when it matches (and `rendering`), or
-    /// first when the selector looks at `_attachments`. Not rendering, a match is `[:]`.
+    /// first when the selector looks at `_attachments`. Not rendering, a match is its `_id`
+    /// and `_rev`.
     private func match(_ selector: Selector, _ candidate: Candidate, looksAtAttachments: Bool, rendering: Bool = true,
                        in connection: SQLiteConnection) throws -> JSONObject? {
         func render() throws -> JSONObject? {
@@ -114,7 +117,7 @@ extension Database {
         }
         guard selector.matches(try Database.indexedDocument(candidate.docID, revID: candidate.revID.description, body: candidate.body))
         else { return nil }
-        return rendering ? try render() : [:]
+        return rendering ? try render() : ["_id": .string(candidate.docID), "_rev": .string(candidate.revID.description)]
     }
 
     private struct Candidate {
