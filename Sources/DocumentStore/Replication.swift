@@ -7,11 +7,21 @@ public struct MissingRevisions: Hashable, Sendable {
     public let missing: [RevisionID]
     /// Leaves of lower generation than the newest missing revision (CouchDB's rule).
     public let possibleAncestors: [RevisionID]
+    /// When `possibleAncestors` is empty though the document is here (edited on both sides
+    /// since they last met: its leaves are as new as the missing revisions), the leaves and
+    /// their latest ancestors, one of which the missing revisions may descend from. Not part of
+    /// `_revs_diff`'s answer: a pull gives them as `atts_since`, so that the attachments of the
+    /// common ancestor come as stubs instead of travelling again.
+    public let heldRevisions: [RevisionID]
 
-    public init(missing: [RevisionID], possibleAncestors: [RevisionID]) {
+    public init(missing: [RevisionID], possibleAncestors: [RevisionID], heldRevisions: [RevisionID] = []) {
         self.missing = missing
         self.possibleAncestors = possibleAncestors
+        self.heldRevisions = heldRevisions
     }
+
+    /// How many ancestors of each leaf `heldRevisions` lists.
+    static let heldGenerations = 10
 }
 
 /// The database as one side of a replication: the questions CouchDB's protocol asks of a
@@ -31,7 +41,14 @@ extension Database {
             let missing = revs.filter { !(tree?.contains($0) ?? false) }
             guard let highest = missing.map(\.generation).max() else { return nil }
             let ancestors = tree?.leaves.filter { $0.id.generation < highest }.map(\.id).sorted() ?? []
-            return (id, MissingRevisions(missing: missing, possibleAncestors: ancestors))
+            var held: [RevisionID] = []
+            if let tree, ancestors.isEmpty {
+                var seen = Set<RevisionID>()
+                for leaf in tree.leaves {
+                    held += tree.history(of: leaf.id).prefix(MissingRevisions.heldGenerations).filter { seen.insert($0).inserted }
+                }
+            }
+            return (id, MissingRevisions(missing: missing, possibleAncestors: ancestors, heldRevisions: held))
         }
     }
 

@@ -77,8 +77,11 @@ final class LocalPeer: ReplicationPeer {
     /// bring the revisions. A policy that leaves some on the server asks for each it wants.
     func bodyRequest(for missing: [(id: String, missing: MissingRevisions)]) -> BodyRequest? {
         guard downloads.enabled, downloads.maximumSize == nil, downloads.types.isEmpty else { return nil }
-        return BodyRequest(blobs: database.blobs, attsSince: Dictionary(missing.map { ($0.id, $0.missing.possibleAncestors) },
-                                                                        uniquingKeysWith: { $0 + $1 }))
+        // The revisions the server may share with this database: its bodies of their
+        // attachments stay here (as stubs), also after edits on both sides.
+        return BodyRequest(blobs: database.blobs,
+                           attsSince: Dictionary(missing.map { ($0.id, $0.missing.possibleAncestors + $0.missing.heldRevisions) },
+                                                 uniquingKeysWith: { $0 + $1 }))
     }
 
     func fetchBody(of attachment: Attachment, docID: String, rev: RevisionID, into blobs: BlobStore) throws

@@ -227,6 +227,42 @@ import TestSupport
                    "CouchDB → Sofa (through faults) → CouchDB")
     }
 
+    /// After edits on both sides, the pull's `_revs_diff` has no possible ancestor (the leaf
+    /// here is as new as CouchDB's), yet both descend from a revision whose attachment this
+    /// database holds: CouchDB is told so (`atts_since`) and sends a stub, not the body again.
+    @Test func editsOnBothSidesDoNotBringTheCommonAttachmentAgain() throws {
+        let source = try couch.newDatabase("both-sides")
+        var random = SystemRandomNumberGenerator()
+        let photo = (0..<1_000_000).map { _ in UInt8.random(in: 0...255, using: &random) }
+        #expect(try couch.request("PUT", "/\(source)/shared", ["v": 0, "_attachments": ["photo.bin": [
+            "content_type": "application/octet-stream", "data": .string(Data(photo).base64EncodedString())]]]).status == 201)
+        let local = directory.appending("both-sides.sofa")
+        #expect(try sofa("create", local).succeeded)
+        #expect(try sofa("pull", local, couch.url(source)).succeeded)
+
+        var theirs = try #require(try couch.request("GET", "/\(source)/shared").json?.objectValue)
+        theirs["v"] = "couchdb"
+        #expect(try couch.request("PUT", "/\(source)/shared", .object(theirs)).status == 201)
+        let db = try Database.open(at: local)
+        var mine = try db.newRevision(of: "shared")
+        mine.properties["v"] = "sofa"
+        try db.save(mine)
+
+        let proxy = try FaultProxy(upstreamPort: couch.port)
+        let viaProxy = couch.url(source).replacingOccurrences(of: ":\(couch.port)/", with: ":\(proxy.port)/")
+        let pulled = try sofa("pull", local, viaProxy, "--json")
+        #expect(pulled.succeeded, "\(pulled.stderr)")
+        #expect(proxy.bytesFromServer < 100_000, "the pull moved \(proxy.bytesFromServer) bytes for a 1 MB body this database has")
+        // CouchDB's edit is here as a conflict, its attachment the same body.
+        let tree = try db.revisionTree(of: "shared")
+        #expect(tree.leaves.count == 2)
+        let couchLeaf = try #require(try couch.request("GET", "/\(source)/shared").json?["_rev"]?.stringValue)
+        let pulledRevision = try db.revision(try #require(RevisionID(couchLeaf)), of: "shared")
+        #expect(pulledRevision.properties["v"] == "couchdb")
+        #expect(try db.blobs.contents(of: try #require(pulledRevision.attachments.first?.blobKey)) == photo)
+        #expect(try db.check().isEmpty)
+    }
+
     @Test func aDeferredPullKeepsMetadataAndPushesOnceDownloaded() throws {
         let source = try couch.newDatabase("deferred")
         try makeScenario(source)
