@@ -287,34 +287,22 @@ final class BLIPSyncSession: @unchecked Sendable {
     /// not here are asked of the client (`getAttachment`) before it is saved.
     private func revision(_ request: BLIPMessage, _ connection: BLIPConnection) async throws {
         try requireWritable()
-        guard var body = try jsonBody(request).objectValue else { throw BLIPError.badRequest("rev: the body is not a JSON object") }
-        guard let id = request["id"] ?? body["_id"]?.stringValue, !id.isEmpty else { throw BLIPError.badRequest("rev: no document id") }
-        guard let revText = request["rev"] ?? body["_rev"]?.stringValue, let rev = RevisionID(revText) else {
-            throw BLIPError.badRequest("rev: no valid revision id")
-        }
-        var history = (request["history"] ?? "").split(separator: ",").compactMap { RevisionID(String($0)) }
-        if history.first == rev { history.removeFirst() }
-        let deleted = request.flag("deleted") || body["_deleted"]?.boolValue == true
-        let attachmentsMetadata = body["_attachments"]?.objectValue ?? [:]
-        for key in ["_id", "_rev", "_deleted", "_revisions", "_attachments"] { body[key] = nil }
+        let read: RevMessage
+        do { read = try RevMessage(body: request.body, property: { request[$0] }) } catch { throw BLIPError.badRequest("\(error)") }
+        let (id, rev, history, body) = (read.docID, read.revID, read.history, read.properties)
 
         // The bodies it names: each attachment's digest, and each blob's.
         var attachments: [Attachment] = []
-        for (attachmentName, value) in attachmentsMetadata {
-            guard let metadata = value.objectValue, let digest = metadata["digest"]?.stringValue else {
-                throw BLIPError.badRequest("rev: attachment \(attachmentName) of \(id) has no digest")
-            }
-            let blob = try await bodyHere(digest: digest, docID: id, connection)
-            attachments.append(Attachment(name: attachmentName,
-                                          contentType: metadata["content_type"]?.stringValue ?? MIMEType.forFileName(attachmentName),
-                                          length: blob.length, digest: digest, blobKey: blob.key,
-                                          revpos: metadata["revpos"]?.int64Value.map(Int.init) ?? rev.generation, contentAvailable: true))
+        for named in read.attachments {
+            let blob = try await bodyHere(digest: named.digest, docID: id, connection)
+            attachments.append(Attachment(name: named.name, contentType: named.contentType, length: blob.length, digest: named.digest,
+                                          blobKey: blob.key, revpos: named.revpos, contentAvailable: true))
         }
         let blobs = try Blobs.find(in: body, docID: id, lenient: true)
         for blob in blobs where !attachments.contains(where: { $0.blobKey == blob.key }) {
             _ = try await bodyHere(digest: blob.key.digestString, docID: id, connection)
         }
-        let replicated = ReplicatedRevision(docID: id, revID: rev, ancestors: history, deleted: deleted,
+        let replicated = ReplicatedRevision(docID: id, revID: rev, ancestors: history, deleted: read.deleted,
                                             properties: body, attachments: attachments)
         let noConflicts = request.flag("noconflicts")
         let ancestors = history

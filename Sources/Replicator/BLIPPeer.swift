@@ -379,7 +379,7 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
                 continue
             }
             do {
-                results.append(.success(try BLIPPeer.revision(from: revMessage, id: id, rev: rev)))
+                results.append(.success(try BLIPPeer.revision(from: revMessage)))
             } catch {
                 results.append(.failure(DocumentFailure(docID: id, rev: rev.description, error: "bad_request", reason: "\(error)")))
             }
@@ -388,26 +388,17 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
     }
 
     /// A `rev` message as a revision with its history; its attachments' bodies stay on the server.
-    static func revision(from message: BLIPMessage, id: String, rev: RevisionID) throws -> ReplicatedRevision {
-        guard var body = try JSONParser.parse(message.body).objectValue else {
-            throw ReplicationError.protocolError("the body of \(id) \(rev) is not a JSON object")
-        }
-        var history = (message["history"] ?? "").split(separator: ",")
-            .compactMap { RevisionID($0.trimmingCharacters(in: .whitespaces)) }
-        if history.first == rev { history.removeFirst() }
-        let deleted = message.flag("deleted") || body["_deleted"]?.boolValue == true
-        var attachments: [Attachment] = []
-        for (name, value) in body["_attachments"]?.objectValue ?? [:] {
-            guard let metadata = value.objectValue, let digest = metadata["digest"]?.stringValue,
-                  let length = metadata["length"]?.int64Value else {
-                throw ReplicationError.protocolError("attachment \(name) of \(id) has no digest or length")
+    static func revision(from message: BLIPMessage) throws -> ReplicatedRevision {
+        let read = try RevMessage(body: message.body, property: { message[$0] })
+        let attachments = try read.attachments.map { named in
+            guard let length = named.length else {
+                throw ReplicationError.protocolError("attachment \(named.name) of \(read.docID) has no length")
             }
-            attachments.append(Attachment(name: name, contentType: metadata["content_type"]?.stringValue ?? MIMEType.forFileName(name),
-                                          length: length, digest: digest, blobKey: nil,
-                                          revpos: metadata["revpos"]?.int64Value.map(Int.init) ?? rev.generation))
+            return Attachment(name: named.name, contentType: named.contentType, length: length, digest: named.digest, blobKey: nil,
+                              revpos: named.revpos)
         }
-        for key in ["_id", "_rev", "_deleted", "_revisions", "_attachments"] { body[key] = nil }
-        return ReplicatedRevision(docID: id, revID: rev, ancestors: history, deleted: deleted, properties: body, attachments: attachments)
+        return ReplicatedRevision(docID: read.docID, revID: read.revID, ancestors: read.history, deleted: read.deleted,
+                                  properties: read.properties, attachments: attachments)
     }
 
     func fetchBody(of attachment: Attachment, docID: String, rev: RevisionID, into blobs: BlobStore) throws
