@@ -103,6 +103,11 @@ final class DocumentCache: @unchecked Sendable {
         return entry
     }
 
+    /// The entry if it is cached, without loading it.
+    func peek(_ id: String) -> Entry? {
+        lock.withLock { entries[id] }
+    }
+
     /// Changes a cached entry in place (a time given to an attachment), without the reload
     /// a `forget` would cost; nothing happens when the document is not cached.
     func update(_ id: String, _ change: (inout Entry) -> Void) {

@@ -311,7 +311,15 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             attributes.volatile = true
             return attributes
         case .document(let id):
-            if let revision = try liveRevision(id) { return directory(revision.savedAt.timeIntervalSince1970) }
+            // A folder's time is all a stat needs: a document not cached is not loaded for it
+            // (`ls -l docs/` after `ls docs/` looks up every name).
+            let saved: Date?
+            if let entry = cache.peek(id) {
+                saved = entry.revision?.savedAt
+            } else {
+                saved = DocumentID.isLocal(id) || (try? DocumentID.validate(id)) == nil ? nil : try database.savedAt(ofLiveDocument: id)
+            }
+            if let saved { return directory(saved.timeIntervalSince1970) }
             guard isDirectory(scratchDirectory(id)) else { throw MountError.notFound(path) }
             return directory(mountTime)
         case .properties(let id):

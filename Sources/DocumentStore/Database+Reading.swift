@@ -109,6 +109,18 @@ extension Database {
         }
     }
 
+    /// When the current revision of a live document was saved; nil when there is no such
+    /// document or it is deleted. One indexed read: what a folder's time needs, without the
+    /// revision.
+    public func savedAt(ofLiveDocument id: String) throws -> Date? {
+        try read { connection in
+            try connection.query("""
+                SELECT r.saved_at FROM docs d JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
+                WHERE d.doc_id = ? AND d.deleted = 0
+                """, .text(id)) { Date(timeIntervalSince1970: $0.double(0)) }.first
+        }
+    }
+
     /// The documents changed after `sequence`, each once at its latest change, oldest first.
     public func changes(since sequence: Int64 = 0, limit: Int = Int.max) throws -> [Change] {
         try read { connection in
