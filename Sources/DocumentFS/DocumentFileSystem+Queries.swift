@@ -20,7 +20,6 @@ extension DocumentFileSystem {
     /// A query file as last read, valid while the file's identity, size and time are these.
     struct SavedQuery {
         let stamp: [Int64]
-        let body: JSONObject
         let query: MangoQuery
         /// `limit` and `skip` as written (none: every match).
         let limit: Int
@@ -40,8 +39,8 @@ extension DocumentFileSystem {
         let stamp = [Int64(info.st_ino), Int64(info.st_size), Int64(info.st_mtim.tv_sec), Int64(info.st_mtim.tv_nsec)]
         if let known = withState({ savedQueries[name] }), known.stamp == stamp { return known }
         let shown = Node.queriesDirectoryName + "/" + name + QueryNode.fileExtension
-        let body: JSONObject
         var query: MangoQuery
+        let written: Bool
         let bytes = try readSmallFile(file)
         do {
             guard let object = try JSONParser.parse(bytes).objectValue else {
@@ -51,17 +50,15 @@ extension DocumentFileSystem {
                 throw SofaError.invalidQuery(error: "missing_required_key",
                                              reason: #"no "selector": a query file holds what _find takes, {"selector": {…}, …}"#)
             }
-            body = object
             query = try MangoQuery(object)
-        } catch let error as JSONParseError {
-            throw MountError.invalidArgument(path, why: "\(shown) is not a Mango query: \(error)")
-        } catch let error as SofaError {
+            written = object["limit"] != nil
+        } catch {
+            // JSON's or Mango's reason (nothing else is thrown above).
             throw MountError.invalidArgument(path, why: "\(shown) is not a Mango query: \(error)")
         }
         query.bookmark = nil
         query.fields = ["_id"]
-        let saved = SavedQuery(stamp: stamp, body: body, query: query,
-                               limit: body["limit"] == nil ? Int.max : query.limit, skip: query.skip,
+        let saved = SavedQuery(stamp: stamp, query: query, limit: written ? query.limit : Int.max, skip: query.skip,
                                modified: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)
         withState {
             if savedQueries.count >= Tuning.viewListingCursors { savedQueries.removeAll() }
@@ -128,11 +125,7 @@ extension DocumentFileSystem {
             if let known = withState({ queryMembers[name] }), known.stamp == saved.stamp, known.sequence == sequence {
                 return known.members.contains(docID)
             }
-            var members = Set<String>()
-            try eachResult(saved, path: path) { _, id in
-                members.insert(id)
-                return true
-            }
+            let members = try allResults(saved, path: path)
             withState {
                 if queryMembers.count >= Tuning.viewListingCursors { queryMembers.removeAll() }
                 queryMembers[name] = (saved.stamp, sequence, members)
@@ -143,8 +136,8 @@ extension DocumentFileSystem {
         return try database.matches(saved.query.selector, documentID: docID)
     }
 
-    /// Runs a page of a saved query; Mango's refusal (a sort no index serves) names the file.
-    private func run(_ query: MangoQuery, of saved: SavedQuery, path: String) throws -> FindResult {
+    /// Runs a page of a saved query; Mango's refusal (a sort no index serves) says so.
+    private func run(_ query: MangoQuery, path: String) throws -> FindResult {
         do {
             return try database.find(query)
         } catch SofaError.invalidQuery(_, let reason) {
@@ -152,16 +145,14 @@ extension DocumentFileSystem {
         }
     }
 
-    /// Calls `body` with each result after `after` (a listing mark) until it returns false.
-    private func eachResult(_ saved: SavedQuery, path: String, body: (_ mark: [UInt8], _ docID: String) throws -> Bool) throws {
-        var mark: [UInt8]?
+    /// The ids of every result, read a page at a time.
+    private func allResults(_ saved: SavedQuery, path: String) throws -> Set<String> {
+        var (ids, mark) = (Set<String>(), [UInt8]?.none)
         while true {
             let page = try resultPage(saved, after: mark, limit: Tuning.viewListingPage, path: path)
-            for row in page {
-                guard try body(row.mark, row.docID) else { return }
-                mark = row.mark
-            }
-            if page.count < Tuning.viewListingPage { return }
+            ids.formUnion(page.map(\.docID))
+            mark = page.last?.mark
+            if page.count < Tuning.viewListingPage { return ids }
         }
     }
 
@@ -179,7 +170,7 @@ extension DocumentFileSystem {
         }
         guard saved.limit > given else { return [] }
         query.limit = min(limit, saved.limit - given)
-        let result = try run(query, of: saved, path: path)
+        let result = try run(query, path: path)
         return zip(result.documents, result.positions).enumerated().compactMap { offset, found in
             found.0["_id"]?.stringValue.map { (Array("\(given + offset + 1) \(found.1.token)".utf8), $0) }
         }

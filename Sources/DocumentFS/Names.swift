@@ -247,14 +247,6 @@ enum QueryNode: Equatable {
         default: return nil
         }
     }
-
-    /// The saved query's results folder this node is or is in.
-    var name: String? {
-        switch self {
-        case .root: nil
-        case .results(let name), .row(let name, _): name
-        }
-    }
 }
 
 /// The file names of a view's keys. A string key is its own text, as people search for it
