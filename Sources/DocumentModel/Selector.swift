@@ -15,6 +15,9 @@ import Foundation
 /// Invalid selectors are refused with CouchDB's error names and reasons.
 public struct Selector: Sendable {
     public let json: JSONObject
+    /// Whether it names `_attachments` anywhere: then a document is matched as `_find` renders
+    /// it (attachment stubs), not on its stored properties alone.
+    public let looksAtAttachments: Bool
     let root: Node
 
     public init(_ value: JSONValue) throws(SofaError) {
@@ -22,6 +25,7 @@ public struct Selector: Sendable {
             throw .invalidQuery(error: "invalid_selector_json", reason: "Selector must be a JSON object, not: \(value.jsonString())")
         }
         json = object
+        looksAtAttachments = value.jsonString().contains("\"_attachments")
         root = try Node.parse(object)
     }
 

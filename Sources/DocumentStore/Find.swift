@@ -44,7 +44,7 @@ extension Database {
         // CouchDB gives the position of the last document returned, also on the last page:
         // a page shorter than the limit is the last. With none returned, the one given.
         result.bookmark = query.bookmark
-        let looksAtAttachments = JSONValue.object(query.selector.json).jsonString().contains("\"_attachments")
+        let looksAtAttachments = query.selector.looksAtAttachments
         // Asked only for ids and revisions (the mount's saved queries), nothing is rendered.
         let onlyIdentity = query.fields.map { Set($0).isSubset(of: ["_id", "_rev"]) } ?? false
         try read { connection in
@@ -89,7 +89,7 @@ extension Database {
     /// candidate (design documents never match).
     public func matches(_ selector: Selector, documentID id: String) throws -> Bool {
         guard !id.hasPrefix(DocumentID.designPrefix) else { return false }
-        let looksAtAttachments = JSONValue.object(selector.json).jsonString().contains("\"_attachments")
+        let looksAtAttachments = selector.looksAtAttachments
         return try read { connection in
             try connection.query("""
                 SELECT d.doc_key, d.doc_id, d.current_rev, NULL, NULL, r.body FROM docs d
