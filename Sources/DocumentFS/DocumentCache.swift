@@ -12,6 +12,9 @@ final class DocumentCache: @unchecked Sendable {
     struct Entry {
         /// The live current revision; nil when the document does not exist or is deleted.
         let revision: Revision?
+        /// The document's storage key, when it is live: what its folder's numbers are made of
+        /// (`DocumentPart`).
+        let key: Int64?
         /// properties.json as rendered.
         let rendered: [UInt8]
         let hasConflicts: Bool
@@ -29,9 +32,10 @@ final class DocumentCache: @unchecked Sendable {
         /// The folders in each folder ("" is attachments/), for link counts.
         let subfolders: [String: Set<String>]
 
-        init(revision: Revision?, rendered: [UInt8], hasConflicts: Bool, revisionTimes: [String: Double] = [:],
+        init(revision: Revision?, key: Int64? = nil, rendered: [UInt8], hasConflicts: Bool, revisionTimes: [String: Double] = [:],
              local: [String: LocalAttributes] = [:]) {
             self.revision = revision
+            self.key = key
             self.rendered = rendered
             self.hasConflicts = hasConflicts
             self.revisionTimes = revisionTimes
@@ -75,6 +79,11 @@ final class DocumentCache: @unchecked Sendable {
             }
             return result
         }
+
+        /// The number of one of the live document's own nodes (`FileAttributes.number`).
+        func number(_ part: DocumentPart.Part) -> UInt64? {
+            key.flatMap { DocumentPart(key: $0, part: part).number }
+        }
     }
 
     // Guarded by `lock` (a leaf lock).
@@ -101,11 +110,6 @@ final class DocumentCache: @unchecked Sendable {
         }
         lock.unlock()
         return entry
-    }
-
-    /// The entry if it is cached, without loading it.
-    func peek(_ id: String) -> Entry? {
-        lock.withLock { entries[id] }
     }
 
     /// Changes a cached entry in place (a time given to an attachment), without the reload

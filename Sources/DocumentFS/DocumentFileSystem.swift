@@ -157,11 +157,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     func cached(_ id: String) throws -> DocumentCache.Entry {
         try cache.entry(id) {
             // An id that is not valid is not a document the mount shows (its name is just absent).
-            guard !DocumentID.isLocal(id), (try? DocumentID.validate(id)) != nil,
-                  let revision = try database.document(withID: id) else {
+            guard DocumentID.isStorable(id), let revision = try database.document(withID: id) else {
                 return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false)
             }
-            return DocumentCache.Entry(revision: revision, rendered: render(revision.properties),
+            return DocumentCache.Entry(revision: revision, key: try database.storageKey(of: id), rendered: render(revision.properties),
                                        hasConflicts: !(try database.revisionTree(of: id).conflicts.isEmpty),
                                        revisionTimes: try database.revisionTimes(of: revision),
                                        local: try database.localAttributes(ofDocument: id))
@@ -239,6 +238,34 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         FileAttributes(kind: .directory, permissions: (writable && !readOnly) ? 0o755 : 0o555, modified: FileTime(seconds: modified), linkCount: 1)
     }
 
+    /// A saved document's folder. Its number is the document's storage key: the kernel's inode
+    /// of the folder is found again from it (`path(ofNumber:)`), so the mount keeps no node for
+    /// each of the documents the kernel holds.
+    func documentFolder(_ document: StoredDocument) -> FileAttributes {
+        var attributes = directory(document.modified.timeIntervalSince1970)
+        attributes.number = DocumentPart(key: document.key, part: .folder).number
+        return attributes
+    }
+
+    public func path(ofNumber number: UInt64) -> String? {
+        guard let part = DocumentPart(number: number), let id = try? database.documentID(storageKey: part.key) else { return nil }
+        return part.path(id)
+    }
+
+    public func number(ofPath path: String) -> UInt64? {
+        guard let node = Node(path: path), let (id, part) = DocumentPart.of(node), DocumentID.isStorable(id),
+              let key = try? database.storageKey(of: id) else { return nil }
+        return DocumentPart(key: key, part: part).number
+    }
+
+    public func numberedChildren(of path: String) -> [(name: String, number: UInt64)] {
+        guard case .document(let id) = Node(path: path), DocumentID.isStorable(id), let key = try? database.storageKey(of: id)
+        else { return [] }
+        return [(Node.propertiesFileName, DocumentPart.Part.properties), (Node.attachmentsDirectoryName, .attachments)].compactMap { name, part in
+            DocumentPart(key: key, part: part).number.map { (name, $0) }
+        }
+    }
+
     func file(_ size: Int64, _ modified: Double, writable: Bool = true) -> FileAttributes {
         FileAttributes(kind: .regularFile, size: size, permissions: (writable && !readOnly) ? 0o644 : 0o444, modified: FileTime(seconds: modified))
     }
@@ -311,21 +338,19 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             attributes.volatile = true
             return attributes
         case .document(let id):
-            // A folder's time is all a stat needs: a document not cached is not loaded for it
+            // A folder's time and number are all a stat needs: the document is not loaded for it
             // (`ls -l docs/` after `ls docs/` looks up every name).
-            let saved: Date?
-            if let entry = cache.peek(id) {
-                saved = entry.revision?.savedAt
-            } else {
-                saved = DocumentID.isLocal(id) || (try? DocumentID.validate(id)) == nil ? nil : try database.savedAt(ofLiveDocument: id)
+            if DocumentID.isStorable(id), let stored = try database.storedDocument(live: id) {
+                return documentFolder(stored)
             }
-            if let saved { return directory(saved.timeIntervalSince1970) }
             guard isDirectory(scratchDirectory(id)) else { throw MountError.notFound(path) }
             return directory(mountTime)
         case .properties(let id):
             let entry = try cached(id)
             guard let revision = entry.revision, removal(id)?.properties != true else { throw MountError.notFound(path) }
-            return file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
+            var attributes = file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
+            attributes.number = entry.number(.properties)
+            return attributes
         case .attachment(let id, let name):
             guard try liveRevision(id) != nil else {
                 // A document folder made with mkdir and not saved yet: its attachments/, and the
@@ -422,8 +447,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             while true {
                 let page = try database.documentsInStorageOrder(afterKey: after, limit: 64)
                 for document in page {
-                    let entry = DirectoryEntry(name: FileNames.escape(document.docID),
-                                               attributes: directory(document.modified.timeIntervalSince1970),
+                    let entry = DirectoryEntry(name: FileNames.escape(document.docID), attributes: documentFolder(document),
                                                position: ListingPosition.document(key: document.key))
                     guard add(entry) else { return }
                     after = document.key
@@ -462,8 +486,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 let modified = revision.savedAt.timeIntervalSince1970
                 // properties.json first, so that `rm -r` starts the removal before it empties attachments/.
                 if removal(id)?.properties != true {
-                    entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: file(Int64(entry.rendered.count), modified),
-                                                  position: ListingPosition.first))
+                    var attributes = file(Int64(entry.rendered.count), modified)
+                    attributes.number = entry.number(.properties)
+                    entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: attributes, position: ListingPosition.first))
                 }
                 entries.append(named(Node.attachmentsDirectoryName, attributes: try folderAttributes("", in: id)))
                 if hasBlobsFolder(revision) || scratch.contains(where: { $0.name == Node.blobsDirectoryName }) {

@@ -287,3 +287,55 @@ enum ViewKeyNames {
         return (try? JSONParser.parse(Array(string.utf8))) == nil  // text that is not JSON reads as itself
     }
 }
+
+extension DocumentID {
+    /// Whether `id` may be a stored document's (valid, and not a `_local` one, which has no
+    /// folder): a name that cannot be is not looked for in the database.
+    static func isStorable(_ id: String) -> Bool {
+        !isLocal(id) && (try? validate(id)) != nil
+    }
+}
+
+/// The nodes every saved document has — its folder, properties.json and attachments/ — are
+/// numbered from the document's storage key (`FileAttributes.number`): the mount keeps nothing
+/// for them while the kernel holds them, so `ls -l docs/` or a `find` through a million
+/// documents takes no memory in the mount, and the number finds the path again.
+struct DocumentPart: Equatable {
+    enum Part: UInt64 { case folder = 0, properties = 1, attachments = 2 }
+    let key: Int64
+    let part: Part
+
+    init(key: Int64, part: Part) {
+        self.key = key
+        self.part = part
+    }
+
+    init?(number: UInt64) {
+        guard let part = Part(rawValue: number & 3) else { return nil }
+        self.key = Int64(number >> 2)
+        self.part = part
+    }
+
+    /// Two bits for the part; nil for a key too large to number (its nodes are kept instead).
+    var number: UInt64? {
+        key >= 0 && key < 1 << 45 ? UInt64(key) << 2 | part.rawValue : nil
+    }
+
+    func path(_ id: String) -> String {
+        switch part {
+        case .folder: String.documentPath(id)
+        case .properties: String.documentPath(id) + "/" + Node.propertiesFileName
+        case .attachments: String.documentPath(id) + "/" + Node.attachmentsDirectoryName
+        }
+    }
+
+    /// The document and part a node is, if it is one of the numbered ones.
+    static func of(_ node: Node) -> (id: String, part: Part)? {
+        switch node {
+        case .document(let id): (id, .folder)
+        case .properties(let id): (id, .properties)
+        case .attachment(let id, ""): (id, .attachments)
+        default: nil
+        }
+    }
+}

@@ -49,6 +49,7 @@ extension DocumentFileSystem {
         }
         if writable { attributes.permissions = permissions(local?.mode ?? LocalAttributes.defaultFolderMode) }
         attributes.linkCount = 2 + UInt32(try subfolders(of: folder, in: id, entry: entry).count)
+        if folder.isEmpty { attributes.number = entry.number(.attachments) }
         return attributes
     }
 

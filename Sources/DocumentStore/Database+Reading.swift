@@ -109,15 +109,30 @@ extension Database {
         }
     }
 
-    /// When the current revision of a live document was saved; nil when there is no such
-    /// document or it is deleted. One indexed read: what a folder's time needs, without the
-    /// revision.
-    public func savedAt(ofLiveDocument id: String) throws -> Date? {
+    /// A live document's storage key and when its current revision was saved; nil when there
+    /// is no such document or it is deleted. One indexed read: what a folder's `stat` needs,
+    /// without the revision.
+    public func storedDocument(live id: String) throws -> StoredDocument? {
         try read { connection in
             try connection.query("""
-                SELECT r.saved_at FROM docs d JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
+                SELECT d.doc_key, r.saved_at FROM docs d JOIN revs r ON r.doc_key = d.doc_key AND r.rev_id = d.current_rev
                 WHERE d.doc_id = ? AND d.deleted = 0
-                """, .text(id)) { Date(timeIntervalSince1970: $0.double(0)) }.first
+                """, .text(id)) { StoredDocument(key: $0.int64(0), docID: id, modified: Date(timeIntervalSince1970: $0.double(1))) }.first
+        }
+    }
+
+    /// The storage key of a document, live or deleted; nil when the database never held it (or
+    /// it was purged). A document keeps its key for as long as it is stored.
+    public func storageKey(of id: String) throws -> Int64? {
+        try read { connection in
+            try connection.query("SELECT doc_key FROM docs WHERE doc_id = ?", .text(id)) { $0.int64(0) }.first
+        }
+    }
+
+    /// The id of the document stored under `key` (`storageKey(of:)`), live or deleted.
+    public func documentID(storageKey key: Int64) throws -> String? {
+        try read { connection in
+            try connection.query("SELECT doc_id FROM docs WHERE doc_key = ?", .integer(key)) { $0.text(0) }.first
         }
     }
 

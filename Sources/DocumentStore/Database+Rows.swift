@@ -15,9 +15,16 @@ extension Database {
         }.first
     }
 
+    /// A new document's row. Its key is above every key given before, purged documents' too
+    /// (SQLite's own choice, the largest key + 1, would give a purged document's key again):
+    /// a key names one document for the database's life, as the mount's inode numbers of a
+    /// document's folder, made from it, must.
     static func insertDocumentRow(_ id: String, revID: RevisionID, in connection: SQLiteConnection) throws -> Int64 {
-        try connection.run("INSERT INTO docs (doc_id, current_rev, deleted, sequence) VALUES (?, ?, 0, NULL)",
-                           .text(id), .text(revID.description))
+        try connection.run("""
+            INSERT INTO docs (doc_key, doc_id, current_rev, deleted, sequence)
+            VALUES (max(coalesce((SELECT max(doc_key) FROM docs), 0),
+                        coalesce((SELECT value FROM meta WHERE key = 'last_purged_key'), 0)) + 1, ?, ?, 0, NULL)
+            """, .text(id), .text(revID.description))
         return try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
     }
 

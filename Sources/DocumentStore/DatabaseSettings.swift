@@ -40,6 +40,10 @@ extension Database {
                     try documentChanged(docKey: nil, docID: id, winner: nil, in: connection)
                     try Database.forgetInViews(id, in: connection)
                     try connection.run("DELETE FROM docs WHERE doc_key = ?", .integer(row.key))
+                    try connection.run("""
+                        INSERT INTO meta (key, value) VALUES ('last_purged_key', ?)
+                        ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)
+                        """, .integer(row.key))
                     if hasLocalAttributes {
                         try connection.run("DELETE FROM local_attributes WHERE doc_id = ?", .text(id))
                     }

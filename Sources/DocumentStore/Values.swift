@@ -88,7 +88,8 @@ public struct DocumentSummary: Hashable, Sendable {
 
 /// A live document as a listing in storage order sees it (`Database.documentsInStorageOrder`).
 public struct StoredDocument: Hashable, Sendable {
-    /// Its row's key: documents stored later have higher keys, and a key stays with its document.
+    /// Its row's key: documents stored later have higher keys, a key stays with its document,
+    /// and is never given to another (not even after a purge).
     public let key: Int64
     public let docID: String
     /// When the current revision was saved.

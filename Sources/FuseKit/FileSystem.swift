@@ -70,6 +70,12 @@ public struct FileAttributes: Sendable, Equatable {
     /// `attributeTimeout`: for a folder whose listing follows the database (a view's), as the
     /// kernel drops a kept listing when it finds the folder's time changed.
     public var timeout: Double?
+    /// The file system's own number for a node (below 2^48), when it can give the node's path
+    /// back from it (`FileSystem.path(ofNumber:)`) for as long as the node lives: the mount
+    /// then keeps nothing for it while the kernel holds it. For nodes of which there are very
+    /// many (a database's document folders). A numbered file is never read through passthrough
+    /// (`OpenFile.backing` is not used for it).
+    public var number: UInt64?
 
     public init(kind: Kind, size: Int64 = 0, permissions: UInt32? = nil, modified: FileTime = FileTime(nanoseconds: 0),
                 accessed: FileTime? = nil, linkCount: UInt32? = nil) {
@@ -208,6 +214,17 @@ public protocol FileSystem: AnyObject, Sendable {
     /// answered (and logged), so the file system can show the reason where a user looks.
     /// Only failures worth a user's notice come here: not "no such file" and its kind.
     func failed(_ operation: String, path: String, errno: Int32, reason: String)
+
+    /// The path of the node given `number` in its attributes (`FileAttributes.number`); nil
+    /// when there is none (the kernel is then told ENOENT).
+    func path(ofNumber number: UInt64) -> String?
+    /// The number the node at `path` is given, also when it no longer exists: how the mount
+    /// finds the kernel's inode of a numbered node that moves or changes behind its back.
+    func number(ofPath path: String) -> UInt64?
+    /// The numbered nodes directly in the folder at `path` (also when they do not exist now):
+    /// what the kernel may hold below it that the mount must tell about a change, or keep when
+    /// the folder moves.
+    func numberedChildren(of path: String) -> [(name: String, number: UInt64)]
 }
 
 extension FileSystem {
@@ -215,4 +232,9 @@ extension FileSystem {
     public func readLink(_ path: String) throws -> String { throw FileSystemError(EINVAL) }
 
     public func failed(_ operation: String, path: String, errno: Int32, reason: String) {}
+
+    /// A file system that numbers no node.
+    public func path(ofNumber number: UInt64) -> String? { nil }
+    public func number(ofPath path: String) -> UInt64? { nil }
+    public func numberedChildren(of path: String) -> [(name: String, number: UInt64)] { [] }
 }

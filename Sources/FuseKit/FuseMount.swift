@@ -99,6 +99,8 @@ public final class FuseMount: @unchecked Sendable {
     public var passthrough: String { box.passthrough.currentState.description }
     /// Files the kernel reads itself now, and how many were opened so since the mount.
     public var passthroughFiles: (open: Int, opened: Int) { (box.passthrough.openFiles, box.passthrough.openedCount) }
+    /// The nodes kept for the kernel's inodes (those the file system numbers itself aside).
+    public var keptNodes: Int { box.table.count }
     /// READ requests this process answered since the mount.
     public var readRequests: Int { box.readRequests.load(ordering: .relaxed) }
 
@@ -135,10 +137,21 @@ public final class FuseMount: @unchecked Sendable {
     /// (a `stat` of one then asks, instead of showing a removed file until the timeout).
     /// Safe from any thread, also while or after the loop ends.
     public func invalidate(_ path: String, descendants: Bool = false) {
+        // Found before the session's lock is taken: a numbered node's number is the file system's.
+        guard let ino = box.table.number(of: path) else {
+            // A numbered node whose number went with it (a purged document): its name is
+            // dropped instead, so that nothing leads to the number should it be given again.
+            let slash = path.lastIndex(of: "/") ?? path.startIndex
+            let parentPath = slash == path.startIndex ? "/" : String(path[..<slash])
+            let name = String(path[path.index(after: slash)...])
+            if !name.isEmpty, let parent = box.table.number(of: parentPath) { invalidateEntry(parent, name) }
+            return
+        }
+        let nodes = [ino] + (descendants ? box.table.descendants(of: ino, at: path) : [])
         sessionLock.lock()
         defer { sessionLock.unlock() }
-        guard !destroyed, let ino = box.table.number(of: path) else { return }
-        for node in [ino] + (descendants ? box.table.descendants(of: ino) : []) {
+        guard !destroyed else { return }
+        for node in nodes {
             _ = fuse_lowlevel_notify_inval_inode(session, node, 0, 0)
         }
     }
@@ -154,7 +167,7 @@ final class Box: @unchecked Sendable {
     // Immutable after init but for an atomic; `table` guards itself.
     let fileSystem: any FileSystem
     let configuration: FuseMount.Configuration
-    let table = InodeTable()
+    let table: InodeTable
     let passthrough: Passthrough
     let readRequests = Atomic<Int>(0)
     /// Whether the kernel opens directories without asking (set at INIT, read by every worker).
@@ -194,6 +207,8 @@ final class Box: @unchecked Sendable {
     init(fileSystem: any FileSystem, configuration: FuseMount.Configuration) {
         self.fileSystem = fileSystem
         self.configuration = configuration
+        table = InodeTable(pathOfNumber: { fileSystem.path(ofNumber: $0) }, numberOfPath: { fileSystem.number(ofPath: $0) },
+                           numberedChildren: { fileSystem.numberedChildren(of: $0) })
         passthrough = Passthrough(enabled: configuration.passthrough)
     }
 
@@ -223,7 +238,7 @@ final class Box: @unchecked Sendable {
     /// An entry for `name` in `parent`, counted as a lookup (the kernel now holds it).
     func entry(_ parent: fuse_ino_t, _ name: String, _ attributes: FileAttributes) -> fuse_entry_param {
         var entry = fuse_entry_param()
-        entry.ino = table.remember(parent, name)
+        entry.ino = table.remember(parent, name, number: attributes.number)
         fill(&entry.attr, attributes, ino: entry.ino)
         entry.attr_timeout = timeout(of: attributes, configuration)
         entry.entry_timeout = configuration.entryTimeout
@@ -478,7 +493,8 @@ extension FuseMount {
                 cfuse_set_direct_io(info, file.directIO ? 1 : 0)
                 cfuse_set_noflush(info, file.noFlush ? 1 : 0)
                 var first = false
-                if let backing = file.backing {
+                // A numbered node cannot be given a new inode (below): it is read here.
+                if let backing = file.backing, box.table.isKept(ino) {
                     switch box.passthrough.register(backing, for: file.handle, inode: ino) {
                     case .notUsed: break
                     case .used(let made): first = made
@@ -582,8 +598,13 @@ extension FuseMount {
         }
         ops.rename = { request, parent, name, newParent, newName, flags in
             answer(request, "rename", parent, name) { box, fs in
-                try fs.rename(box.path(parent, name), to: box.path(newParent, newName), flags: flags)
-                box.table.renamed(parent, string(name), to: newParent, string(newName), exchange: flags & 2 /* RENAME_EXCHANGE */ != 0)
+                let (from, to) = (try box.path(parent, name), try box.path(newParent, newName))
+                let exchange = flags & 2 /* RENAME_EXCHANGE */ != 0
+                // A numbered node that moves needs a node kept: its number no longer gives its path.
+                let moved = box.table.moving(parent, string(name), at: from)
+                let swapped = exchange ? box.table.moving(newParent, string(newName), at: to) : InodeTable.Moving()
+                try fs.rename(from, to: to, flags: flags)
+                box.table.renamed(parent, string(name), to: newParent, string(newName), exchange: exchange, moved: moved, swapped: swapped)
                 fuse_reply_err(request, 0)
             }
         }

@@ -5,6 +5,12 @@ import Foundation
 /// lookup counts of libfuse's low-level protocol: a node is remembered from the reply
 /// that names it (lookup, create, mkdir, readdirplus) until the kernel forgets it.
 /// A node stores its parent and name, so a rename moves everything under it at once.
+///
+/// A node the file system numbers itself (`FileAttributes.number`) is not kept: its inode
+/// number is `numbered + number`, and its path is asked of the file system when needed, so a
+/// million document folders looked up by `ls -l` take no memory here. Such a node is kept
+/// only when a rename moves it (its number no longer leads to its path); a name with a
+/// node is always answered from the node, and a number that has a node is never derived again.
 final class InodeTable: @unchecked Sendable {
     // Sendable invariant: everything is guarded by `lock`.
     private struct Node {
@@ -15,39 +21,71 @@ final class InodeTable: @unchecked Sendable {
     }
 
     static let root: fuse_ino_t = 1
+    /// Numbers from here up are `numbered + FileAttributes.number`; nodes made here count up
+    /// from 2 and never reach it.
+    static let numbered: fuse_ino_t = 1 << 48
+    /// Lookups of a numbered node are not counted; a node made for one when it moved is kept
+    /// until its name goes (the kernel's count of it is not known).
+    private static let uncounted: UInt64 = 1 << 62
     private let lock = NSLock()
+    /// The path of a numbered node, and the number of a path (`FileSystem.path(ofNumber:)`,
+    /// `FileSystem.number(ofPath:)`). Called without `lock` held.
+    private let pathOfNumber: @Sendable (UInt64) -> String?
+    private let numberOfPath: @Sendable (String) -> UInt64?
+    private let numberedChildren: @Sendable (String) -> [(name: String, number: UInt64)]
     private var nodes: [fuse_ino_t: Node] = [InodeTable.root: Node(parent: 0, name: "", lookups: 1)]
     /// The named nodes of each directory node.
     private var children: [fuse_ino_t: [String: fuse_ino_t]] = [:]
     private var next: fuse_ino_t = 2
 
+    init(pathOfNumber: @escaping @Sendable (UInt64) -> String? = { _ in nil },
+         numberOfPath: @escaping @Sendable (String) -> UInt64? = { _ in nil },
+         numberedChildren: @escaping @Sendable (String) -> [(name: String, number: UInt64)] = { _ in [] }) {
+        self.pathOfNumber = pathOfNumber
+        self.numberOfPath = numberOfPath
+        self.numberedChildren = numberedChildren
+    }
+
     /// The path of `ino`; nil for a node that has none any more (or is unknown).
     func path(_ ino: fuse_ino_t) -> String? {
-        lock.withLock { unlockedPath(ino) }
+        // The names up to the root, or up to a numbered node, whose path the file system gives.
+        var names: [String] = []
+        let top: fuse_ino_t? = lock.withLock {
+            var current = ino
+            while current != InodeTable.root {
+                guard let node = nodes[current] else { return current >= InodeTable.numbered ? current : nil }
+                guard node.parent != 0 else { return nil }
+                names.append(node.name)
+                current = node.parent
+            }
+            return InodeTable.root
+        }
+        guard let top else { return nil }
+        let base: String
+        if top == InodeTable.root {
+            base = ""
+        } else {
+            guard let path = pathOfNumber(top - InodeTable.numbered) else { return nil }
+            base = path
+        }
+        return names.isEmpty ? (base.isEmpty ? "/" : base) : base + "/" + names.reversed().joined(separator: "/")
     }
 
     /// The path of `name` in the directory `parent`.
     func path(_ parent: fuse_ino_t, _ name: String) -> String? {
-        lock.withLock { unlockedPath(parent).map { $0 == "/" ? "/" + name : $0 + "/" + name } }
+        path(parent).map { $0 == "/" ? "/" + name : $0 + "/" + name }
     }
 
-    private func unlockedPath(_ ino: fuse_ino_t) -> String? {
-        var names: [String] = []
-        var current = ino
-        while current != InodeTable.root {
-            guard let node = nodes[current], node.parent != 0 else { return nil }
-            names.append(node.name)
-            current = node.parent
-        }
-        return "/" + names.reversed().joined(separator: "/")
-    }
-
-    /// Counts one lookup of `name` in `parent` and returns its number (a new node if needed).
-    func remember(_ parent: fuse_ino_t, _ name: String) -> fuse_ino_t {
+    /// Counts one lookup of `name` in `parent` and returns its number: the node's, else the
+    /// folder's own `number` (nothing kept), else a new node's.
+    func remember(_ parent: fuse_ino_t, _ name: String, number: UInt64? = nil) -> fuse_ino_t {
         lock.withLock {
             if let ino = children[parent]?[name] {
                 nodes[ino]!.lookups += 1
                 return ino
+            }
+            if let number, number < InodeTable.numbered, nodes[InodeTable.numbered + number] == nil {
+                return InodeTable.numbered + number
             }
             let ino = next
             next += 1
@@ -76,9 +114,35 @@ final class InodeTable: @unchecked Sendable {
         lock.withLock { _ = detach(parent, name) }
     }
 
+    /// The numbered nodes a rename of `name` in `parent` (at `path`) moves: numbers no longer
+    /// lead to their paths once moved, so `renamed` keeps nodes for them. Asked before the rename.
+    struct Moving {
+        /// The node's own number, when it has no node.
+        var number: UInt64?
+        /// The numbered nodes below it, parents first, by their names from it.
+        var below: [(names: [String], number: UInt64)] = []
+    }
+
+    func moving(_ parent: fuse_ino_t, _ name: String, at path: String) -> Moving {
+        var result = Moving(number: hasNode(parent, name) ? nil : numberOfPath(path))
+        var pending: [(names: [String], path: String)] = [([], path)]
+        while !pending.isEmpty {
+            let (names, path) = pending.removeFirst()
+            for child in numberedChildren(path) {
+                result.below.append((names + [child.name], child.number))
+                pending.append((names + [child.name], path + "/" + child.name))
+            }
+        }
+        return result
+    }
+
     /// `name` in `parent` is now `newName` in `newParent` (swapped with it for an exchange).
-    func renamed(_ parent: fuse_ino_t, _ name: String, to newParent: fuse_ino_t, _ newName: String, exchange: Bool) {
+    /// `moved` is `moving` of the name before the rename, `swapped` of the new name (an exchange).
+    func renamed(_ parent: fuse_ino_t, _ name: String, to newParent: fuse_ino_t, _ newName: String, exchange: Bool,
+                 moved: Moving = Moving(), swapped: Moving = Moving()) {
         lock.withLock {
+            keep(parent, name, moved)
+            if exchange { keep(newParent, newName, swapped) }
             let moving = take(parent, name)
             if exchange, let replaced = take(newParent, newName) {
                 nodes[replaced]?.parent = parent
@@ -106,29 +170,78 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
-    /// The number of the node at `path`, if the kernel knows it.
+    /// The number of the node at `path`, if the kernel may know it (a numbered node's number
+    /// is given whether or not the kernel has looked it up: telling it about one it does not
+    /// know does nothing).
     func number(of path: String) -> fuse_ino_t? {
-        lock.withLock {
-            var ino = InodeTable.root
-            for name in path.split(separator: "/") {
-                guard let child = children[ino]?[String(name)] else { return nil }
+        var ino = InodeTable.root
+        var walked = ""
+        for name in path.split(separator: "/") {
+            walked += "/" + name
+            if let child = lock.withLock({ children[ino]?[String(name)] }) {
                 ino = child
+                continue
             }
-            return ino
+            guard let number = numberOfPath(walked), number < InodeTable.numbered,
+                  lock.withLock({ nodes[InodeTable.numbered + number] == nil }) else { return nil }
+            ino = InodeTable.numbered + number
+        }
+        return ino
+    }
+
+    /// How many nodes are kept (the root aside).
+    var count: Int {
+        lock.withLock { nodes.count - 1 }
+    }
+
+    /// Whether `ino` has a node here (else it is a numbered one, or unknown).
+    func isKept(_ ino: fuse_ino_t) -> Bool {
+        lock.withLock { nodes[ino] != nil }
+    }
+
+    /// Whether `name` in `parent` has a node (else it is unknown, or a numbered one).
+    func hasNode(_ parent: fuse_ino_t, _ name: String) -> Bool {
+        lock.withLock { children[parent]?[name] != nil }
+    }
+
+    /// Every node the kernel may know below `ino` at `path`: those kept, and the numbered ones.
+    func descendants(of ino: fuse_ino_t, at path: String) -> [fuse_ino_t] {
+        var found: [fuse_ino_t] = [], pending = [(ino, path)]
+        while let (next, path) = pending.popLast() {
+            var below = lock.withLock { (children[next] ?? [:]).map { ($0.value, path + "/" + $0.key) } }
+            for child in numberedChildren(path) where child.number < InodeTable.numbered {
+                let numbered = InodeTable.numbered + child.number
+                if lock.withLock({ children[next]?[child.name] == nil && nodes[numbered] == nil }) {
+                    below.append((numbered, path + "/" + child.name))
+                }
+            }
+            found += below.map(\.0)
+            pending += below
+        }
+        return found
+    }
+
+    /// Keeps nodes for `name` in `parent` and the numbered nodes below it (see `moving`).
+    private func keep(_ parent: fuse_ino_t, _ name: String, _ moving: Moving) {
+        pin(parent, name, moving.number)
+        guard let top = children[parent]?[name] else { return }
+        for (names, number) in moving.below {
+            var ino = top
+            for name in names.dropLast() {
+                guard let next = children[ino]?[name] else { break }
+                ino = next
+            }
+            pin(ino, names.last!, number)
         }
     }
 
-    /// Every node the kernel knows below `ino`.
-    func descendants(of ino: fuse_ino_t) -> [fuse_ino_t] {
-        lock.withLock {
-            var found: [fuse_ino_t] = [], pending = [ino]
-            while let next = pending.popLast() {
-                let below = Array((children[next] ?? [:]).values)
-                found += below
-                pending += below
-            }
-            return found
-        }
+    /// Gives the numbered node `name` in `parent` a node, kept until its name goes.
+    private func pin(_ parent: fuse_ino_t, _ name: String, _ number: UInt64?) {
+        guard children[parent]?[name] == nil, let number, number < InodeTable.numbered else { return }
+        let ino = InodeTable.numbered + number
+        guard nodes[ino] == nil else { return }
+        nodes[ino] = Node(parent: parent, name: name, lookups: InodeTable.uncounted)
+        children[parent, default: [:]][name] = ino
     }
 
     /// Removes `name` from `parent`'s children and returns its node.

@@ -106,7 +106,8 @@ struct Mount: SofaCommand {
                 let files = mount.passthroughFiles
                 status["fuse"] = .object(["passthrough": .string(mount.passthrough), "passthrough_open_files": .integer(Int64(files.open)),
                                           "passthrough_opened": .integer(Int64(files.opened)),
-                                          "read_requests": .integer(Int64(mount.readRequests))])
+                                          "read_requests": .integer(Int64(mount.readRequests)),
+                                          "kept_nodes": .integer(Int64(mount.keptNodes))])
             }
             if let session { status["replication"] = .object(session.status.json) }
             if let downloader {

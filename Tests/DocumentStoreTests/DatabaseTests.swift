@@ -102,6 +102,28 @@ import TestSupport
         #expect(throws: SofaError.documentNotFound("never")) { try db.deleteDocument("never") }
     }
 
+    @Test func aStorageKeyNamesOneDocumentForTheDatabasesLife() throws {
+        let db = try directory.makeDatabase()
+        _ = try save(db, "a", ["n": 1])
+        let last = try save(db, "b", ["n": 2])
+        let (a, b) = (try #require(try db.storageKey(of: "a")), try #require(try db.storageKey(of: "b")))
+        #expect(b > a)
+        // Deleted, its key stays; purged, it is gone, and not given to the next document,
+        // although it was the largest (SQLite alone would give it again).
+        _ = try db.deleteDocument("a")
+        #expect(try db.storageKey(of: "a") == a && db.documentID(storageKey: a) == "a")
+        try db.purge(["b": [last.revID]])
+        #expect(try db.storageKey(of: "b") == nil && db.documentID(storageKey: b) == nil)
+        _ = try save(db, "c", ["n": 3])
+        #expect(try #require(try db.storageKey(of: "c")) > b)
+        _ = try save(db, "b", ["n": 4])
+        #expect(try #require(try db.storageKey(of: "b")) > b, "a purged id saved again is a new document")
+        // Reopened, the same.
+        let reopened = try Database.open(at: db.path)
+        _ = try save(reopened, "d", ["n": 5])
+        #expect(try #require(try reopened.storageKey(of: "d")) > b + 2)
+    }
+
     @Test func insertWithHistoryGraftsBranchesAndPicksCouchDBsWinner() throws {
         let db = try directory.makeDatabase()
         let root = RevisionID("1-aaa")!
