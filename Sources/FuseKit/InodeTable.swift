@@ -25,7 +25,8 @@ final class InodeTable: @unchecked Sendable {
     /// from 2 and never reach it.
     static let numbered: fuse_ino_t = 1 << 48
     /// Lookups of a numbered node are not counted; a node made for one when it moved is kept
-    /// until its name goes (the kernel's count of it is not known).
+    /// for the mount's life (the kernel's count of it is not known): a few bytes per document
+    /// folder moved, or per properties.json an editor renames to a backup name.
     private static let uncounted: UInt64 = 1 << 62
     private let lock = NSLock()
     /// The path of a numbered node, and the number of a path (`FileSystem.path(ofNumber:)`,
@@ -77,7 +78,7 @@ final class InodeTable: @unchecked Sendable {
     }
 
     /// Counts one lookup of `name` in `parent` and returns its number: the node's, else the
-    /// folder's own `number` (nothing kept), else a new node's.
+    /// file system's `number` for it (nothing kept), else a new node's.
     func remember(_ parent: fuse_ino_t, _ name: String, number: UInt64? = nil) -> fuse_ino_t {
         lock.withLock {
             if let ino = children[parent]?[name] {
@@ -225,10 +226,10 @@ final class InodeTable: @unchecked Sendable {
     private func keep(_ parent: fuse_ino_t, _ name: String, _ moving: Moving) {
         pin(parent, name, moving.number)
         guard let top = children[parent]?[name] else { return }
-        for (names, number) in moving.below {
+        below: for (names, number) in moving.below {
             var ino = top
             for name in names.dropLast() {
-                guard let next = children[ino]?[name] else { break }
+                guard let next = children[ino]?[name] else { continue below }
                 ino = next
             }
             pin(ino, names.last!, number)
