@@ -59,7 +59,7 @@ extension DocumentFileSystem {
         query.bookmark = nil
         query.fields = ["_id"]
         let saved = SavedQuery(stamp: stamp, query: query, limit: written ? query.limit : Int.max, skip: query.skip,
-                               modified: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)
+                               modified: FileTime(info.st_mtim).seconds)
         withState {
             if savedQueries.count >= Tuning.viewListingCursors { savedQueries.removeAll() }
             savedQueries[name] = saved
@@ -86,8 +86,8 @@ extension DocumentFileSystem {
     /// A results folder is there whether or not its file holds a valid query: listing it says
     /// what is wrong.
     private func resultsFolder(_ name: String, path: String) throws -> FileAttributes {
-        let modified = try queryFileStatus(name, path: path).st_mtim
-        return viewFolder(max(databaseChangedAt(), Double(modified.tv_sec) + Double(modified.tv_nsec) / 1e9))
+        let modified = FileTime(try queryFileStatus(name, path: path).st_mtim)
+        return viewFolder(max(databaseChangedAt(), modified.seconds))
     }
 
     // MARK: - Attributes

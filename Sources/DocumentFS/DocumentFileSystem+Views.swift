@@ -71,7 +71,7 @@ extension DocumentFileSystem {
             var info = stat()
             // A file that is not there (no log yet) has no time to give: the other one's stands.
             if stat(database.path + "/" + file, &info) == 0 {
-                latest = max(latest, Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)
+                latest = max(latest, FileTime(info.st_mtim).seconds)
             }
         }
         return latest

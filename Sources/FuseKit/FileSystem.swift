@@ -39,6 +39,9 @@ public struct FileTime: Sendable, Hashable, Comparable {
         return FileTime(time)
     }
 
+    /// Seconds since 1970, as the database keeps times.
+    public var seconds: Double { Double(nanoseconds) / 1e9 }
+
     public var timespec: Glibc.timespec {
         let (seconds, rest) = nanoseconds.quotientAndRemainder(dividingBy: 1_000_000_000)
         return rest < 0 ? Glibc.timespec(tv_sec: Int(seconds - 1), tv_nsec: Int(rest + 1_000_000_000))
