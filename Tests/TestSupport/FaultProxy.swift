@@ -59,11 +59,20 @@ public final class FaultProxy: @unchecked Sendable {
         lock.withLock { replacement = (Array(from.utf8), Array(to.utf8)) }
     }
 
+    /// Rewrites `from` into `to` wherever it appears whole in one read of a request: for
+    /// headers (a client's `Accept`), whose length no header counts.
+    public func replaceInRequests(_ from: String, with to: String) {
+        lock.withLock { requestReplacement = (Array(from.utf8), Array(to.utf8)) }
+    }
+    private var requestReplacement: (from: [UInt8], to: [UInt8])?
+
     /// Bytes travel at most `bytesPerSecond` each way (a slow link); nil: as fast as they come.
     public func limitRate(_ bytesPerSecond: Int?) { lock.withLock { rate = bytesPerSecond } }
     private var rate: Int?
 
-    public func behave() { lock.withLock { refuseCount = 0; unavailableCount = 0; cut = nil; replacement = nil; stalling = false; rate = nil } }
+    public func behave() {
+        lock.withLock { refuseCount = 0; unavailableCount = 0; cut = nil; replacement = nil; requestReplacement = nil; stalling = false; rate = nil }
+    }
     private var stalling = false
 
     private func acceptLoop() {
@@ -155,7 +164,7 @@ public final class FaultProxy: @unchecked Sendable {
             let count = buffer.withUnsafeMutableBytes { recv(source, $0.baseAddress, $0.count, 0) }
             guard count > 0 else { break }
             var chunk = Array(buffer[..<count])
-            if rewrite, let replacement = lock.withLock({ replacement }), let range = chunk.firstRange(of: replacement.from) {
+            if let replacement = lock.withLock({ rewrite ? replacement : requestReplacement }), let range = chunk.firstRange(of: replacement.from) {
                 chunk.replaceSubrange(range, with: replacement.to)
             }
             if let limit, forwarded + chunk.count >= limit.bytes {
