@@ -34,7 +34,9 @@ let package = Package(
 
         .target(name: "DocumentModel", dependencies: ["CCrypto", "CUnicode"]),
         // BLIP, Couchbase Lite's replication transport: frames, messages, flow control.
-        .target(name: "BLIP", dependencies: ["CGzip", .product(name: "NIOCore", package: "swift-nio")]),
+        .target(name: "BLIP", dependencies: [
+            "CGzip", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOWebSocket", package: "swift-nio"),
+        ]),
         .target(name: "QueryServer", dependencies: ["DocumentModel", "CLinux"]),
         .target(name: "DocumentStore", dependencies: [
             "DocumentModel", "QueryServer", "CSQLite3", "CGzip", "CLinux",

@@ -529,3 +529,19 @@ final class DroppedHeadRestorer: ChannelInboundHandler, RemovableChannelHandler,
         context.fireChannelRead(data)
     }
 }
+
+/// Gives the request loop body bytes of their own, as `InboundFrameCopier` (BLIP) does a
+/// WebSocket's frames and for the same reason: NIO's pooled receive buffers never leave the
+/// event loop. A body is copied once more than before (a memcpy per chunk).
+final class InboundCopier: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
+    // Sendable invariant: stateless.
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .body(let buffer) = unwrapInboundIn(data) else { return context.fireChannelRead(data) }
+        var copy = context.channel.allocator.buffer(capacity: buffer.readableBytes)
+        copy.writeImmutableBuffer(buffer)
+        context.fireChannelRead(wrapInboundOut(.body(copy)))
+    }
+}

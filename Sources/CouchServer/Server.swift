@@ -140,6 +140,7 @@ public final class CouchServer: @unchecked Sendable {
                                 try channel.pipeline.syncOperations.addHandler(
                                     NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1 << 16,
                                                                 maxAccumulatedFrameSize: BLIPSync.maximumFrameSize))
+                                try channel.pipeline.syncOperations.addHandler(InboundFrameCopier())
                                 let wrapped = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(wrappingChannelSynchronously: channel)
                                 return .webSocket(wrapped, head)
                             }
@@ -150,6 +151,7 @@ public final class CouchServer: @unchecked Sendable {
                             notUpgradingCompletionHandler: { channel in
                                 channel.eventLoop.makeCompletedFuture {
                                     try channel.pipeline.syncOperations.addHandler(DroppedHeadRestorer(firstHead))
+                                    try channel.pipeline.syncOperations.addHandler(InboundCopier())
                                     return .http(try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel))
                                 }
                             })))

@@ -122,6 +122,7 @@ final class BLIPPeer: ReplicationPeer, @unchecked Sendable {
                                 try channel.pipeline.syncOperations.addHandler(
                                     NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1 << 16,
                                                                 maxAccumulatedFrameSize: 1 << 20))
+                                try channel.pipeline.syncOperations.addHandler(InboundFrameCopier())
                                 return .webSocket(try NIOAsyncChannel(wrappingChannelSynchronously: channel))
                             }
                         })

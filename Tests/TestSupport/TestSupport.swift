@@ -208,9 +208,13 @@ public var isRoot: Bool { geteuid() == 0 }
 /// Under --sanitize=thread, child processes report races (and crashes) on their stderr:
 /// each report fails the test that started the process.
 public func recordSanitizerReports(_ result: ProcessResult, from what: String) {
-    if result.stderr.contains("ThreadSanitizer") {
-        Issue.record("ThreadSanitizer report from \(what):\n\(result.stderr.prefix(4000))")
-    }
+    guard let start = result.stderr.range(of: "WARNING: ThreadSanitizer") else { return }
+    // Both accesses' stacks, without each frame's address and build id (half of every line):
+    // a report cut before the second stack (4,000 characters) could not be told apart.
+    let report = result.stderr[start.lowerBound...].split(separator: "\n", omittingEmptySubsequences: false).map { line in
+        line.replacing(#/ \([^()]*\+0x[0-9a-f]+\)( \(BuildId: [0-9a-f]+\))?/#, with: "")
+    }.joined(separator: "\n")
+    Issue.record("ThreadSanitizer report from \(what):\n\(report.prefix(24_000))")
 }
 
 /// Polls `condition` until it holds or `seconds` pass; true if it held. Tests wait for what
