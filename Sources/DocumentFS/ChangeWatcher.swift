@@ -16,6 +16,7 @@ public final class ChangeWatcher: @unchecked Sendable {
     private let madeHere: @Sendable (DocumentStore.Change) -> Bool
     private var lastSequence: Int64
     private var lastBodyEvent: Int64
+    private var lastPurge: Int64
     private let streamPosition: UInt64
     /// The stream's `lastDocumentChange` at the start.
     private let documentPosition: UInt64
@@ -39,6 +40,7 @@ public final class ChangeWatcher: @unchecked Sendable {
         documentPosition = database.changeStream.lastDocumentChange
         lastSequence = try database.lastSequence
         lastBodyEvent = try database.lastBodyEvent()
+        lastPurge = try database.purgeSequence
     }
 
     public func start() {
@@ -83,7 +85,14 @@ public final class ChangeWatcher: @unchecked Sendable {
 
     /// Invalidates the folders of documents changed since the last look, with all the kernel
     /// holds below them (attachments that are gone included), and the listing of /docs.
+    /// A document purged away leaves no change to find: a purge drops the listing of /docs
+    /// (the folder itself shows nothing once its document is gone: its number leads nowhere).
     public func look() throws {
+        let purges = try database.purgeSequence
+        if purges != lastPurge {
+            lastPurge = purges
+            invalidate("/docs", false)
+        }
         let bodies = try database.documentsWithBodyEvents(after: lastBodyEvent)
         if bodies.last != lastBodyEvent {
             lastBodyEvent = bodies.last

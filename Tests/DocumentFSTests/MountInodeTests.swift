@@ -98,6 +98,11 @@ import TestSupport
         let mount = try MountedDatabase(db.path)
         #expect(try sh("cat '\(mount.path("docs/zz-last/properties.json"))'").contains("purged"))
         let number = try sh("stat -c %i '\(mount.path("docs/zz-last"))'")
+        // Purged away with nothing else changing: the listing the kernel keeps drops it.
+        let other = try db.put("zz-other", ["who": "purged alone"])
+        #expect(waitUntil(10) { (try? shell("ls '\(mount.path("docs"))'"))?.stdout.contains("zz-other") == true })
+        try db.purge(["zz-other": [other.revID]])
+        #expect(waitUntil(10) { (try? shell("ls '\(mount.path("docs"))'"))?.stdout.contains("zz-other") == false })
         // Gone altogether, and it had the largest storage key, which SQLite alone would give to
         // the next document stored: the kernel's entry of the purged name would lead to it.
         try db.purge(["zz-last": [last.revID]])
