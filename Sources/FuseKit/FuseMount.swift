@@ -140,7 +140,7 @@ public final class FuseMount: @unchecked Sendable {
         // Found before the session's lock is taken: a numbered node's number is the file system's.
         guard let ino = box.table.number(of: path) else {
             // A numbered node whose number went with it (a purged document): its name is
-            // dropped instead, so that nothing leads to the number should it be given again.
+            // dropped instead, so that the kernel looks it up again rather than use the number.
             let slash = path.lastIndex(of: "/") ?? path.startIndex
             let parentPath = slash == path.startIndex ? "/" : String(path[..<slash])
             let name = String(path[path.index(after: slash)...])
