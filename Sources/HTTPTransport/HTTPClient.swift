@@ -198,7 +198,7 @@ public final class HTTPClient {
     /// Stops requests in flight and retries with `.cancelled`.
     public var cancellation: Cancellation?
     /// `AuthSession` cookie after `_session` login; basic auth otherwise.
-    private var cookie: String?
+    var cookie: String?
 
     private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
@@ -371,9 +371,16 @@ public final class HTTPClient {
     /// or runs out of attempts.
     public func withRetry<T>(_ operation: () throws -> T) throws -> T {
         var delay = retry.initialDelay
+        var loggedInAgain = false
         for attempt in 1... {
             do {
                 return try operation()
+            } catch ReplicationError.http(401, _, _, _) where cookie != nil && !loggedInAgain {
+                // A session ends on the server's clock (CouchDB's after 10 minutes): a longer
+                // replication logs in again, once per request, and asks again.
+                loggedInAgain = true
+                cookie = nil
+                try logInOnce()
             } catch let error as ReplicationError where error.isTransient && attempt < retry.attempts {
                 onRetry?(error, attempt)
                 if let cancellation { try cancellation.sleep(delay) } else { Thread.sleep(forTimeInterval: delay) }

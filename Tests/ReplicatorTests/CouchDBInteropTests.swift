@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+@testable import HTTPTransport
 import Testing
 import TestSupport
 
@@ -274,6 +275,25 @@ import TestSupport
         #expect(pulledRevision.properties["v"] == "couchdb")
         #expect(try db.blobs.contents(of: try #require(pulledRevision.attachments.first?.blobKey)) == photo)
         #expect(try db.check().isEmpty)
+    }
+
+    /// A session ends on CouchDB's clock (`[chttpd_auth] timeout`, 10 minutes): a push of
+    /// 1,000,000 documents failed at 600 s, "not authorized" on its checkpoint. A request met
+    /// by 401 with a session cookie logs in again and is asked again, once.
+    @Test func aSessionThatEndedLogsInAgain() throws {
+        let db = try couch.newDatabase("session")
+        let client = try HTTPClient(remote: RemoteDatabase(couch.url(db)))
+        try client.logIn()
+        let first = try #require(client.cookie)
+        // A cookie CouchDB no longer takes: the request is then anonymous, which an admin-only
+        // database refuses with 401, as it refused the expired one.
+        client.cookie = "AuthSession=ZW5kZWQ6MDowMA"
+        let (status, json) = try client.json("PUT", "_local/checkpoint", ["n": 1])
+        #expect(status == 201 && json["ok"] == true)
+        #expect(client.cookie?.hasPrefix("AuthSession=") == true && client.cookie != "AuthSession=ZW5kZWQ6MDowMA" && first.hasPrefix("AuthSession="))
+        // Wrong credentials still fail, after one login.
+        let stranger = try HTTPClient(remote: RemoteDatabase(couch.url(db).replacingOccurrences(of: "\(couch.user):\(couch.password)@", with: "nobody:wrong@")))
+        #expect(throws: ReplicationError.self) { try stranger.json("GET", "") }
     }
 
     @Test func aDeferredPullKeepsMetadataAndPushesOnceDownloaded() throws {
