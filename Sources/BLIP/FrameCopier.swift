@@ -17,13 +17,18 @@ public final class InboundFrameCopier: ChannelInboundHandler, RemovableChannelHa
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = unwrapInboundIn(data)
-        func copy(_ buffer: ByteBuffer) -> ByteBuffer {
-            var copy = context.channel.allocator.buffer(capacity: buffer.readableBytes)
-            copy.writeImmutableBuffer(buffer)
-            return copy
-        }
+        let allocator = context.channel.allocator
         context.fireChannelRead(wrapInboundOut(WebSocketFrame(fin: frame.fin, rsv1: frame.rsv1, rsv2: frame.rsv2, rsv3: frame.rsv3,
-                                                              opcode: frame.opcode, data: copy(frame.unmaskedData),
-                                                              extensionData: frame.unmaskedExtensionData.map(copy))))
+                                                              opcode: frame.opcode, data: frame.unmaskedData.ownCopy(allocator),
+                                                              extensionData: frame.unmaskedExtensionData.map { $0.ownCopy(allocator) })))
+    }
+}
+
+extension ByteBuffer {
+    /// The readable bytes in storage of their own (see `InboundFrameCopier`).
+    public func ownCopy(_ allocator: ByteBufferAllocator) -> ByteBuffer {
+        var copy = allocator.buffer(capacity: readableBytes)
+        copy.writeImmutableBuffer(self)
+        return copy
     }
 }

@@ -1,3 +1,4 @@
+import BLIP
 import DocumentModel
 import DocumentStore
 import Foundation
@@ -540,8 +541,6 @@ final class InboundCopier: ChannelInboundHandler, RemovableChannelHandler, @unch
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard case .body(let buffer) = unwrapInboundIn(data) else { return context.fireChannelRead(data) }
-        var copy = context.channel.allocator.buffer(capacity: buffer.readableBytes)
-        copy.writeImmutableBuffer(buffer)
-        context.fireChannelRead(wrapInboundOut(.body(copy)))
+        context.fireChannelRead(wrapInboundOut(.body(buffer.ownCopy(context.channel.allocator))))
     }
 }
