@@ -22,9 +22,6 @@ func couchDBBenchmark(_ options: Options) throws {
     let source = "bench-source-\(getpid())"
     _ = try timeShell("\(sofa) push \(work)/dataset.sofa \(admin)/\(source) --create-target >/dev/null")
 
-    func curlJSON(_ method: String, _ path: String, _ body: String) throws -> Double {
-        try timeShell("curl -sf -X \(method) '\(admin)\(path)' -H 'Content-Type: application/json' -d '\(body)' >/dev/null")
-    }
     // The limit of a pull: what the server can send. Every document and body in `_bulk_get`
     // requests of 200 (`multipart/mixed`, as Sofa asks), 4 at once, into /dev/null.
     let requests = "\(work)/bulk-get"
@@ -64,31 +61,40 @@ func couchDBBenchmark(_ options: Options) throws {
         return "curl -sf -X PUT '\(target)' >/dev/null && ls \(pushRequests)/*.json | xargs -P 4 -I{} curl -sf -X POST '\(target)/_bulk_docs'"
             + " -H 'Content-Type: application/json' -d @{} -o /dev/null"
     }
-    var couch: [Double] = [], pull: [Double] = [], deferred: [Double] = [], push: [Double] = [], limit: [Double] = [], pushLimit: [Double] = []
+    // Each job's wall time, and the CPU seconds of the client (Sofa, or curl) and of the
+    // server (every beam.smp) while it ran: on this 2-core machine a job whose client and
+    // server together keep both cores busy is bounded by CPU, not by the wire.
+    struct Run { var seconds: Double; var client: Double; var server: Double }
+    var couch: [Run] = [], pull: [Run] = [], deferred: [Run] = [], push: [Run] = [], limit: [Run] = [], pushLimit: [Run] = []
     var pullRSS = 0, deferredRSS = 0, pushRSS = 0
+    func shell(_ command: String) throws -> Run {
+        let before = cpuSeconds(ofProcessesNamed: "beam.smp")
+        let (seconds, client) = try timeShellWithCPU(command)
+        return Run(seconds: seconds, client: client, server: cpuSeconds(ofProcessesNamed: "beam.smp") - before)
+    }
+    func sofaJob(_ arguments: [String], _ rss: inout Int) throws -> Run {
+        let before = cpuSeconds(ofProcessesNamed: "beam.smp")
+        let measured = try timeWithRSS(arguments)
+        rss = max(rss, measured.maxRSS)
+        return Run(seconds: measured.seconds, client: measured.cpuSeconds, server: cpuSeconds(ofProcessesNamed: "beam.smp") - before)
+    }
     for round in 0..<rounds {
         // CouchDB's replicator: the same documents and bodies into a new database of the node.
-        couch.append(try curlJSON("POST", "/_replicate",
-                                  #"{"source":"\#(admin)/\#(source)","target":"\#(admin)/bench-couch-\#(round)-\#(getpid())","create_target":true}"#))
-        limit.append(try timeShell(limitCommand))
-        let pulled = try timeWithRSS([sofa, "cp", "\(admin)/\(source)", "\(work)/pull-\(round).sofa"])
-        pull.append(pulled.seconds)
-        pullRSS = max(pullRSS, pulled.maxRSS)
-        let lazy = try timeWithRSS([sofa, "cp", "\(admin)/\(source)", "\(work)/deferred-\(round).sofa", "--no-download-attachments"])
-        deferred.append(lazy.seconds)
-        deferredRSS = max(deferredRSS, lazy.maxRSS)
-        pushLimit.append(try timeShell(pushLimitCommand(round)))
-        let pushed = try timeWithRSS([sofa, "push", "\(work)/pull-\(round).sofa", "\(admin)/bench-push-\(round)-\(getpid())", "--create-target"])
-        push.append(pushed.seconds)
-        pushRSS = max(pushRSS, pushed.maxRSS)
+        let body = #"{"source":"\#(admin)/\#(source)","target":"\#(admin)/bench-couch-\#(round)-\#(getpid())","create_target":true}"#
+        couch.append(try shell("curl -sf -X POST '\(admin)/_replicate' -H 'Content-Type: application/json' -d '\(body)' >/dev/null"))
+        limit.append(try shell(limitCommand))
+        pull.append(try sofaJob([sofa, "cp", "\(admin)/\(source)", "\(work)/pull-\(round).sofa"], &pullRSS))
+        deferred.append(try sofaJob([sofa, "cp", "\(admin)/\(source)", "\(work)/deferred-\(round).sofa", "--no-download-attachments"], &deferredRSS))
+        pushLimit.append(try shell(pushLimitCommand(round)))
+        push.append(try sofaJob([sofa, "push", "\(work)/pull-\(round).sofa", "\(admin)/bench-push-\(round)-\(getpid())", "--create-target"], &pushRSS))
     }
     for name in [source] + (0..<rounds).flatMap({ ["bench-couch-\($0)-\(getpid())", "bench-push-\($0)-\(getpid())", "bench-limit-\($0)-\(getpid())"] }) {
         _ = try? timeShell("curl -sf -X DELETE '\(admin)/\(name)' >/dev/null")
     }
-    func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
-    let reference = median(couch)
-    func row(_ what: String, _ times: [Double], _ rss: Int?) {
-        let time = median(times)
+    func median(_ runs: [Run]) -> Run { runs.sorted { $0.seconds < $1.seconds }[runs.count / 2] }
+    let reference = median(couch).seconds
+    func row(_ what: String, _ runs: [Run], _ rss: Int?) {
+        let time = median(runs).seconds
         print(what.padding(toLength: 48, withPad: " ", startingAt: 0)
               + String(format: " %7.2f s  %5.2f× (CouchDB's %.2f s)", time, reference / time, reference)
               + (rss.map { String(format: "  peak RSS %d MB", $0 >> 20) } ?? ""))
@@ -97,10 +103,18 @@ func couchDBBenchmark(_ options: Options) throws {
     row("sofa pull (sofa cp URL DB), all bodies", pull, pullRSS)
     row("sofa pull --no-download-attachments", deferred, deferredRSS)
     row("sofa push into a new CouchDB database", push, pushRSS)
-    let limitTime = median(limit), pushLimitTime = median(pushLimit)
+    let limitTime = median(limit).seconds, pushLimitTime = median(pushLimit).seconds
     print("server limit: _bulk_get ×4 into /dev/null".padding(toLength: 48, withPad: " ", startingAt: 0)
-          + String(format: " %7.2f s  (sofa pull at %.2f of it)", limitTime, limitTime / median(pull)))
+          + String(format: " %7.2f s  (sofa pull at %.2f of it)", limitTime, limitTime / median(pull).seconds))
     print("server limit: _bulk_docs of 50 inline ×4".padding(toLength: 48, withPad: " ", startingAt: 0)
-          + String(format: " %7.2f s  (sofa push at %.2f of it)", pushLimitTime, pushLimitTime / median(push)))
+          + String(format: " %7.2f s  (sofa push at %.2f of it)", pushLimitTime, pushLimitTime / median(push).seconds))
     print("(times are medians of \(rounds) interleaved round\(rounds == 1 ? "" : "s"); ratios are CouchDB's time / Sofa's: higher is better)")
+    print("CPU seconds of the median run (client: Sofa, or curl and sh; server: CouchDB's beam.smp; cores: both over wall time, of \(ProcessInfo.processInfo.activeProcessorCount)):")
+    for (what, runs) in [("CouchDB's replicator", couch), ("sofa pull, all bodies", pull), ("sofa pull, deferred", deferred),
+                         ("sofa push", push), ("sending limit (curl)", limit), ("taking limit (curl)", pushLimit)] {
+        let run = median(runs)
+        print("  " + what.padding(toLength: 26, withPad: " ", startingAt: 0)
+              + String(format: " wall %6.2f s  client %6.2f s  server %6.2f s  cores %.2f", run.seconds, run.client, run.server,
+                       (run.client + run.server) / run.seconds))
+    }
 }

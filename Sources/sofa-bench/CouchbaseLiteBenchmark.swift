@@ -38,7 +38,7 @@ func couchbaseLiteBenchmark(_ options: Options) throws {
     let pushedCount = try Database.open(at: "\(work)/pushed-blip.sofa").changes(since: 0).count
     guard pushedCount == documents else { throw SofaError.invalidArgument("the BLIP push carried \(pushedCount) documents, not \(documents)") }
 
-    func line(_ label: String, _ run: (seconds: Double, maxRSS: Int)) {
+    func line(_ label: String, _ run: (seconds: Double, maxRSS: Int, cpuSeconds: Double)) {
         row(label, String(format: "%6.2f s", run.seconds), String(format: "%7.0f docs/s", Double(documents) / run.seconds),
             String(format: "%6.1f MB/s", megabytes / run.seconds), String(format: "client peak RSS %.0f MB", Double(run.maxRSS) / 1e6))
     }

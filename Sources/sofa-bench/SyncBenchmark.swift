@@ -6,10 +6,10 @@ import Foundation
 /// forks the command from its own small process: the rusage of a child spawned from this one
 /// would start from this process's peak (Linux keeps the old mm's high-water mark across exec,
 /// and posix_spawn shares this process's mm until then).
-func timeWithRSS(_ arguments: [String]) throws -> (seconds: Double, maxRSS: Int) {
+func timeWithRSS(_ arguments: [String]) throws -> (seconds: Double, maxRSS: Int, cpuSeconds: Double) {
     let report = NSTemporaryDirectory() + "sofa-bench-rss-\(getpid())"
     defer { unlink(report) }
-    let command = ["/usr/bin/time", "-f", "%M", "-o", report] + arguments
+    let command = ["/usr/bin/time", "-f", "%M %U %S", "-o", report] + arguments
     let argv: [UnsafeMutablePointer<CChar>?] = command.map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
     var actions = posix_spawn_file_actions_t()
@@ -25,8 +25,11 @@ func timeWithRSS(_ arguments: [String]) throws -> (seconds: Double, maxRSS: Int)
     while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
     let elapsed = now() - start
     guard status == 0 else { throw SofaError.invalidArgument("failed: \(arguments.joined(separator: " "))") }
-    let kilobytes = (try? String(contentsOfFile: report, encoding: .utf8))?.split(separator: "\n").last.flatMap { Int($0) } ?? 0
-    return (elapsed, kilobytes * 1024)
+    // The last line is time's own ("%M %U %S"): peak RSS in KiB, user and system CPU seconds.
+    let fields = (try? String(contentsOfFile: report, encoding: .utf8))?.split(separator: "\n").last?.split(separator: " ") ?? []
+    let kilobytes = fields.first.flatMap { Int($0) } ?? 0
+    let cpu = fields.dropFirst().compactMap { Double($0) }.reduce(0, +)
+    return (elapsed, kilobytes * 1024, cpu)
 }
 
 /// What the sync and copy benchmarks replicate: at most 10,000 small documents, every

@@ -56,6 +56,12 @@ func measure(_ body: () throws -> Void) rethrows -> Double {
 /// Runs a shell command and returns its wall time. (posix_spawn and a blocking waitpid:
 /// Foundation's Process polls its run loop and rounds short runs up to ~50 ms.)
 func timeShell(_ command: String) throws -> Double {
+    try timeShellWithCPU(command).seconds
+}
+
+/// Runs `command` with /bin/sh; its wall time and the CPU seconds (user + system) of the
+/// shell and everything it waited for.
+func timeShellWithCPU(_ command: String) throws -> (seconds: Double, cpuSeconds: Double) {
     let arguments: [String] = ["/bin/sh", "-c", command]
     let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
@@ -65,10 +71,35 @@ func timeShell(_ command: String) throws -> Double {
         throw SofaError.invalidArgument("cannot run: \(command)")
     }
     var status: Int32 = 0
-    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    var usage = rusage()
+    while wait4(pid, &status, 0, &usage) < 0 && errno == EINTR {}
     let elapsed = now() - start
     guard status == 0 else { throw SofaError.invalidArgument("benchmark command failed: \(command)") }
-    return elapsed
+    return (elapsed, usage.cpuSeconds)
+}
+
+extension rusage {
+    var cpuSeconds: Double {
+        Double(ru_utime.tv_sec) + Double(ru_utime.tv_usec) / 1e6 + Double(ru_stime.tv_sec) + Double(ru_stime.tv_usec) / 1e6
+    }
+}
+
+/// CPU seconds (user + system) used so far by every process of the given command name
+/// (`beam.smp`: a CouchDB node), from /proc; the difference of two readings is what the
+/// server spent on a job in between.
+func cpuSeconds(ofProcessesNamed name: String) -> Double {
+    let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+    var total = 0.0
+    for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] where Int(entry) != nil {
+        guard let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+              let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")"),
+              stat[stat.index(after: open)..<close] == name else { continue }
+        // Fields after the command: state is field 3; utime and stime are fields 14 and 15.
+        let fields = stat[stat.index(close, offsetBy: 2)...].split(separator: " ")
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { continue }
+        total += (user + system) / ticks
+    }
+    return total
 }
 
 func dropCaches() -> Bool {
