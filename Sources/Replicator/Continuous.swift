@@ -80,6 +80,8 @@ public final class ReplicationSession: @unchecked Sendable {
     static let longpollTimeout = ReplicatorTuning.longpollTimeout
     /// Ends a pull's wait for the remote at `stop()` (a pass under way finishes).
     private let waitCancellation = Cancellation()
+    /// The passes under way, each direction's, ended by `stop()` after the page they write.
+    private let passes = Locked<[ReplicationStop]>([])
 
     public init(database: Database, remote: RemoteDatabase, directions: [Replicator.Direction], continuous: Bool) {
         self.database = database
@@ -100,6 +102,7 @@ public final class ReplicationSession: @unchecked Sendable {
 
     public func stop() {
         condition.withLock { stopped = true }
+        passes.withLock { $0 }.forEach { $0.stop() }
         condition.broadcast()
         database.changeStream.wakeWaiters()
         waitCancellation.cancel()
@@ -126,6 +129,9 @@ public final class ReplicationSession: @unchecked Sendable {
                 let replicator = try Replicator(database: database, remote: remote, direction: direction, caFile: caFile, retry: retry)
                 replicator.downloads = downloads
                 configure?(replicator)
+                passes.withLock { $0.append(replicator.stopping) }
+                defer { passes.withLock { $0.removeAll { $0 === replicator.stopping } } }
+                if isStopped { break }
                 // The stream's position before the pass reads the changes: a commit after it
                 // (from the mount, the CLI, a pull, another process) starts the next pass.
                 let seen = database.changeStream.current

@@ -89,6 +89,20 @@ struct ChangeBatch {
     var isLast: Bool
     /// Changes left after this page, when the peer tells (CouchDB's `pending`): for progress.
     var pending: Int?
+
+    /// This batch as pages of at most `size` changes, in order: each ends at its last change's
+    /// sequence, and only the last page ends where the batch does (so it alone may be `isLast`).
+    func pages(of size: Int) -> [ChangeBatch] {
+        guard changes.count > size else { return [self] }
+        return stride(from: 0, to: changes.count, by: size).map { start in
+            let end = min(start + size, changes.count)
+            guard end < changes.count else {
+                return ChangeBatch(changes: Array(changes[start...]), lastSequence: lastSequence, isLast: isLast, pending: pending)
+            }
+            return ChangeBatch(changes: Array(changes[start..<end]), lastSequence: changes[end - 1].sequence, isLast: false,
+                               pending: pending.map { $0 + changes.count - end })
+        }
+    }
 }
 
 /// A revision that a replication could not carry, with the reason the peer gave

@@ -89,9 +89,13 @@ final class PagesReadAhead: PageSource, @unchecked Sendable {
     private func readChanges(from start: JSONValue) {
         var since = start
         while true {
-            let batch = Result { try changesSource.changes(since: since, limit: limit, filter: filter) }
-            guard batches.put(batch), case .success(let page) = batch, !page.isLast else { return }
-            since = page.lastSequence
+            let read = Result { try changesSource.changes(since: since, limit: limit * ReplicatorTuning.pagesPerChangesRequest, filter: filter) }
+            guard case .success(let changes) = read else { _ = batches.put(read); return }
+            for page in changes.pages(of: limit) {
+                guard batches.put(.success(page)) else { return }
+            }
+            if changes.isLast { return }
+            since = changes.lastSequence
         }
     }
 

@@ -130,6 +130,8 @@ public final class Replicator {
     public var progress: ((ReplicationResult) -> Void)?
     /// Called every half second while a body a pull downloads is arriving (large ones, then).
     public var bodyProgress: ((BodyProgress) -> Void)?
+    /// Ends a run under way, from any thread (Ctrl-C, a session's stop).
+    public let stopping = ReplicationStop()
     let client: HTTPClient
     let log = Logger(label: "sofa.replicate")
 
@@ -187,6 +189,7 @@ public final class Replicator {
         // The pages are read ahead on connections of their own: the changes on one, the
         // revisions (and `_revs_diff` pushing) on another.
         let cancellation = Cancellation()
+        stopping.follow(cancellation)
         func readingRemote() throws -> RemotePeer {
             let reader = try client.sibling()
             reader.cancellation = cancellation
@@ -264,27 +267,42 @@ public final class Replicator {
         var heldAt: JSONValue?
         result.lastSeq = since
         result.checkpointedSeq = since
-        while true {
-            let page = try pages.next()
-            let batch = page.batch
-            let failures = try write(page, from: source, to: target, result: &result)
-            result.changesRead += batch.changes.count
-            result.changesPending = batch.pending
-            if heldAt == nil, !failures.isEmpty {
-                let failed = Set(failures.map(\.docID))
-                let first = batch.changes.firstIndex { failed.contains($0.docID) } ?? 0
-                heldAt = first == 0 ? since : batch.changes[first - 1].sequence
-            }
-            result.failures += failures
-            since = batch.lastSequence
-            result.lastSeq = since
+        var lastSaved = Date()
+        func saveCheckpointIfMoved() throws {
             let checkpoint = heldAt ?? since
-            if checkpoint != result.checkpointedSeq {
-                try saveCheckpoint(source, target, session: session, started: started, startSeq: startSeq, seq: checkpoint, result: result)
-                result.checkpointedSeq = checkpoint
+            guard checkpoint != result.checkpointedSeq else { return }
+            try saveCheckpoint(source, target, session: session, started: started, startSeq: startSeq, seq: checkpoint, result: result)
+            result.checkpointedSeq = checkpoint
+            lastSaved = Date()
+        }
+        do {
+            while true {
+                if stopping.isStopped { throw ReplicationError.cancelled }
+                let page = try pages.next()
+                let batch = page.batch
+                let failures = try write(page, from: source, to: target, result: &result)
+                result.changesRead += batch.changes.count
+                result.changesPending = batch.pending
+                if heldAt == nil, !failures.isEmpty {
+                    let failed = Set(failures.map(\.docID))
+                    let first = batch.changes.firstIndex { failed.contains($0.docID) } ?? 0
+                    heldAt = first == 0 ? since : batch.changes[first - 1].sequence
+                }
+                result.failures += failures
+                since = batch.lastSequence
+                result.lastSeq = since
+                if batch.isLast || Date().timeIntervalSince(lastSaved) >= ReplicatorTuning.checkpointInterval {
+                    try saveCheckpointIfMoved()
+                }
+                progress?(result)
+                if batch.isLast { break }
             }
-            progress?(result)
-            if batch.isLast { break }
+        } catch {
+            // What was written before the failure is kept, and the next run starts after it.
+            do { try saveCheckpointIfMoved() } catch let failure {
+                log.warning("\(remote): checkpoint not saved after the failure: \(failure)")
+            }
+            throw error
         }
         if !result.failures.isEmpty { result.status = "incomplete" }
         return result
@@ -357,5 +375,33 @@ public final class Replicator {
         // Remote first: if it fails, the local checkpoint (which decides nothing alone) is untouched.
         try remote.saveCheckpoint(replicationID, body)
         try local.saveCheckpoint(replicationID, body)
+    }
+}
+
+/// Ends a replication run under way from another thread (a signal handler, a session's
+/// `stop()`): the page being written is finished and the checkpoint saved after it, requests
+/// reading ahead are cancelled at once, and `run()` throws `ReplicationError.cancelled`. The
+/// next run starts where this one stopped.
+public final class ReplicationStop: Sendable {
+    private let state = Locked<(stopped: Bool, readers: Cancellation?)>((false, nil))
+
+    public init() {}
+
+    public func stop() {
+        state.withLock { state -> Cancellation? in
+            state.stopped = true
+            return state.readers
+        }?.cancel()
+    }
+
+    public var isStopped: Bool { state.withLock { $0.stopped } }
+
+    /// `readers` (a run's requests reading ahead) is cancelled by `stop()`, at once if it came already.
+    func follow(_ readers: Cancellation) {
+        let stopped = state.withLock { state -> Bool in
+            state.readers = readers
+            return state.stopped
+        }
+        if stopped { readers.cancel() }
     }
 }

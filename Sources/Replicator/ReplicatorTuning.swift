@@ -7,6 +7,20 @@ public enum ReplicatorTuning {
     /// batch of documents with large attachments within a few MB of memory.
     public static let batchSize = 200
 
+    /// Pages of changes read in one `_changes` request when the changes are read ahead: CouchDB
+    /// spends ~0.58 s of CPU on a 10,000-change feed read 200 at a time and ~0.43 s 1,000 at a
+    /// time (measured, one connection), and on a two-core machine the server's CPU is the
+    /// pull's. The pages themselves stay `batchSize` long, so fetches and writes keep overlapping.
+    public static let pagesPerChangesRequest = 5
+
+    /// Seconds between two checkpoints of a running replication; it also saves one when it
+    /// ends, caught up or on a failure. A checkpoint is a write on both peers (on CouchDB a
+    /// `_local` PUT that waits for its fsync: 50 of them, one per page of a 10,000-document
+    /// pull, cost 0.2–0.4 s of the pull's 1.4–2.5 s and 0.17 s of the server's CPU). A run
+    /// killed outright asks again for at most this much, which `_revs_diff` makes cheap.
+    /// CouchDB's replicator waits 30 s (`checkpoint_interval`); Couchbase Lite about 5.
+    public static let checkpointInterval: Double = 5
+
     /// Pages waiting between two steps of a replication (changes read, revisions fetched,
     /// written): one keeps every step busy; more would only hold more in memory.
     public static let pagesAhead = 1

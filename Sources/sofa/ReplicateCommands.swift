@@ -272,13 +272,25 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
             Output.write(STDERR_FILENO, line)
         }
     }
+    // Ctrl-C or SIGTERM: the page being written is finished and the checkpoint saved, so the
+    // next run goes on from there.
+    let signals = SignalWatcher([SIGINT, SIGTERM])  // before the replicator's threads start
+    defer { signals.cancel() }
+    signals.onSignal { [stopping = replicator.stopping] in stopping.stop() }
     do {
         let result = try replicator.run()
         if terminal && !json { Output.write(STDERR_FILENO, "\n") }
         return result
     } catch let error as ReplicationError {
         if terminal && !json { Output.write(STDERR_FILENO, "\n") }
-        throw ReplicationFailure(job: replicator.direction.rawValue, cause: error, partial: lastProgress.withLock { $0 })
+        let partial = lastProgress.withLock { $0 }
+        if case .cancelled = error, replicator.stopping.isStopped {
+            let written = partial.map { "; \(counted($0.docsWritten, "document")) written" } ?? ""
+            Output.error("\(replicator.direction.rawValue) stopped\(written); the next \(replicator.direction.rawValue) goes on from there")
+            if json { Output.line(JSONValue.object(["ok": false, "error": "stopped", "partial": partial?.json ?? .null]).jsonString()) }
+            throw ExitCode(130)
+        }
+        throw ReplicationFailure(job: replicator.direction.rawValue, cause: error, partial: partial)
     }
 }
 

@@ -74,6 +74,12 @@ import TestSupport
         #expect(try snapshot(pulled) == snapshot(source), "same leaves, bodies, tombstones, conflicts and attachment bytes")
         #expect(try pulled.revisionTree(of: "doc-02").conflicts.count == 1)
         #expect(try pulled.check().isEmpty)
+        // The checkpoint is saved when the run ends (and every few seconds of a long one), not
+        // once a page: one write on each side for the four pages.
+        for db in [source, pulled] {
+            let checkpoints = try db.localDocumentIDs().compactMap { try db.localDocument(withID: $0) }.filter { $0.body["source_last_seq"] != nil }
+            #expect(checkpoints.map(\.rev) == ["0-1"], "\(db.path): \(checkpoints)")
+        }
 
         // Nothing new: nothing read. Then two new documents and a changed one: only those travel,
         // and the unchanged 3 MiB body is not downloaded again.
@@ -247,12 +253,51 @@ import TestSupport
         #expect(interrupted.status == 1)
         let partial = try Database.open(at: target).documents(includeDeleted: true).count
         #expect(partial > 0 && partial < 31, "\(partial) documents before the interruption")
+        // The run saved its checkpoint when it failed: on both sides, at the pages it wrote.
+        for db in [source, try Database.open(at: target)] {
+            let checkpoints = try db.localDocumentIDs().compactMap { try db.localDocument(withID: $0) }.filter { $0.body["source_last_seq"] != nil }
+            #expect(checkpoints.count == 1, "\(db.path): \(checkpoints)")
+        }
 
         proxy.behave()
         let resumed = try pull(target, proxy, "--batch-size", "5")
         #expect(resumed.succeeded, "\(resumed.stderr)")
         let summary = try JSONParser.parse(Array(resumed.stdout.split(separator: "\n").last!.utf8))
         #expect((summary["docs_read"]?.int64Value ?? 99) < 32, "resumed from the checkpoint, not from the start")
+        #expect(try ReplicationTests().snapshot(Database.open(at: target)) == ReplicationTests().snapshot(source))
+    }
+}
+
+extension ReplicationFaultTests {
+    /// Ctrl-C during a long pull: the pages written stay, the checkpoint is saved where it
+    /// stopped (a run saves one only every few seconds), the process says so and exits 130
+    /// without waiting for the body still arriving, and the next pull goes on from there.
+    @Test func aPullStoppedByCtrlCSavesItsCheckpointAndTheNextGoesOn() throws {
+        let (source, server, proxy, target) = try setUp()
+        defer { withExtendedLifetime(server) {} }
+        proxy.limitRate(256 << 10)  // the 3 MiB body of the last page takes about 12 s
+        let output = directory.appending("pull.out")
+        let started = Date()
+        let child = try ChildProcess([sofaBinary, "pull", target, "http://127.0.0.1:\(proxy.port)/source", "--json",
+                                      "--batch-size", "5"], stdout: output)
+        #expect(waitUntil(20) { (try? String(contentsOfFile: output, encoding: .utf8))?.contains(#""event":"progress""#) == true })
+        child.kill(SIGINT)
+        let stopped = child.wait()
+        #expect(stopped.status == 130, "\(stopped.stderr)")
+        #expect(stopped.stderr.contains("pull stopped") && stopped.stderr.contains("the next pull goes on from there"), "\(stopped.stderr)")
+        #expect(Date().timeIntervalSince(started) < 10, "stopped without waiting for the body on its way")
+        let partial = try Database.open(at: target).documents(includeDeleted: true).count
+        #expect(partial > 0 && partial < 31, "\(partial) documents before the stop")
+        for db in [source, try Database.open(at: target)] {
+            let checkpoints = try db.localDocumentIDs().compactMap { try db.localDocument(withID: $0) }.filter { $0.body["source_last_seq"] != nil }
+            #expect(checkpoints.count == 1, "\(db.path): \(checkpoints)")
+        }
+
+        proxy.limitRate(nil)
+        let resumed = try pull(target, proxy)
+        #expect(resumed.succeeded, "\(resumed.stderr)")
+        let summary = try JSONParser.parse(Array(resumed.stdout.split(separator: "\n").last!.utf8))
+        #expect((summary["docs_read"]?.int64Value ?? 99) < 32, "only what had not arrived travels: \(summary)")
         #expect(try ReplicationTests().snapshot(Database.open(at: target)) == ReplicationTests().snapshot(source))
     }
 }
