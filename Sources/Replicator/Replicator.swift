@@ -5,6 +5,29 @@ import HTTPTransport
 import Logging
 
 /// What a replication did, with PouchDB's result fields.
+/// The time a run has left, from the source's count of the changes left after each page
+/// (CouchDB's `pending`) and the pace at which that count went down so far. The count covers
+/// every change of the feed, let through by a filter or not, so a filtered pull (a few rows
+/// of a long feed) is timed in the same changes it counts, not by the rows it read.
+public struct TimeLeftEstimate: Sendable {
+    private var first: (pending: Int, at: Double)?
+
+    public init() {}
+
+    /// The seconds left after a page with `pending` changes left, `elapsed` seconds into the
+    /// run; nil until the count has gone down once.
+    public mutating func update(pending: Int?, elapsed: Double) -> Double? {
+        guard let pending else { return nil }
+        guard let first else {
+            first = (pending, elapsed)
+            return nil
+        }
+        let gone = first.pending - pending
+        guard gone > 0, elapsed > first.at else { return pending == 0 ? 0 : nil }
+        return Double(pending) * (elapsed - first.at) / Double(gone)
+    }
+}
+
 public struct ReplicationResult: Sendable {
     public var docsRead = 0
     public var docsWritten = 0

@@ -88,7 +88,25 @@ func couchDBBenchmark(_ options: Options) throws {
         pushLimit.append(try shell(pushLimitCommand(round)))
         push.append(try sofaJob([sofa, "push", "\(work)/pull-\(round).sofa", "\(admin)/bench-push-\(round)-\(getpid())", "--create-target"], &pushRSS))
     }
-    for name in [source] + (0..<rounds).flatMap({ ["bench-couch-\($0)-\(getpid())", "bench-push-\($0)-\(getpid())", "bench-limit-\($0)-\(getpid())"] }) {
+    // The same jobs as if the server were another machine: CouchDB on one core, the client
+    // (Sofa, or curl) on the other, so neither takes the other's CPU. A pull or push then
+    // goes as fast as the server can serve it, and the limit rows say how close it comes.
+    var pinnedPull: [Run] = [], pinnedDeferred: [Run] = [], pinnedPush: [Run] = [], pinnedLimit: [Run] = [], pinnedPushLimit: [Run] = []
+    let pinned = ProcessInfo.processInfo.activeProcessorCount >= 2 && pinServer(toCPU: 0)
+    if pinned {
+        var unused = 0
+        for round in 0..<rounds {
+            pinnedLimit.append(try shell("taskset -c 1 sh -c \"\(limitCommand.replacingOccurrences(of: "\"", with: "\\\""))\""))
+            pinnedPull.append(try sofaJob(["taskset", "-c", "1", sofa, "cp", "\(admin)/\(source)", "\(work)/pinned-\(round).sofa"], &unused))
+            pinnedDeferred.append(try sofaJob(["taskset", "-c", "1", sofa, "cp", "\(admin)/\(source)", "\(work)/pinned-deferred-\(round).sofa",
+                                               "--no-download-attachments"], &unused))
+            pinnedPushLimit.append(try shell("taskset -c 1 sh -c \"\(pushLimitCommand(rounds + round).replacingOccurrences(of: "\"", with: "\\\""))\""))
+            pinnedPush.append(try sofaJob(["taskset", "-c", "1", sofa, "push", "\(work)/pinned-\(round).sofa",
+                                           "\(admin)/bench-push-\(rounds + round)-\(getpid())", "--create-target"], &unused))
+        }
+        _ = pinServer(toCPU: nil)
+    }
+    for name in [source] + (0..<(2 * rounds)).flatMap({ ["bench-couch-\($0)-\(getpid())", "bench-push-\($0)-\(getpid())", "bench-limit-\($0)-\(getpid())"] }) {
         _ = try? timeShell("curl -sf -X DELETE '\(admin)/\(name)' >/dev/null")
     }
     func median(_ runs: [Run]) -> Run { runs.sorted { $0.seconds < $1.seconds }[runs.count / 2] }
@@ -117,4 +135,26 @@ func couchDBBenchmark(_ options: Options) throws {
               + String(format: " wall %6.2f s  client %6.2f s  server %6.2f s  cores %.2f", run.seconds, run.client, run.server,
                        (run.client + run.server) / run.seconds))
     }
+    guard pinned else {
+        print("(the runs with the server on a core of its own need two cores and taskset: not run)")
+        return
+    }
+    print("The server on core 0, the client on core 1 (as if on two machines); medians, server CPU as a share of its core:")
+    for (what, runs, limitRuns) in [("sofa pull, all bodies", pinnedPull, pinnedLimit), ("sofa pull, deferred", pinnedDeferred, pinnedLimit),
+                                    ("sofa push", pinnedPush, pinnedPushLimit), ("sending limit (curl)", pinnedLimit, nil),
+                                    ("taking limit (curl)", pinnedPushLimit, nil)] as [(String, [Run], [Run]?)] {
+        let run = median(runs)
+        print("  " + what.padding(toLength: 26, withPad: " ", startingAt: 0)
+              + String(format: " wall %6.2f s  client %6.2f s  server %6.2f s (%3.0f %% busy)", run.seconds, run.client, run.server,
+                       100 * run.server / run.seconds)
+              + (limitRuns.map { String(format: "  at %.2f of the limit", median($0).seconds / run.seconds) } ?? ""))
+    }
+}
+
+/// Pins every thread of every CouchDB process (`beam.smp`) to one CPU, or back to all of them
+/// (nil); false when taskset is missing or no CouchDB runs.
+private func pinServer(toCPU cpu: Int?) -> Bool {
+    let list = cpu.map(String.init) ?? "0-\(ProcessInfo.processInfo.activeProcessorCount - 1)"
+    let command = "pids=$(pgrep -x beam.smp) && [ -n \"$pids\" ] && for p in $pids; do taskset -a -c -p \(list) $p >/dev/null || exit 1; done"
+    return (try? timeShell(command)) != nil
 }

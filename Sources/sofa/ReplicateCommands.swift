@@ -252,21 +252,23 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
         }
     }
     let lastProgress = Locked<ReplicationResult?>(nil)
+    let timeLeft = Locked(TimeLeftEstimate())
     replicator.progress = { result in
         lastProgress.withLock { $0 = result }
+        let seconds = max(Date().timeIntervalSince(started), 0.001)
+        let secondsLeft = timeLeft.withLock { $0.update(pending: result.changesPending, elapsed: seconds) }
         if json {
-            Output.line(JSONValue.object(["event": "progress", "direction": .string(replicator.direction.rawValue),
-                                          "docs_read": .integer(Int64(result.docsRead)),
-                                          "docs_written": .integer(Int64(result.docsWritten)),
-                                          "pending": result.changesPending.map { .integer(Int64($0)) } ?? .null]).jsonString())
+            var event: JSONObject = ["event": "progress", "direction": .string(replicator.direction.rawValue),
+                                     "docs_read": .integer(Int64(result.docsRead)), "docs_written": .integer(Int64(result.docsWritten)),
+                                     "pending": result.changesPending.map { .integer(Int64($0)) } ?? .null]
+            if let secondsLeft { event["seconds_left"] = .integer(Int64(secondsLeft.rounded(.up))) }
+            Output.line(JSONValue.object(event).jsonString())
         } else if terminal {
-            let seconds = max(Date().timeIntervalSince(started), 0.001)
             var line = "\r\u{1B}[K\(replicator.direction.rawValue): \(result.docsRead) read, \(result.docsWritten) written "
                 + "(\(Int(Double(result.docsWritten) / seconds)) docs/s), \(result.attachmentBytesDownloaded >> 20) MiB "
                 + String(format: "(%.1f MiB/s)", Double(result.attachmentBytesDownloaded) / 1_048_576 / seconds)
-            // The time left at the rate changes went by so far.
-            if let pending = result.changesPending, pending > 0, result.changesRead > 0 {
-                let left = Int((Double(pending) * seconds / Double(result.changesRead)).rounded(.up))
+            if let pending = result.changesPending, pending > 0, let secondsLeft {
+                let left = Int(secondsLeft.rounded(.up))
                 line += ", \(pending) changes to go, about " + (left >= 60 ? "\(left / 60) min \(left % 60) s" : "\(left) s") + " left"
             }
             Output.write(STDERR_FILENO, line)
