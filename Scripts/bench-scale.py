@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A database of N documents (one in ten with a 1 KiB attachment) imported, mounted and
-listed: the time of each step and the peak resident memory of the process doing it.
+listed, and with a CouchDB (COUCHDB_URL set, admin/secret) pushed to it and pulled back into
+a new database: the time of each step and the peak resident memory of the process doing it.
 
-usage: bench-scale.py SOFA WORK DOCUMENTS
+usage: bench-scale.py SOFA WORK DOCUMENTS [--no-mount]
 """
 import base64
 import json
@@ -13,6 +14,8 @@ import sys
 import time
 
 sofa, work, documents = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mounting = "--no-mount" not in sys.argv[4:]
+couchdb = os.environ.get("COUCHDB_URL")
 database, mountpoint, lines = f"{work}/scale.sofa", f"{work}/mnt", f"{work}/documents.jsonl"
 rows = []
 
@@ -53,6 +56,35 @@ imported = subprocess.run(["/usr/bin/time", "-f", "%M", sofa, "import", database
                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 row(f"sofa import of {documents} documents", time.monotonic() - start, int(imported.stderr.strip().split("\n")[-1]))
 
+
+
+def measured(arguments):
+    """Runs a sofa command under GNU time: its seconds and peak RSS in KiB."""
+    start = time.monotonic()
+    done = subprocess.run(["/usr/bin/time", "-f", "%M"] + arguments, check=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    return time.monotonic() - start, int(done.stderr.strip().split("\n")[-1])
+
+
+if couchdb:
+    # As CouchDB's own tools would: over 127.0.0.1 with the admin's session (which ends
+    # after 10 minutes: a run past that logs in again).
+    remote = couchdb.replace("http://", "http://admin:secret@") + f"/scale-{os.getpid()}"
+    seconds, rss = measured([sofa, "push", database, remote, "--create-target"])
+    row(f"sofa push of {documents} documents to CouchDB", seconds, rss, "into a new database")
+    seconds, rss = measured([sofa, "cp", remote, f"{work}/pulled.sofa"])
+    row(f"sofa pull of them back (sofa cp URL DB)", seconds, rss, "into a new database")
+    subprocess.run([sofa, "check", f"{work}/pulled.sofa"], check=True, stdout=subprocess.DEVNULL)
+    listed = subprocess.run([sofa, "info", f"{work}/pulled.sofa", "--json"], check=True, capture_output=True, text=True)
+    count = json.loads(listed.stdout).get("documents")
+    print(f"pulled database: {count} documents, sofa check clean", flush=True)
+    if count != documents:
+        sys.exit(f"the pull brought {count} documents, not {documents}")
+    subprocess.run(["curl", "-sf", "-X", "DELETE", remote], stdout=subprocess.DEVNULL)
+    subprocess.run(["rm", "-rf", f"{work}/pulled.sofa"])
+
+if not mounting:
+    sys.exit(0)
 os.makedirs(mountpoint, exist_ok=True)
 mount = subprocess.Popen([sofa, "mount", database, mountpoint, "--foreground"], stderr=subprocess.DEVNULL)
 deadline = time.monotonic() + 30

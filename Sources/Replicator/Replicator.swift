@@ -4,7 +4,6 @@ import Foundation
 import HTTPTransport
 import Logging
 
-/// What a replication did, with PouchDB's result fields.
 /// The time a run has left, from the source's count of the changes left after each page
 /// (CouchDB's `pending`) and the pace at which that count went down so far. The count covers
 /// every change of the feed, let through by a filter or not, so a filtered pull (a few rows
@@ -28,6 +27,7 @@ public struct TimeLeftEstimate: Sendable {
     }
 }
 
+/// What a replication did, with PouchDB's result fields.
 public struct ReplicationResult: Sendable {
     public var docsRead = 0
     public var docsWritten = 0
