@@ -38,15 +38,20 @@ final class SQLiteConnection: @unchecked Sendable {
     /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
     static let busyTimeoutMilliseconds: Int32 = 30_000
 
+    /// The seal of its pages, when the file is sealed: kept for as long as the connection.
+    let sealed: SealedPages?
+
     /// Opens `path`. `immutable` opens it read-only without locks or a WAL index,
     /// for databases on read-only media (a WAL database cannot be opened otherwise there).
-    init(path: String, create: Bool, immutable: Bool = false) throws {
+    /// `sealed`: the file's pages are sealed with that key (a new file is made so).
+    init(path: String, create: Bool, immutable: Bool = false, sealed: SealedPages? = nil) throws {
         var handle: OpaquePointer?
         var flags = immutable ? SQLITE_OPEN_READONLY | SQLITE_OPEN_URI : SQLITE_OPEN_READWRITE
         if create { flags |= SQLITE_OPEN_CREATE }
         flags |= SQLITE_OPEN_NOMUTEX
         let name = immutable ? "file:" + path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed)! + "?immutable=1" : path
-        let code = sqlite3_open_v2(name, &handle, flags, nil)
+        let isNew = sealed != nil && create && ((try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? 0) == 0
+        let code = sqlite3_open_v2(name, &handle, flags, sealed?.vfsName)
         guard code == SQLITE_OK, let handle else {
             let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? String(cString: sqlite3_errstr(code))
             sqlite3_close_v2(handle)
@@ -56,8 +61,10 @@ final class SQLiteConnection: @unchecked Sendable {
         }
         self.handle = handle
         self.path = path
+        self.sealed = sealed
         sqlite3_busy_timeout(handle, SQLiteConnection.busyTimeoutMilliseconds)
         sqlite3_extended_result_codes(handle, 1)
+        if sealed != nil { try SealedPages.prepare(self, isNew: isNew) }
     }
 
     deinit {
