@@ -288,7 +288,7 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
         let partial = lastProgress.withLock { $0 }
         if case .cancelled = error, replicator.stopping.isStopped {
             let written = partial.map { "; \(counted($0.docsWritten, "document")) written" } ?? ""
-            Output.error("\(replicator.direction.rawValue) stopped\(written); the next \(replicator.direction.rawValue) goes on from there")
+            Output.error("\(replicator.direction.rawValue) stopped\(written), checkpoint saved: the same command again goes on from there")
             if json { Output.line(JSONValue.object(["ok": false, "error": "stopped", "partial": partial?.json ?? .null]).jsonString()) }
             throw ExitCode(130)
         }
