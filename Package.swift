@@ -34,7 +34,7 @@ let package = Package(
 
         // A VFS shim that seals SQLite's pages with AES-256-GCM (libsqlite3, libcrypto); see
         // docs/encryption.md. Debian's SQLCipher is built on SQLite 3.15, too old for Sofa.
-        .target(name: "CSealedPages", linkerSettings: [.linkedLibrary("sqlite3"), .linkedLibrary("crypto")]),
+        .target(name: "CSeal", linkerSettings: [.linkedLibrary("sqlite3"), .linkedLibrary("crypto")]),
 
         .target(name: "DocumentModel", dependencies: ["CCrypto", "CUnicode"]),
         // BLIP, Couchbase Lite's replication transport: frames, messages, flow control.
@@ -43,7 +43,7 @@ let package = Package(
         ]),
         .target(name: "QueryServer", dependencies: ["DocumentModel", "CLinux"]),
         .target(name: "DocumentStore", dependencies: [
-            "DocumentModel", "QueryServer", "CSQLite3", "CSealedPages", "CGzip", "CLinux",
+            "DocumentModel", "QueryServer", "CSQLite3", "CSeal", "CCrypto", "CGzip", "CLinux",
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),
             .product(name: "Logging", package: "swift-log"),
         ]),

@@ -1,10 +1,10 @@
 import CSQLite3
-import CSealedPages
+import CSeal
 import DocumentModel
 import Foundation
 
 /// The key that seals an SQLite file's pages with AES-256-GCM on disk (the VFS shim in
-/// `CSealedPages`; docs/encryption.md): a VFS of its own, registered for as long as this
+/// `CSeal`; docs/encryption.md): a VFS of its own, registered for as long as this
 /// lives and carrying a copy of the key, which it wipes when it goes. Connections opened with
 /// it keep it alive.
 ///

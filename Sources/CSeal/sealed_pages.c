@@ -20,7 +20,7 @@
  *   does with a frame torn by a crash.
  * - Memory-mapped reads would bypass all this: the file methods are version 2 (no xFetch).
  */
-#include "sealed_pages.h"
+#include "seal.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -61,31 +61,13 @@ static void associated(unsigned char out[9], int role, sqlite3_int64 where) {
     for (int i = 0; i < 8; i++) out[1 + i] = (unsigned char)((sqlite3_uint64)where >> (56 - 8 * i));
 }
 
-/* AES-256-GCM over the first SEALED bytes of a page, `in` to `out` (which may be the same),
- * with `aad`: sealing (`encrypt`) writes `tag`, opening checks it. 1 when it worked. */
-static int gcm(const SealedVfs *vfs, int encrypt, const unsigned char aad[9], const unsigned char nonce[NONCE],
-               const unsigned char *in, unsigned char *out, unsigned char tag[TAG]) {
-    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-    int length = 0, ok = ctx != NULL
-        && EVP_CipherInit_ex(ctx, EVP_aes_256_gcm(), NULL, NULL, NULL, encrypt) == 1
-        && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL) == 1
-        && EVP_CipherInit_ex(ctx, NULL, NULL, vfs->key, nonce, encrypt) == 1
-        && EVP_CipherUpdate(ctx, NULL, &length, aad, 9) == 1
-        && EVP_CipherUpdate(ctx, out, &length, in, SEALED) == 1 && length == SEALED
-        && (encrypt || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG, tag) == 1)
-        && EVP_CipherFinal_ex(ctx, out + length, &length) == 1
-        && (!encrypt || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG, tag) == 1);
-    EVP_CIPHER_CTX_free(ctx);
-    return ok;
-}
-
 /* Seals `plain` (PAGE bytes) into `out`: ciphertext, nonce, tag, zeros. */
 static int seal(const SealedVfs *vfs, int role, sqlite3_int64 where, const unsigned char *plain, unsigned char *out) {
     unsigned char aad[9];
     associated(aad, role, where);
     unsigned char *nonce = out + SEALED, *tag = out + SEALED + NONCE;
     memset(out + SEALED + NONCE + TAG, 0, RESERVE - NONCE - TAG);
-    return RAND_bytes(nonce, NONCE) == 1 && gcm(vfs, 1, aad, nonce, plain, out, tag);
+    return RAND_bytes(nonce, NONCE) == 1 && sofa_seal(vfs->key, nonce, aad, plain, SEALED, out, tag);
 }
 
 /* Opens a sealed page in place; its reserved bytes become zeros. 0 if the tag fails. */
@@ -94,8 +76,7 @@ static int unseal(const SealedVfs *vfs, int role, sqlite3_int64 where, unsigned 
     associated(aad, role, where);
     memcpy(nonce, page + SEALED, NONCE);
     memcpy(tag, page + SEALED + NONCE, TAG);
-    int ok = gcm(vfs, 0, aad, nonce, page, page, tag);
-    if (!ok) OPENSSL_cleanse(page, SEALED);
+    int ok = sofa_unseal(vfs->key, nonce, aad, page, SEALED, page, tag);
     memset(page + SEALED, 0, RESERVE);
     return ok;
 }

@@ -1,0 +1,36 @@
+#ifndef SOFA_SEAL_H
+#define SOFA_SEAL_H
+
+/* Sealing with AES-256-GCM (OpenSSL) at rest; see docs/encryption.md.
+ * - sealed_pages.c: an SQLite VFS over the default one that keeps a database's pages sealed:
+ *   the main file and its WAL.
+ * - seal_blocks.c: blocks of a blob's body, and the keys derived for them. */
+
+/* Every page is this size, with this many bytes of each kept for the seal (a database sealed
+ * by this VFS is made with PRAGMA page_size and SQLITE_FCNTL_RESERVE_BYTES set to these). */
+#define SOFA_SEALED_PAGE_SIZE 4096
+#define SOFA_SEALED_RESERVE 32
+
+/* Registers a VFS called `name` (not the default) whose files are sealed with `key`, 32 bytes,
+ * which it copies. Returns an SQLite result code. */
+int sofa_sealed_vfs_register(const char *name, const unsigned char *key);
+
+/* Unregisters the VFS called `name` and wipes its key; no connection may still use it. */
+int sofa_sealed_vfs_unregister(const char *name);
+
+/* Seals `length` bytes of `in` into `out` (the same length; they may be the same buffer)
+ * under `key` (32 bytes) with a 12-byte `nonce` and 9 bytes of associated data, writing the
+ * 16-byte `tag`. Returns 1, or 0 if OpenSSL failed. */
+int sofa_seal(const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
+              const unsigned char *in, int length, unsigned char *out, unsigned char *tag);
+
+/* Opens what `sofa_seal` sealed; returns 1, or 0 if the tag fails (then `out` holds zeros). */
+int sofa_unseal(const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
+                const unsigned char *in, int length, unsigned char *out, const unsigned char *tag);
+
+/* HKDF-SHA256 (RFC 5869, OpenSSL's): 32 bytes into `out` from `key` (32 bytes), `salt` and
+ * `info`. Returns 1, or 0 if OpenSSL failed. */
+int sofa_derive_key(const unsigned char *key, const unsigned char *salt, int saltLength,
+                    const unsigned char *info, int infoLength, unsigned char *out);
+
+#endif

@@ -1,0 +1,54 @@
+/* AES-256-GCM over one block, and HKDF-SHA256, both OpenSSL's (docs/encryption.md). */
+#include "seal.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+
+#define NONCE 12
+#define TAG 16
+
+static int gcm(int encrypt, const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
+               const unsigned char *in, int length, unsigned char *out, unsigned char *tag) {
+    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+    int written = 0, ok = ctx != NULL
+        && EVP_CipherInit_ex(ctx, EVP_aes_256_gcm(), NULL, NULL, NULL, encrypt) == 1
+        && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL) == 1
+        && EVP_CipherInit_ex(ctx, NULL, NULL, key, nonce, encrypt) == 1
+        && EVP_CipherUpdate(ctx, NULL, &written, aad, 9) == 1
+        && (length == 0 || (EVP_CipherUpdate(ctx, out, &written, in, length) == 1 && written == length))
+        && (encrypt || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG, tag) == 1)
+        && EVP_CipherFinal_ex(ctx, out + (length == 0 ? 0 : written), &written) == 1
+        && (!encrypt || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG, tag) == 1);
+    EVP_CIPHER_CTX_free(ctx);
+    if (!ok && !encrypt && length > 0) OPENSSL_cleanse(out, (size_t)length);
+    return ok;
+}
+
+int sofa_seal(const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
+              const unsigned char *in, int length, unsigned char *out, unsigned char *tag) {
+    return gcm(1, key, nonce, aad, in, length, out, tag);
+}
+
+int sofa_unseal(const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
+                const unsigned char *in, int length, unsigned char *out, const unsigned char *tag) {
+    unsigned char expected[TAG];
+    for (int i = 0; i < TAG; i++) expected[i] = tag[i];
+    return gcm(0, key, nonce, aad, in, length, out, expected);
+}
+
+int sofa_derive_key(const unsigned char *key, const unsigned char *salt, int saltLength,
+                    const unsigned char *info, int infoLength, unsigned char *out) {
+    EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, NULL);
+    size_t length = 32;
+    int ok = ctx != NULL
+        && EVP_PKEY_derive_init(ctx) > 0
+        && EVP_PKEY_CTX_set_hkdf_md(ctx, EVP_sha256()) > 0
+        && EVP_PKEY_CTX_set1_hkdf_salt(ctx, salt, saltLength) > 0
+        && EVP_PKEY_CTX_set1_hkdf_key(ctx, key, 32) > 0
+        && EVP_PKEY_CTX_add1_hkdf_info(ctx, info, infoLength) > 0
+        && EVP_PKEY_derive(ctx, out, &length) > 0
+        && length == 32;
+    EVP_PKEY_CTX_free(ctx);
+    return ok;
+}
