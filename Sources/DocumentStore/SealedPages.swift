@@ -14,11 +14,9 @@ final class SealedPages: @unchecked Sendable {
     // Sendable invariant: immutable after init; the VFS it names is SQLite's, thread-safe.
     let vfsName: String
 
-    /// `key`: 32 bytes.
-    init(key: [UInt8]) throws {
-        guard key.count == 32 else { throw SofaError.invalidArgument("a sealing key is 32 bytes, not \(key.count)") }
+    init(key: SealingKey) throws {
         vfsName = "sofa-sealed-" + UUID().uuidString
-        let code = sofa_sealed_vfs_register(vfsName, key)
+        let code = sofa_sealed_vfs_register(vfsName, key.bytes)
         guard code == SQLITE_OK else {
             throw SofaError.sqlite(code: code, message: "cannot register the sealed-pages VFS", sql: nil)
         }

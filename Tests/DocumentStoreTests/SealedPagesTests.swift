@@ -9,7 +9,8 @@ import TestSupport
 @Suite struct SealedPagesTests {
     let directory = TemporaryDirectory()
     let marker = "sofa-plaintext-marker-7f3a"
-    let key = [UInt8]((0..<32).map { UInt8($0 * 7 + 1) })
+    let keyBytes = [UInt8]((0..<32).map { UInt8($0 * 7 + 1) })
+    var key: SealingKey { try! SealingKey(keyBytes) }
 
     /// A file with 2,000 rows holding the marker, written through the WAL; the connection
     /// is left open with the rows in the WAL unless `checkpoint`.
@@ -69,10 +70,10 @@ import TestSupport
         let path = directory.appending("sealed.sqlite3")
         _ = try fill(path, sealed: try SealedPages(key: key), checkpoint: true)
 
-        var wrong = key
+        var wrong = keyBytes
         wrong[0] ^= 1
         // A wrong key fails at the open or the first read (SQLite reads the header when it can).
-        let wrongSeal = try SealedPages(key: wrong)
+        let wrongSeal = try SealedPages(key: try SealingKey(wrong))
         #expect(throws: SofaError.self) { _ = try rows(try SQLiteConnection(path: path, create: false, sealed: wrongSeal)) }
         // Unsealed, the file is not a database at all.
         #expect(throws: SofaError.self) { _ = try rows(try SQLiteConnection(path: path, create: false)) }
