@@ -319,23 +319,16 @@ int sofa_sealed_vfs_register(const char *name, const unsigned char *key) {
     strcpy(vfs->name, name);
     memcpy(vfs->key, key, 32);
     vfs->real = real;
-    vfs->base.iVersion = 2;
+    static const sqlite3_vfs methods = {
+        .iVersion = 2, .xOpen = sealedOpen, .xDelete = sealedDelete, .xAccess = sealedAccess,
+        .xFullPathname = sealedFullPathname, .xDlOpen = sealedDlOpen, .xDlError = sealedDlError, .xDlSym = sealedDlSym,
+        .xDlClose = sealedDlClose, .xRandomness = sealedRandomness, .xSleep = sealedSleep, .xCurrentTime = sealedCurrentTime,
+        .xGetLastError = sealedGetLastError, .xCurrentTimeInt64 = sealedCurrentTimeInt64,
+    };
+    vfs->base = methods;
     vfs->base.szOsFile = (int)sizeof(SealedFile) + real->szOsFile;
     vfs->base.mxPathname = real->mxPathname;
     vfs->base.zName = vfs->name;
-    vfs->base.xOpen = sealedOpen;
-    vfs->base.xDelete = sealedDelete;
-    vfs->base.xAccess = sealedAccess;
-    vfs->base.xFullPathname = sealedFullPathname;
-    vfs->base.xDlOpen = sealedDlOpen;
-    vfs->base.xDlError = sealedDlError;
-    vfs->base.xDlSym = sealedDlSym;
-    vfs->base.xDlClose = sealedDlClose;
-    vfs->base.xRandomness = sealedRandomness;
-    vfs->base.xSleep = sealedSleep;
-    vfs->base.xCurrentTime = sealedCurrentTime;
-    vfs->base.xGetLastError = sealedGetLastError;
-    vfs->base.xCurrentTimeInt64 = sealedCurrentTimeInt64;
     rc = sqlite3_vfs_register(&vfs->base, 0);
     if (rc != SQLITE_OK) {
         OPENSSL_cleanse(vfs->key, sizeof vfs->key);
