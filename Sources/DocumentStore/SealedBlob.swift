@@ -79,6 +79,8 @@ final class SealedBlobWriter {
     private let path: String
     private var fileKey: [UInt8]
     private var block: [UInt8] = []
+    /// The block sealed, with its tag: one buffer for every block.
+    private var sealed = [UInt8](repeating: 0, count: SealedBlob.sealedBlockSize)
     private var index: Int64 = 0
     private(set) var length: Int64 = 0
 
@@ -88,7 +90,7 @@ final class SealedBlobWriter {
         var salt = [UInt8](repeating: 0, count: 16)
         guard RAND_bytes(&salt, 16) == 1 else { throw SofaError.invalidArgument("no random salt for \(path) (OpenSSL)") }
         fileKey = try SealedBlob.fileKey(key, salt: salt)
-        try write(SealedBlob.magic + salt, at: 0)
+        try write((SealedBlob.magic + salt)[...], at: 0)
         block.reserveCapacity(SealedBlob.blockSize)
     }
 
@@ -113,18 +115,18 @@ final class SealedBlobWriter {
     }
 
     private func seal(isLast: Bool) throws {
-        var sealed = [UInt8](repeating: 0, count: block.count + SealedBlob.tagSize)
+        let count = block.count
         let ok = sealed.withUnsafeMutableBufferPointer { out in
-            sofa_seal(fileKey, SealedBlob.nonce(index), SealedBlob.associatedData(index, isLast: isLast), block, Int32(block.count),
-                      out.baseAddress, out.baseAddress! + block.count)
+            sofa_seal(fileKey, SealedBlob.nonce(index), SealedBlob.associatedData(index, isLast: isLast), block, Int32(count),
+                      out.baseAddress, out.baseAddress! + count)
         }
         guard ok == 1 else { throw SofaError.invalidArgument("\(path): a block could not be sealed (OpenSSL)") }
-        try write(sealed, at: Int64(SealedBlob.headerSize) + index * Int64(SealedBlob.sealedBlockSize))
+        try write(sealed[..<(count + SealedBlob.tagSize)], at: Int64(SealedBlob.headerSize) + index * Int64(SealedBlob.sealedBlockSize))
         index += 1
         block.removeAll(keepingCapacity: true)
     }
 
-    private func write(_ bytes: [UInt8], at offset: Int64) throws {
+    private func write(_ bytes: ArraySlice<UInt8>, at offset: Int64) throws {
         var done = 0
         while done < bytes.count {
             let wrote = bytes.withUnsafeBytes { pwrite(descriptor, $0.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done)) }
