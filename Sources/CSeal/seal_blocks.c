@@ -1,8 +1,11 @@
-/* AES-256-GCM over one block, and HKDF-SHA256, both OpenSSL's (docs/encryption.md). */
+/* AES-256-GCM over one block, HKDF-SHA256, HMAC-SHA256 and scrypt, all OpenSSL's (docs/encryption.md). */
 #include "seal.h"
+
+#include <stdint.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/kdf.h>
 
 #define NONCE 12
@@ -51,4 +54,17 @@ int sofa_derive_key(const unsigned char *key, const unsigned char *salt, int sal
         && length == 32;
     EVP_PKEY_CTX_free(ctx);
     return ok;
+}
+
+int sofa_scrypt(const unsigned char *passphrase, int passphraseLength, const unsigned char *salt, int saltLength,
+                unsigned long long n, unsigned int r, unsigned int p, unsigned char *out) {
+    /* The memory scrypt needs is 128 * n * r bytes; OpenSSL refuses more than 32 MiB unless told. */
+    uint64_t memory = 128ULL * n * r * (p + 1) + (1ULL << 20);
+    return EVP_PBE_scrypt((const char *)passphrase, (size_t)passphraseLength, salt, (size_t)saltLength,
+                          n, r, p, memory, out, 32) == 1;
+}
+
+int sofa_hmac_sha256(const unsigned char *key, const unsigned char *message, int length, unsigned char *out) {
+    unsigned int written = 0;
+    return HMAC(EVP_sha256(), key, 32, message, (size_t)length, out, &written) != NULL && written == 32;
 }

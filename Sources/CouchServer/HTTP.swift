@@ -61,6 +61,7 @@ struct HTTPError: Error, CustomStringConvertible {
         case .conflict: self = .conflict
         case .databaseExists: self.init(.preconditionFailed, "file_exists", "The database could not be created, the file already exists.")
         case .notADatabase: self = .databaseNotFound
+        case .keyRejected(_, let reason): self.init(.forbidden, "forbidden", "the database is encrypted and this server has no key for it: \(reason)")
         case .diskFull: self.init(.insufficientStorage, "insufficient_storage", "no space left on the server's disk")
         case .readOnlyFileSystem: self.init(.forbidden, "forbidden", "the database is on a read-only file system")
         case .bodyNotAvailable(let id, let name):

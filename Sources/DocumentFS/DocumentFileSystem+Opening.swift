@@ -110,10 +110,13 @@ extension DocumentFileSystem {
             return same
         }
         // A large body is read by the kernel itself (FUSE passthrough, when in use): the blob
-        // file never changes, and a new revision's body is another file.
+        // file never changes, and a new revision's body is another file. Not a sealed one (an
+        // encrypted database): the kernel would read the ciphertext.
+        let backing = reader.descriptor.flatMap { descriptor in
+            reader.length >= Tuning.passthroughMinimumSize ? OpenFile.Backing(descriptor: descriptor, identity: reader.key.hex) : nil
+        }
         return OpenFile(handle: handles.add(BlobReadHandle(path: path, reader: reader)), keepCache: keep, noFlush: true,
-                        backing: reader.length >= Tuning.passthroughMinimumSize
-                            ? OpenFile.Backing(descriptor: reader.descriptor, identity: reader.key.hex) : nil)
+                        backing: backing)
     }
 
     public func create(_ path: String, permissions: UInt32, flags: Int32, caller: pid_t) throws -> OpenFile {

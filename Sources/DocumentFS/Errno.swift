@@ -21,7 +21,7 @@ extension SofaError: ErrnoConvertible {
         case .readOnlyFileSystem: EROFS
         case .blobCorrupted: EIO
         case .bodyNotAvailable: ENODATA
-        case .forbidden, .unauthorized: EACCES
+        case .forbidden, .unauthorized, .keyRejected: EACCES
         case .designFunctionFailed: EIO
         }
     }
@@ -33,7 +33,7 @@ extension SofaError: ErrnoConvertible {
         case .notADatabase, .sqlite, .diskFull, .blobCorrupted, .designFunctionFailed: true
         case .invalidJSON, .invalidDocument, .invalidRevisionID, .invalidArgument, .invalidQuery, .invalidDocumentID,
              .invalidAttachmentName, .invalidBlob, .documentNotFound, .revisionNotFound, .attachmentNotFound, .conflict,
-             .databaseExists, .readOnlyFileSystem, .bodyNotAvailable, .forbidden, .unauthorized: false
+             .databaseExists, .readOnlyFileSystem, .bodyNotAvailable, .forbidden, .unauthorized, .keyRejected: false
         }
     }
 }

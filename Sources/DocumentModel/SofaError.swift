@@ -21,6 +21,8 @@ public enum SofaError: Error, Hashable, Sendable {
     case conflict(docID: String, revID: String?, current: String)
     case notADatabase(path: String, reason: String)
     case databaseExists(path: String)
+    /// An encrypted database that cannot be opened with the key given (or with none).
+    case keyRejected(path: String, reason: String)
     case sqlite(code: Int32, message: String, sql: String?)
     case io(operation: String, path: String, errno: Int32)
     /// The disk (or quota) filled up while writing `path`.
@@ -66,6 +68,7 @@ extension SofaError: CustomStringConvertible, LocalizedError {
             "conflict: document \(quoted(id)) is at revision \(current), not \(rev ?? "(new document)")"
         case .notADatabase(let path, let reason): "\(path) is not a Sofa database: \(reason)"
         case .databaseExists(let path): "\(path) already exists"
+        case .keyRejected(let path, let reason): "\(path) is encrypted and cannot be opened: \(reason)"
         case .sqlite(let code, let message, let sql):
             "SQLite error \(code): \(message)" + (sql.map { " (in \($0))" } ?? "")
         case .io(let operation, let path, let code): "\(operation) \(path): \(String(cString: strerror(code)))"
@@ -106,6 +109,7 @@ extension SofaError: CustomStringConvertible, LocalizedError {
         case .conflict: "conflict"
         case .notADatabase: "not_a_database"
         case .databaseExists: "file_exists"
+        case .keyRejected: "key_rejected"
         case .sqlite: "sqlite_error"
         case .io: "io_error"
         case .diskFull: "disk_full"

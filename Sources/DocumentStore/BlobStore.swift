@@ -25,16 +25,26 @@ public struct StoredBlob: Hashable, Sendable {
 /// let blob = try store.write(Array("hello".utf8))
 /// let reader = try store.openReader(blob.key, expectedLength: blob.length)
 /// ```
+///
+/// In an encrypted database (`key` set) every body is sealed on disk (`SealedBlob`: 4 KiB
+/// blocks, AES-256-GCM) and its file is named by an HMAC of its SHA-1, so neither the bytes nor
+/// the names say anything of the bodies; readers get the plaintext, writers give it.
 public final class BlobStore: Sendable {
     public let directory: String
     let temporaryDirectory: String
+    /// The keys of an encrypted database; nil for a plain one.
+    let key: DatabaseKey?
+    /// Whether bodies are sealed on disk: then no file here may be handed out as it is
+    /// (to FUSE passthrough, or copied by path).
+    public var isSealed: Bool { key != nil }
 
     /// Bytes moved per read or write call while streaming.
     public static let chunkSize = 1 << 20
 
-    init(directory: String) {
+    init(directory: String, key: DatabaseKey? = nil) {
         self.directory = directory
         self.temporaryDirectory = directory + "/tmp"
+        self.key = key
     }
 
     /// Creates the store's directories if they are missing.
@@ -44,14 +54,21 @@ public final class BlobStore: Sendable {
         }
     }
 
-    public func path(for key: BlobKey) -> String { "\(directory)/\(key.hex).blob" }
+    /// The file of blob `key`: its SHA-1 in hex, or in an encrypted database an HMAC of it.
+    public func path(for key: BlobKey) -> String { "\(directory)/\(fileName(for: key))" }
+
+    func fileName(for key: BlobKey) -> String { (self.key?.fileName(of: key) ?? key.hex) + BlobStore.fileSuffix }
+
+    static let fileSuffix = ".blob"
+
 
     public func contains(_ key: BlobKey) -> Bool { access(path(for: key), F_OK) == 0 }
 
     /// The size of the blob `key`, or nil if it is not here.
     public func size(of key: BlobKey) -> Int64? {
         var info = stat()
-        return stat(path(for: key), &info) == 0 ? Int64(info.st_size) : nil
+        guard stat(path(for: key), &info) == 0 else { return nil }
+        return isSealed ? SealedBlob.plainSize(ofSealed: Int64(info.st_size)) : Int64(info.st_size)
     }
 
     /// Starts streaming a new blob into the store.
@@ -152,7 +169,7 @@ public final class BlobStore: Sendable {
 
     /// Opens a blob for reading. Throws if it is missing or its size is not `expectedLength`.
     public func openReader(_ key: BlobKey, expectedLength: Int64? = nil) throws -> BlobReader {
-        try BlobReader(key: key, path: path(for: key), expectedLength: expectedLength)
+        try BlobReader(key: key, path: path(for: key), expectedLength: expectedLength, sealedWith: self.key?.blobs)
     }
 
     /// Reads a whole blob and checks its hash. For tests and small bodies only.
@@ -189,20 +206,26 @@ public final class BlobStore: Sendable {
 
     /// Deletes a blob; a missing one is not an error.
     func remove(_ key: BlobKey) throws {
-        guard unlink(path(for: key)) == 0 || errno == ENOENT else {
-            throw SofaError.system("remove", path: path(for: key), errno: errno)
-        }
+        try remove(fileNamed: fileName(for: key))
     }
 
-    /// The keys of every blob on disk, with their sizes.
-    func allBlobs() throws -> [(key: BlobKey, size: Int64)] {
+    /// Deletes the blob file `name` (as `allBlobs` lists it); a missing one is not an error.
+    func remove(fileNamed name: String) throws {
+        let path = "\(directory)/\(name)"
+        guard unlink(path) == 0 || errno == ENOENT else { throw SofaError.system("remove", path: path, errno: errno) }
+    }
+
+    /// Every blob file on disk: its name, its size on disk and, in a plain store, its key (an
+    /// encrypted store's names do not give the key back).
+    func allBlobs() throws -> [(name: String, key: BlobKey?, size: Int64)] {
         guard let names = BlobStore.names(in: directory) else { throw SofaError.system("list", path: directory, errno: errno) }
-        var result: [(BlobKey, Int64)] = []
-        for name in names {
-            guard name.hasSuffix(".blob"), let key = BlobKey(hex: String(name.dropLast(5))) else { continue }
+        var result: [(String, BlobKey?, Int64)] = []
+        for name in names where name.hasSuffix(BlobStore.fileSuffix) {
+            let stem = String(name.dropLast(BlobStore.fileSuffix.count))
+            guard stem.utf8.count == 40, let named = BlobKey(hex: stem) else { continue }
             var info = stat()
-            guard stat(path(for: key), &info) == 0 else { continue }
-            result.append((key, Int64(info.st_size)))
+            guard stat("\(directory)/\(name)", &info) == 0 else { continue }
+            result.append((name, isSealed ? nil : named, Int64(info.st_size)))
         }
         return result
     }
@@ -259,7 +282,15 @@ public final class BlobStore: Sendable {
     /// Moves the file at `path` (on the same file system) into the store, without
     /// copying it. With `keepingOriginal`, the store gets a hard link and the file
     /// stays where it is, for the caller to remove once the blob is referenced.
+    ///
+    /// In an encrypted store, a file in the sealed format (a scratch file of this store) is
+    /// adopted as it is; any other is plaintext, and is sealed into a new blob.
     public func adopt(fileAt path: String, keepingOriginal: Bool = false) throws -> StoredBlob {
+        if isSealed, !BlobStore.isSealedFile(path) {
+            let blob = try write(contentsOf: path)
+            if !keepingOriginal { unlink(path) }
+            return blob
+        }
         var path = path
         if keepingOriginal {
             let link = "\(temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
@@ -269,17 +300,50 @@ public final class BlobStore: Sendable {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         let digest = MessageDigest(.sha1)
-        let length = try hashFile(fd, path: path, into: digest)
+        let length: Int64
+        do {
+            length = try hashFile(fd, path: path, into: digest)
+        } catch {
+            close(fd)
+            throw error
+        }
         let key = BlobKey(digest: digest.finalize())
         try install(fd, at: path, as: key)
         return StoredBlob(key: key, length: length)
     }
 
+    /// Whether the file at `path` starts as a sealed body does.
+    static func isSealedFile(_ path: String) -> Bool {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var magic = [UInt8](repeating: 0, count: SealedBlob.magic.count)
+        return pread(fd, &magic, magic.count, 0) == magic.count && magic == SealedBlob.magic
+    }
+
     /// Hashes a whole file from offset 0 with `pread`; returns its length. The holes of a
     /// sparse file (`truncate -s`) are hashed as zeros without being read.
+    /// In an encrypted store, the file is a sealed one and its plaintext is hashed.
     fileprivate func hashFile(_ fd: Int32, path: String, into digest: MessageDigest) throws -> Int64 {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
         defer { buffer.deallocate() }
+        if let key {
+            let file: SealedFile
+            do { file = try SealedFile(opening: fd, path: path, key: key.blobs) } catch let damage as SealedBlobDamaged {
+                throw SofaError.blobCorrupted(key: "(unknown)", path: damage.path)
+            }
+            var offset: Int64 = 0
+            while offset < file.length {
+                let count: Int
+                do { count = try file.read(into: buffer, at: offset) } catch let damage as SealedBlobDamaged {
+                    throw SofaError.blobCorrupted(key: "(unknown)", path: damage.path)
+                }
+                guard count > 0 else { break }
+                digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+                offset += Int64(count)
+            }
+            return offset
+        }
         var info = stat()
         guard fstat(fd, &info) == 0 else { throw SofaError.system("stat", path: path, errno: errno) }
         let length = Int64(info.st_size)
@@ -313,6 +377,12 @@ public final class BlobStore: Sendable {
         return length
     }
 
+    /// A sealed body that fails its check, said as any damaged body is (and logged where it is
+    /// read: the error names the file).
+    static func damaged(_ damage: SealedBlobDamaged, key: BlobKey) -> SofaError {
+        .blobCorrupted(key: key.hex, path: damage.path)
+    }
+
     fileprivate func syncDirectory() throws {
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw SofaError.system("open", path: directory, errno: errno) }
@@ -334,6 +404,8 @@ public final class BlobWriter {
     private let digest = MessageDigest(.sha1)
     public private(set) var length: Int64 = 0
     private var writeback = EarlyWriteback()
+    /// Seals the bytes on their way to the file (an encrypted database's store).
+    private var sealer: SealedFile?
 
     fileprivate init(store: BlobStore) throws {
         self.store = store
@@ -341,6 +413,14 @@ public final class BlobWriter {
         // 0444: a blob never changes once written, and `contentPath` hands it out as read-only.
         fd = open(temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
         guard fd >= 0 else { throw SofaError.system("create", path: temporaryPath, errno: errno) }
+        if let key = store.key {
+            do {
+                sealer = try SealedFile(creating: fd, path: temporaryPath, key: key.blobs)
+            } catch {
+                cancel()
+                throw error
+            }
+        }
     }
 
     deinit { cancel() }
@@ -350,7 +430,7 @@ public final class BlobWriter {
         precondition(fd >= 0, "write after finish or cancel")
         digest.update(bytes)
         do {
-            try writeFully(fd, bytes, path: temporaryPath)
+            if let sealer { try sealer.write(bytes, at: length) } else { try writeFully(fd, bytes, path: temporaryPath) }
         } catch {
             cancel()
             throw error
@@ -370,6 +450,7 @@ public final class BlobWriter {
             throw SofaError.blobCorrupted(key: expected.hex, path: temporaryPath)
         }
         do {
+            sealer = nil
             let descriptor = fd
             fd = -1
             try store.install(descriptor, at: temporaryPath, as: key, durable: durable)
@@ -401,20 +482,33 @@ public final class BlobWriter {
 public final class BlobReader {
     public let key: BlobKey
     public let path: String
+    /// The body's length (not the sealed file's, in an encrypted database).
     public let length: Int64
     private let fd: Int32
     private let digest = MessageDigest(.sha1)
     private var position: Int64 = 0
     private var verified = false
+    /// Opens the sealed blocks (an encrypted database's store); nil for a plain file.
+    private let unsealer: SealedFile?
 
-    fileprivate init(key: BlobKey, path: String, expectedLength: Int64?) throws {
+    fileprivate init(key: BlobKey, path: String, expectedLength: Int64?, sealedWith sealingKey: SealingKey?) throws {
         self.key = key
         self.path = path
-        fd = open(path, O_RDONLY | O_CLOEXEC)
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+        self.fd = fd
+        do {
+            unsealer = try sealingKey.map { try SealedFile(opening: fd, path: path, key: $0) }
+        } catch let damage as SealedBlobDamaged {
+            close(fd)
+            throw BlobStore.damaged(damage, key: key)
+        } catch {
+            close(fd)
+            throw error
+        }
         var info = stat()
         fstat(fd, &info)
-        length = Int64(info.st_size)
+        length = unsealer?.length ?? Int64(info.st_size)
         if let expectedLength, expectedLength != length {
             close(fd)
             throw SofaError.blobCorrupted(key: key.hex, path: path)
@@ -424,13 +518,14 @@ public final class BlobReader {
     deinit { close(fd) }
 
     /// The open file, for a reader that needs it (the kernel reading it directly: FUSE
-    /// passthrough). Borrowed: it stays open as long as this reader, and is not to be closed.
-    public var descriptor: Int32 { fd }
+    /// passthrough); nil when the file holds the body sealed (an encrypted database), which only
+    /// this reader can open. Borrowed: it stays open as long as this reader, and is not to be closed.
+    public var descriptor: Int32? { unsealer == nil ? fd : nil }
 
     /// Reads the next bytes into `buffer`; 0 at the end, once the hash has been checked.
     public func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         while true {
-            let count = Glibc.read(fd, buffer.baseAddress, buffer.count)
+            let count = unsealer != nil ? try read(into: buffer, at: position) : Glibc.read(fd, buffer.baseAddress, buffer.count)
             if count < 0 {
                 if errno == EINTR { continue }
                 throw SofaError.system("read", path: path, errno: errno)
@@ -450,8 +545,16 @@ public final class BlobReader {
         }
     }
 
-    /// Reads up to `buffer.count` bytes at `offset`, without hash checking.
+    /// Reads up to `buffer.count` bytes at `offset`, without hash checking (a sealed body's
+    /// blocks are checked by their tags: a damaged one is `blobCorrupted`, never other bytes).
     public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        if let unsealer {
+            do {
+                return try unsealer.read(into: buffer, at: offset)
+            } catch let damage as SealedBlobDamaged {
+                throw BlobStore.damaged(damage, key: key)
+            }
+        }
         while true {
             let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
             if count < 0 {
@@ -483,12 +586,20 @@ public final class TemporaryBlobFile {
     /// let 64 MiB wait once the mount's writes grew to 1 MiB, and the mount's peak RSS with it).
     private let hashSlots = DispatchSemaphore(value: 64)
     private static let hashUnit = 128 << 10
+    /// The file sealed (an encrypted database): it becomes the blob by a rename all the same.
+    private var sealed: SealedFile?
 
     fileprivate init(store: BlobStore, copying key: BlobKey?) throws {
         self.store = store
         path = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
         fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
+        if let sealingKey = store.key?.blobs {
+            do { sealed = try SealedFile(creating: fd, path: path, key: sealingKey) } catch {
+                discard()
+                throw error
+            }
+        }
         if let key {
             do {
                 let reader = try store.openReader(key)
@@ -507,7 +618,7 @@ public final class TemporaryBlobFile {
     deinit { discard() }
 
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
-        try writeFully(fd, bytes, at: offset, path: path)
+        if let sealed { try sealed.write(bytes, at: offset) } else { try writeFully(fd, bytes, at: offset, path: path) }
         if let digest, offset == hashedLength {
             let copy = [UInt8](bytes)
             let box = HashingDigest(digest)
@@ -526,6 +637,11 @@ public final class TemporaryBlobFile {
     }
 
     public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        if let sealed {
+            do { return try sealed.read(into: buffer, at: offset) } catch let damage as SealedBlobDamaged {
+                throw SofaError.blobCorrupted(key: "(being written)", path: damage.path)
+            }
+        }
         while true {
             let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
             if count >= 0 { return count }
@@ -534,7 +650,9 @@ public final class TemporaryBlobFile {
     }
 
     public func truncate(to newSize: Int64) throws {
-        guard ftruncate(fd, off_t(newSize)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
+        if let sealed { try sealed.truncate(to: newSize) } else if ftruncate(fd, off_t(newSize)) != 0 {
+            throw SofaError.system("truncate", path: path, errno: errno)
+        }
         if newSize == 0 {
             digest = MessageDigest(.sha1)
             hashedLength = 0

@@ -34,12 +34,14 @@ extension Database {
     public func copy(to destination: String, replacing: Bool = false) throws -> Database {
         let stage = try StagedDirectory(for: destination, replacing: replacing)
         do {
-            let target = BlobStore(directory: "\(stage.path)/\(Database.attachmentsDirectoryName)")
+            // An encrypted database's copy keeps its key (the same key.json): the pre-built flow.
+            if isEncrypted { try copyFile(KeyFile.path(in: path), to: KeyFile.path(in: stage.path)) }
+            let target = BlobStore(directory: "\(stage.path)/\(Database.attachmentsDirectoryName)", key: encryption)
             try target.createDirectories()
             let file = "\(stage.path)/\(Database.databaseFileName)"
             try vacuum(into: file)
             do {  // the connection closes before the directory moves
-                let copy = try SQLiteConnection(path: file, create: false)
+                let copy = try SQLiteConnection(path: file, create: false, sealed: sealedPages)
                 for key in try Database.referencedBlobKeys(in: copy) where blobs.contains(key) {
                     let from = blobs.path(for: key), to = target.path(for: key)
                     guard link(from, to) != 0 else { continue }
@@ -48,7 +50,7 @@ extension Database {
                 }
                 try Database.renewIdentity(copy)
             }
-            return try stage.install()
+            return try stage.install(unlocked: encryption)
         } catch {
             stage.discard()
             throw error
@@ -72,7 +74,7 @@ extension Database {
         defer { unlink(vacuumed) }
         do {
             try vacuum(into: vacuumed)
-            let snapshot = try SQLiteConnection(path: vacuumed, create: false)
+            let snapshot = try SQLiteConnection(path: vacuumed, create: false, sealed: sealedPages)
             var bodies: [(key: BlobKey, compress: Bool, size: Int64)] = []
             var report = SnapshotReport(path: output)
             try snapshot.forEach("""
@@ -93,13 +95,14 @@ extension Database {
             var databaseInfo = stat()
             stat(vacuumed, &databaseInfo)
             let total = Int64(databaseInfo.st_size) + bodies.reduce(0) { $0 + $1.size }
-            try zip.add(root + Database.databaseFileName, contentsOf: vacuumed, compress: true)
+            if isEncrypted { try zip.add(root + KeyFile.fileName, contentsOf: KeyFile.path(in: path), compress: false) }
+            try zip.add(root + Database.databaseFileName, contentsOf: vacuumed, compress: !isEncrypted)
             var done = Int64(databaseInfo.st_size)
             progress?(done, total)
             for body in bodies {
                 do {
-                    try zip.add("\(root)\(Database.attachmentsDirectoryName)/\(body.key.hex).blob",
-                                contentsOf: blobs.path(for: body.key), compress: body.compress)
+                    try zip.add("\(root)\(Database.attachmentsDirectoryName)/\(blobs.fileName(for: body.key))",
+                                contentsOf: blobs.path(for: body.key), compress: body.compress && !isEncrypted)
                     report.bodyCount += 1
                     report.bodyBytes += body.size
                 } catch SofaError.io("open", _, ENOENT) {
@@ -145,6 +148,17 @@ extension Database {
                 ? "the archive holds no \(databaseFileName)" : "the archive holds \(roots.count) databases")
         }
         let stage = try StagedDirectory(for: destination, replacing: replacing)
+        // An encrypted database's snapshot carries its key.json: installed with the same key.
+        var encryption: DatabaseKey?
+        if let keyEntry = entries.first(where: { $0.type == .file && $0.path == root + KeyFile.fileName }) {
+            do {
+                try extract(keyEntry, from: archive, toFile: KeyFile.path(in: stage.path), unpacked: { _ in })
+                encryption = try unlock(stage.path, secret: nil)
+            } catch {
+                stage.discard()
+                throw error
+            }
+        }
         let total = entries.reduce(Int64(0)) { $0 + Int64(clamping: $1.uncompressedSize) }
         var done: Int64 = 0
         let unpacked = { (count: Int) in
@@ -152,7 +166,7 @@ extension Database {
             progress?(done, total)
         }
         do {
-            let blobs = BlobStore(directory: "\(stage.path)/\(attachmentsDirectoryName)")
+            let blobs = BlobStore(directory: "\(stage.path)/\(attachmentsDirectoryName)", key: encryption)
             try blobs.createDirectories()
             for entry in entries where entry.type != .directory {
                 guard entry.path.hasPrefix(root) else {
@@ -160,7 +174,13 @@ extension Database {
                 }
                 let relative = String(entry.path.dropFirst(root.count))
                 guard entry.type == .file else { throw SofaError.notADatabase(path: zip, reason: "\(entry.path) is not a regular file") }
-                if relative == databaseFileName || relative == databaseFileName + "-wal" {
+                if relative == KeyFile.fileName && encryption != nil {
+                    continue  // unpacked first
+                } else if encryption != nil, relative.hasPrefix("\(attachmentsDirectoryName)/"), !relative.hasPrefix("\(attachmentsDirectoryName)/tmp/"),
+                          relative.hasSuffix(BlobStore.fileSuffix), BlobKey(hex: String(relative.dropFirst(attachmentsDirectoryName.count + 1).dropLast(5))) != nil {
+                    // Sealed, under a keyed name: checked below, once the SQLite file says which bodies these are.
+                    try extract(entry, from: archive, toFile: "\(stage.path)/\(relative)", unpacked: unpacked)
+                } else if relative == databaseFileName || relative == databaseFileName + "-wal" {
                     try extract(entry, from: archive, toFile: "\(stage.path)/\(relative)", unpacked: unpacked)
                 } else if relative.hasPrefix("\(attachmentsDirectoryName)/tmp/") || relative.hasSuffix("-shm") {
                     continue  // another process's unfinished write, or SQLite's shared memory: never needed
@@ -181,7 +201,8 @@ extension Database {
                 }
             }
             do {  // the connection closes before the directory moves
-                let connection = try SQLiteConnection(path: "\(stage.path)/\(databaseFileName)", create: false)
+                let connection = try SQLiteConnection(path: "\(stage.path)/\(databaseFileName)", create: false,
+                                                      sealed: try encryption.map { try SealedPages(key: $0.pages) })
                 let problems: [String]
                 do {
                     try Schema.check(connection, path: zip, readOnly: false)
@@ -192,10 +213,17 @@ extension Database {
                 guard problems.isEmpty else {
                     throw SofaError.notADatabase(path: zip, reason: "its SQLite file is damaged: \(problems.prefix(3).joined(separator: "; "))")
                 }
+                if encryption != nil {
+                    for key in try referencedBlobKeys(in: connection) where blobs.contains(key) {
+                        do { try blobs.verify(key) } catch {
+                            throw SofaError.notADatabase(path: zip, reason: "the body \(key.hex) is damaged in the zip (\(error))")
+                        }
+                    }
+                }
                 try renewIdentity(connection)
                 try connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             }
-            return try stage.install()
+            return try stage.install(unlocked: encryption)
         } catch {
             stage.discard()
             throw describeZipError(error, path: zip)
@@ -205,7 +233,7 @@ extension Database {
     /// The SQLite file as one consistent snapshot, written by a connection of its own
     /// (VACUUM INTO reads outside any transaction, while others write).
     private func vacuum(into file: String) throws {
-        let snapshot = try SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly)
+        let snapshot = try SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly, sealed: sealedPages)
         try snapshot.run("VACUUM INTO ?", .text(file))
     }
 
@@ -234,6 +262,15 @@ extension Database {
             try? connection.execute("ROLLBACK")  // the error thrown below is the one that matters
             throw error
         }
+    }
+
+    /// Copies a small file (key.json) byte for byte, synced.
+    private func copyFile(_ from: String, to: String) throws {
+        guard let data = FileManager.default.contents(atPath: from) else { throw SofaError.system("read", path: from, errno: errno) }
+        let fd = Glibc.open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw SofaError.system("create", path: to, errno: errno) }
+        defer { close(fd) }
+        try data.withUnsafeBytes { try writeFully(fd, $0, path: to) }
     }
 
     /// Streams one zip entry into a new file.
@@ -306,7 +343,7 @@ struct StagedDirectory {
     }
 
     /// Syncs what was written, renames it into place and opens it.
-    func install() throws -> Database {
+    func install(unlocked: DatabaseKey? = nil) throws -> Database {
         try syncFile(path)  // syncfs: every file staged on that file system
         if replacing, access(destination, F_OK) == 0 {
             let aside = path + ".replaced"
@@ -323,7 +360,7 @@ struct StagedDirectory {
             guard rename(path, destination) == 0 else { throw SofaError.system("rename", path: destination, errno: errno) }
         }
         try syncFile(stagingLocation(for: destination).directory)
-        return try Database.open(at: destination)
+        return try Database.open(at: destination, secret: nil, unlocked: unlocked)
     }
 
     func discard() {

@@ -11,9 +11,10 @@ extension Database {
         return try blobs.openReader(key, expectedLength: attachment.length)
     }
 
-    /// The path of an attachment's body file (read-only; never write to it), or nil if not here.
+    /// The path of an attachment's body file (read-only; never write to it), or nil if not here
+    /// or if the file holds it sealed (an encrypted database: read it with `openContent`).
     public func contentPath(of attachment: Attachment) -> String? {
-        guard let key = attachment.blobKey, blobs.contains(key) else { return nil }
+        guard !blobs.isSealed, let key = attachment.blobKey, blobs.contains(key) else { return nil }
         return blobs.path(for: key)
     }
 

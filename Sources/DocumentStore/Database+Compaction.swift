@@ -74,14 +74,16 @@ extension Database {
                         referenced.formUnion(try connection.query("SELECT DISTINCT blob_key FROM staged_attachments") { $0.text(0) })
                     }
                     let cutoff = alone && noOtherProcess ? Double.infinity : Date().timeIntervalSince1970 - Tuning.blobGracePeriod
-                    for blob in try blobs.allBlobs() where !referenced.contains(blob.key.hex) {
+                    // Compared by file name: an encrypted store's names do not give the key back.
+                    let referencedFiles = Set(referenced.compactMap(BlobKey.init(hex:)).map(blobs.fileName(for:)))
+                    for blob in try blobs.allBlobs() where !referencedFiles.contains(blob.name) {
                         var info = stat()
-                        guard stat(blobs.path(for: blob.key), &info) == 0 else { continue }
+                        guard stat("\(blobs.directory)/\(blob.name)", &info) == 0 else { continue }
                         guard Double(info.st_mtim.tv_sec) < cutoff else {
                             report.recentBlobsKept += 1
                             continue
                         }
-                        if !dryRun { try blobs.remove(blob.key) }
+                        if !dryRun { try blobs.remove(fileNamed: blob.name) }
                         report.blobsDeleted += 1
                         report.blobBytesFreed += blob.size
                     }
@@ -130,8 +132,17 @@ extension Database {
         var problems = try read { connection in
             try connection.query("PRAGMA integrity_check") { $0.text(0) }.filter { $0 != "ok" }
         }
-        for blob in try blobs.allBlobs() {
-            do { try blobs.verify(blob.key) } catch { problems.append("\(error)") }
+        if blobs.isSealed {
+            // Names do not give keys back: every body the revisions refer to is read and hashed.
+            let keys = try read { try Database.referencedBlobKeys(in: $0) }
+            for key in keys where blobs.contains(key) {
+                do { try blobs.verify(key) } catch { problems.append("\(error)") }
+            }
+        } else {
+            for blob in try blobs.allBlobs() {
+                guard let key = blob.key else { continue }
+                do { try blobs.verify(key) } catch { problems.append("\(error)") }
+            }
         }
         return problems
     }

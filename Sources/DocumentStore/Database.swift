@@ -1,3 +1,4 @@
+import CCrypto
 import DocumentModel
 import Foundation
 
@@ -24,6 +25,12 @@ public final class Database: @unchecked Sendable {
 
     public let path: String
     public let blobs: BlobStore
+    /// An encrypted database's keys (nil for a plain one); its connections' pages are sealed
+    /// by `sealedPages`, its bodies by `blobs`.
+    let encryption: DatabaseKey?
+    let sealedPages: SealedPages?
+    /// Whether the database is encrypted at rest (`key.json`; docs/encryption.md).
+    public var isEncrypted: Bool { encryption != nil }
     public let publicUUID: String
     public let privateUUID: String
     /// True when the database sits on a read-only file system: it is opened
@@ -82,9 +89,11 @@ public final class Database: @unchecked Sendable {
     public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }
 
     private init(path: String, writer: SQLiteConnection, readOnly: Bool = false, fullDisk: Bool = false,
-                 schemaVersion: Int = Schema.version) throws {
+                 schemaVersion: Int = Schema.version, encryption: DatabaseKey? = nil) throws {
         self.path = path
         self.writer = writer
+        self.encryption = encryption
+        self.sealedPages = writer.sealed
         self.isReadOnly = readOnly
         self.openedOnAFullDisk = fullDisk
         self.hasBodyDigests = schemaVersion >= 2
@@ -94,7 +103,7 @@ public final class Database: @unchecked Sendable {
         self.hasStaging = schemaVersion >= 6
         self.hasLocalAttributes = schemaVersion >= 7
         self.hasAttachmentOrder = schemaVersion >= 8
-        self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)")
+        self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)", key: encryption)
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
         }
@@ -148,17 +157,29 @@ public final class Database: @unchecked Sendable {
         return try body(true)
     }
 
-    /// Creates a new, empty database directory at `path`.
-    public static func create(at path: String, revsLimit: Int = Tuning.defaultRevsLimit) throws -> Database {
+    /// Creates a new, empty database directory at `path`. With `encryptedWith`, everything in
+    /// it is encrypted under a new random key, wrapped in `key.json` under what the secret
+    /// unlocks (a key file's key, or a passphrase through scrypt).
+    public static func create(at path: String, revsLimit: Int = Tuning.defaultRevsLimit,
+                              encryptedWith secret: (DatabaseSecret, KeyUnlock)? = nil) throws -> Database {
         let path = normalize(path)
         guard mkdir(path, 0o755) == 0 else {
             throw errno == EEXIST ? SofaError.databaseExists(path: path) : SofaError.system("create directory", path: path, errno: errno)
         }
         do {
+            var encryption: DatabaseKey?
+            if let (secret, unlock) = secret {
+                var dataKey = try DatabaseKey.random(32)
+                defer { dataKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
+                let cost = ProcessInfo.processInfo.environment["SOFA_TEST_SCRYPT_CHEAP"] == "1" ? KeyFile.cheapCost : nil
+                try KeyFile.wrapping(dataKey, with: secret, unlock: unlock, cost: cost, database: path).write(database: path)
+                encryption = try DatabaseKey(dataKey: dataKey)
+            }
             try BlobStore(directory: "\(path)/\(attachmentsDirectoryName)").createDirectories()
-            let connection = try SQLiteConnection(path: "\(path)/\(databaseFileName)", create: true)
+            let connection = try SQLiteConnection(path: "\(path)/\(databaseFileName)", create: true,
+                                                  sealed: try encryption.map { try SealedPages(key: $0.pages) })
             try Schema.create(connection, revsLimit: revsLimit)
-            return try Database(path: path, writer: connection)
+            return try Database(path: path, writer: connection, encryption: encryption)
         } catch {
             // Leave nothing half-made (as far as it goes: the error thrown is the one that matters).
             try? FileManager.default.removeItem(atPath: path)
@@ -166,8 +187,15 @@ public final class Database: @unchecked Sendable {
         }
     }
 
-    /// Opens an existing database directory.
-    public static func open(at path: String) throws -> Database {
+    /// Opens an existing database directory. An encrypted one is opened with `secret`, or the
+    /// one `DatabaseSecrets` finds for it; without one, or with a wrong one, it is
+    /// `keyRejected` before anything is read.
+    public static func open(at path: String, secret: DatabaseSecret? = nil) throws -> Database {
+        try open(at: path, secret: secret, unlocked: nil)
+    }
+
+    /// `open(at:secret:)`, or with the keys of an encrypted database already unlocked (a copy's).
+    static func open(at path: String, secret: DatabaseSecret?, unlocked: DatabaseKey?) throws -> Database {
         let path = normalize(path)
         var info = stat()
         guard stat(path, &info) == 0 else {
@@ -181,7 +209,9 @@ public final class Database: @unchecked Sendable {
         // Immutable mode ignores the WAL, so it is only safe when all commits are in the main file.
         let walIsEmpty = stat(file + "-wal", &wal) != 0 || wal.st_size == 0
         var readOnly = statvfs(path, &fileSystem) == 0 && fileSystem.f_flag & UInt(ST_RDONLY) != 0 && walIsEmpty
-        var connection = try SQLiteConnection(path: file, create: false, immutable: readOnly)
+        let encryption = try unlocked ?? unlock(path, secret: secret)
+        let pages = try encryption.map { try SealedPages(key: $0.pages) }
+        var connection = try SQLiteConnection(path: file, create: false, immutable: readOnly, sealed: pages)
         var found: Int
         do {
             found = try Schema.check(connection, path: path, readOnly: readOnly)
@@ -191,12 +221,12 @@ public final class Database: @unchecked Sendable {
             // `check`, `cat`, a read-only mount); writes then say the disk is full.
             guard walIsEmpty else { throw SofaError.diskFull(path: file + "-shm") }
             readOnly = true
-            connection = try SQLiteConnection(path: file, create: false, immutable: true)
+            connection = try SQLiteConnection(path: file, create: false, immutable: true, sealed: pages)
             found = try Schema.check(connection, path: path, readOnly: true)
         }
         let database = try Database(path: path, writer: connection, readOnly: readOnly,
                                     fullDisk: readOnly && fileSystem.f_flag & UInt(ST_RDONLY) == 0,
-                                    schemaVersion: readOnly ? found : Schema.version)
+                                    schemaVersion: readOnly ? found : Schema.version, encryption: encryption)
         if !readOnly {
             try database.blobs.createDirectories()
             // What killed writers left (an attach, import or pull cut short) goes on the next open.
@@ -205,6 +235,25 @@ public final class Database: @unchecked Sendable {
         if !readOnly && found == 1 { try database.upgradeDigestsFromVersion1() }
         if !readOnly && found < 5 { try database.buildMangoIndexesFromDesignDocuments() }
         return database
+    }
+
+    /// How the database at `path` is unlocked when it is encrypted; nil for a plain one.
+    public static func encryptionUnlock(at path: String) throws -> KeyUnlock? {
+        try KeyFile.read(database: normalize(path))?.unlock
+    }
+
+    /// The keys of the database at `path` when it is encrypted (nil when it is not): its
+    /// `key.json` unwrapped with `secret` or the one `DatabaseSecrets` gives.
+    static func unlock(_ path: String, secret: DatabaseSecret?) throws -> DatabaseKey? {
+        guard let file = try KeyFile.read(database: path) else { return nil }
+        guard let secret = try secret ?? DatabaseSecrets.secret(for: path, unlock: file.unlock) else {
+            throw SofaError.keyRejected(path: path, reason: file.unlock == .passphrase
+                ? "no passphrase given (run it on a terminal, or give --key-file or --key-fd)"
+                : "no key given (--key-file or --key-fd)")
+        }
+        var dataKey = try file.unwrap(with: secret, database: path)
+        defer { dataKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
+        return try DatabaseKey(dataKey: dataKey)
     }
 
     /// Whether the file system holding `path` has no room left for an ordinary user.
@@ -224,7 +273,7 @@ public final class Database: @unchecked Sendable {
     /// Runs `body` in a read transaction on a pooled connection: one consistent snapshot.
     func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         let connection = try readersLock.withLock { idleReaders.popLast() }
-            ?? SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly)
+            ?? SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly, sealed: sealedPages)
         defer { readersLock.withLock { idleReaders.append(connection) } }
         try connection.execute("BEGIN")
         defer { try? connection.execute("COMMIT") }  // ends a read: nothing to lose if it fails

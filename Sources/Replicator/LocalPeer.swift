@@ -86,10 +86,21 @@ final class LocalPeer: ReplicationPeer {
 
     func fetchBody(of attachment: Attachment, docID: String, rev: RevisionID, into blobs: BlobStore) throws
         -> (blob: StoredBlob, digest: String) {
-        guard let path = database.contentPath(of: attachment), let key = attachment.blobKey else {
+        guard let key = attachment.blobKey, database.blobs.contains(key) else {
             throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
         }
-        return (try blobs.write(contentsOf: path, expecting: key), attachment.digest)
+        if let path = database.contentPath(of: attachment) {
+            return (try blobs.write(contentsOf: path, expecting: key), attachment.digest)
+        }
+        // Sealed in an encrypted database: read through its store, sealed again by the other's.
+        let reader = try database.openContent(of: attachment, docID: docID)
+        let writer = try blobs.makeWriter()
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        while case let count = try reader.read(into: buffer), count > 0 {
+            try writer.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+        }
+        return (try writer.finish(expecting: key), attachment.digest)
     }
 
     func openBody(of attachment: Attachment, docID: String) throws -> BlobReader {

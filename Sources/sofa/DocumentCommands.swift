@@ -8,11 +8,33 @@ struct Create: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Option(help: "Generations of history kept per document.") var revsLimit = Tuning.defaultRevsLimit
+    @Flag(help: ArgumentHelp("Encrypt everything in the database (AES-256-GCM).",
+                             discussion: "With --key-file PATH, unlocked by that key file (made with a new random key if it does not exist); with --passphrase, by a passphrase asked for twice on the terminal (or read from --key-fd or --key-file)."))
+    var encrypt = false
 
     func execute() throws {
         guard revsLimit >= 1 else { throw SofaError.invalidArgument("--revs-limit must be at least 1") }
-        let database = try Database.create(at: db.database, revsLimit: revsLimit)
-        Output.line("created \(database.path)")
+        var encryption: (DatabaseSecret, KeyUnlock)?
+        var madeKeyFile: String?
+        if encrypt {
+            let unlock: KeyUnlock = KeyOptions.passphrase ? .passphrase : .keyFile
+            if unlock == .keyFile, let path = KeyOptions.keyFileGiven, access(path, F_OK) != 0 {
+                try KeyOptions.writeNewKeyFile(at: path)
+                madeKeyFile = path
+            }
+            guard let secret = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: true) else {
+                throw SofaError.invalidArgument(
+                    "--encrypt needs --key-file PATH (a new key file is made there if none exists) or --passphrase on a terminal (or with --key-fd)")
+            }
+            encryption = (secret, unlock)
+        } else if KeyOptions.passphrase {
+            throw SofaError.invalidArgument("--passphrase is for an encrypted database: add --encrypt")
+        }
+        let database = try Database.create(at: db.database, revsLimit: revsLimit, encryptedWith: encryption)
+        if let madeKeyFile {
+            Output.error("a new key was written to \(madeKeyFile): keep it safe and apart from the database; without it the database cannot be opened")
+        }
+        Output.line("created \(database.path)" + (encrypt ? " (encrypted)" : ""))
     }
 }
 

@@ -191,7 +191,21 @@ struct Mount: SofaCommand {
         // the log goes beside the database, and is shown if mounting fails.
         let logPath = URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
         let logWritable = access(URL(fileURLWithPath: db.database).path, W_OK) == 0
-        let pid = try spawnDetached(arguments, stderr: logWritable ? logPath : nil)
+        // An encrypted database's key goes to the child through a pipe, never its arguments.
+        var keyPipe: Int32?
+        if let unlock = try Database.encryptionUnlock(at: db.database) {
+            guard let secret = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: false) else {
+                throw SofaError.keyRejected(path: db.database, reason: "no key given (--key-file, --key-fd, or run it on a terminal)")
+            }
+            var ends: [Int32] = [0, 0]
+            guard pipe(&ends) == 0 else { throw SofaError.system("pipe", path: db.database, errno: errno) }
+            defer { close(ends[1]) }
+            try secret.withBytes { try writeFully(ends[1], $0, path: "the key pipe") }
+            keyPipe = ends[0]
+            arguments += ["--key-fd", "0"]
+        }
+        defer { if let keyPipe { close(keyPipe) } }
+        let pid = try spawnDetached(arguments, stdin: keyPipe, stderr: logWritable ? logPath : nil)
         // Wait until the mount appears, or the child gives up.
         for _ in 0..<200 {
             if MountTable.contains(mountPoint) { return }

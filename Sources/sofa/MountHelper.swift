@@ -6,6 +6,9 @@ import Foundation
 ///
 ///     /srv/notes.sofa  /mnt/notes  fuse.sofa  remote=http://host:5984/notes,sync,continuous,nofail  0 0
 ///
+/// An encrypted database is mounted with `key_file=PATH` (its key file, or a file holding its
+/// passphrase).
+///
 /// mount(8) calls it as `mount.fuse.sofa DB MOUNTPOINT [-sfnv] [-o OPTIONS]`; the options
 /// become `sofa mount` arguments: Sofa's own (below) as flags, mount(8)'s bookkeeping ones
 /// dropped, the rest passed to FUSE with -o.
@@ -19,7 +22,7 @@ enum MountHelper {
         "download_attachments_types": "--download-attachments-types",
         "pull": "--pull", "push": "--push", "sync": "--sync", "continuous": "--continuous",
         "no_download_attachments": "--no-download-attachments", "download_attachments": "--download-attachments",
-        "ro": "--read-only",
+        "ro": "--read-only", "key_file": "--key-file",
     ]
 
     /// mount(8)'s and systemd's options, which say how or when to mount, not what.

@@ -14,6 +14,10 @@ struct Sofa: ParsableCommand {
         discussion: """
             Every command takes -v/--verbose (log what happens; -vv: debug) and -q/--quiet (errors only, \
             no progress lines). Environment: SOFA_LOG_LEVEL=trace|debug|info|notice|warning|error.
+
+            Encrypted databases (sofa create --encrypt): every command opens one with --key-file PATH \
+            (its key file, or a file holding its passphrase) or --key-fd N (read from that descriptor), \
+            or asks for its passphrase on the terminal.
             """,
         version: SofaVersion.current,
         subcommands: [
@@ -32,9 +36,9 @@ struct Sofa: ParsableCommand {
             var command: ParsableCommand
             if MountHelper.names.contains(URL(fileURLWithPath: CommandLine.arguments[0]).lastPathComponent) {
                 guard let translated = try MountHelper.translate(arguments) else { return }
-                command = try parseAsRoot(translated)
+                command = try parseAsRoot(try KeyOptions.take(from: translated))
             } else {
-                command = try parseAsRoot(arguments)
+                command = try parseAsRoot(try KeyOptions.take(from: arguments))
             }
             try command.run()
         } catch {

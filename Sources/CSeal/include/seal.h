@@ -33,4 +33,13 @@ int sofa_unseal(const unsigned char *key, const unsigned char *nonce, const unsi
 int sofa_derive_key(const unsigned char *key, const unsigned char *salt, int saltLength,
                     const unsigned char *info, int infoLength, unsigned char *out);
 
+/* scrypt (RFC 7914, OpenSSL's): 32 bytes into `out` from `passphrase` and `salt` with cost `n`
+ * (a power of two), block size `r` and parallelism `p`. Returns 1, or 0 if OpenSSL failed (out of
+ * memory, or parameters it refuses). */
+int sofa_scrypt(const unsigned char *passphrase, int passphraseLength, const unsigned char *salt, int saltLength,
+                unsigned long long n, unsigned int r, unsigned int p, unsigned char *out);
+
+/* HMAC-SHA256 of `message` under `key` (32 bytes) into `out` (32 bytes). Returns 1 or 0. */
+int sofa_hmac_sha256(const unsigned char *key, const unsigned char *message, int length, unsigned char *out);
+
 #endif
