@@ -76,23 +76,41 @@ public final class BlobStore: Sendable {
         try BlobWriter(store: self)
     }
 
-    /// Where the partial body for `digest` waits: the base64 made file-name safe.
+    /// Where the partial body for `digest` waits: the base64 made file-name safe, or in an
+    /// encrypted store an HMAC of the digest (`partialToken`).
     func partialPath(for digest: String) -> String? {
+        guard let token = partialToken(for: digest) else { return nil }
+        return "\(temporaryDirectory)/\(token)\(BlobStore.partialSuffix)"
+    }
+
+    /// What names the partial body of `digest` (and what `partialBodies()` lists it by): the
+    /// digest, file-name safe; in an encrypted store, 40 hex digits of its HMAC, which
+    /// `partialBodies()` gives back as they are.
+    public func partialToken(for digest: String) -> String? {
+        if isSealed, BlobKey(hex: digest) != nil { return digest }  // as partialBodies() lists it
         guard digest.hasPrefix("sha1-") || digest.hasPrefix("md5-"), digest.count < 100,
               digest.utf8.allSatisfy({ isalnum(Int32($0)) != 0 || "+/=-".utf8.contains($0) }) else { return nil }
-        return "\(temporaryDirectory)/\(digest.replacingOccurrences(of: "/", with: "_"))\(BlobStore.partialSuffix)"
+        if let key { return key.fileName(ofDigest: digest) }
+        return digest.replacingOccurrences(of: "/", with: "_")
     }
 
     static let partialSuffix = ".partial"
 
+    /// How `partialBodies()` lists the partial body of `digest`: the digest itself, or in an
+    /// encrypted store its keyed name.
+    public func partialListing(of digest: String) -> String? { isSealed ? partialToken(for: digest) : digest }
+
     /// Partial bodies waiting for their remaining chunks (`PartialBody`): (digest, bytes on disk).
+    /// In an encrypted store the "digest" is the file's keyed name (`partialListing(of:)`); it
+    /// serves `removePartialBody` all the same.
     public func partialBodies() -> [(digest: String, length: Int64)] {
         var result: [(String, Int64)] = []
         for name in BlobStore.names(in: temporaryDirectory) ?? [] {
             guard name.hasSuffix(BlobStore.partialSuffix) else { continue }
             var info = stat()
             guard stat("\(temporaryDirectory)/\(name)", &info) == 0 else { continue }
-            let digest = name.dropLast(BlobStore.partialSuffix.count).replacingOccurrences(of: "_", with: "/")
+            let stem = String(name.dropLast(BlobStore.partialSuffix.count))
+            let digest = isSealed ? stem : stem.replacingOccurrences(of: "_", with: "/")
             // The file is sparse: count the bytes it holds, not its size.
             result.append((digest, min(Int64(info.st_size), Int64(info.st_blocks) * 512)))
         }
@@ -125,6 +143,7 @@ public final class BlobStore: Sendable {
     /// Returns bytes freed.
     func removePartialBodies(except wanted: Set<String>, dryRun: Bool = false) -> Int64 {
         var freed: Int64 = 0
+        let wanted = Set(wanted.compactMap(partialListing(of:)))
         for (digest, length) in partialBodies() where !wanted.contains(digest) && (dryRun || removePartialBody(digest: digest)) {
             freed += length
         }
@@ -411,7 +430,8 @@ public final class BlobWriter {
         self.store = store
         temporaryPath = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
         // 0444: a blob never changes once written, and `contentPath` hands it out as read-only.
-        fd = open(temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
+        // Readable too when sealed: a write that ends inside a block reads it back to add to it.
+        fd = open(temporaryPath, (store.isSealed ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
         guard fd >= 0 else { throw SofaError.system("create", path: temporaryPath, errno: errno) }
         if let key = store.key {
             do {

@@ -195,9 +195,10 @@ extension Database {
             trim.used += bytes
             if !keeping.contains(body.digest) { victims.append((body.lastRead, .body(body))) }
         }
+        let keepingPartials = Set(keeping.compactMap(blobs.partialListing(of:)))
         for partial in blobs.partialBodies() {
             trim.used += partial.length
-            if !keeping.contains(partial.digest) {
+            if !keepingPartials.contains(partial.digest) {
                 victims.append((blobs.partialModificationTime(of: partial.digest), .partial(digest: partial.digest, bytes: partial.length)))
             }
         }

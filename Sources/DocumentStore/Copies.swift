@@ -42,6 +42,7 @@ extension Database {
             try vacuum(into: file)
             do {  // the connection closes before the directory moves
                 let copy = try SQLiteConnection(path: file, create: false, sealed: sealedPages)
+                try Database.keepJournalInMemoryUntilWAL(copy)
                 for key in try Database.referencedBlobKeys(in: copy) where blobs.contains(key) {
                     let from = blobs.path(for: key), to = target.path(for: key)
                     guard link(from, to) != 0 else { continue }
@@ -49,6 +50,7 @@ extension Database {
                     _ = try target.write(contentsOf: from, expecting: key, durable: false)
                 }
                 try Database.renewIdentity(copy)
+                try copy.execute("PRAGMA journal_mode = WAL")
             }
             return try stage.install(unlocked: encryption)
         } catch {
@@ -95,7 +97,7 @@ extension Database {
             var databaseInfo = stat()
             stat(vacuumed, &databaseInfo)
             let total = Int64(databaseInfo.st_size) + bodies.reduce(0) { $0 + $1.size }
-            if isEncrypted { try zip.add(root + KeyFile.fileName, contentsOf: KeyFile.path(in: path), compress: false) }
+            if isEncrypted { try zip.add(root + KeyFile.fileName, contentsOf: KeyFile.path(in: self.path), compress: false) }
             try zip.add(root + Database.databaseFileName, contentsOf: vacuumed, compress: !isEncrypted)
             var done = Int64(databaseInfo.st_size)
             progress?(done, total)
@@ -203,6 +205,7 @@ extension Database {
             do {  // the connection closes before the directory moves
                 let connection = try SQLiteConnection(path: "\(stage.path)/\(databaseFileName)", create: false,
                                                       sealed: try encryption.map { try SealedPages(key: $0.pages) })
+                try keepJournalInMemoryUntilWAL(connection)
                 let problems: [String]
                 do {
                     try Schema.check(connection, path: zip, readOnly: false)
@@ -221,6 +224,7 @@ extension Database {
                     }
                 }
                 try renewIdentity(connection)
+                try connection.execute("PRAGMA journal_mode = WAL")
                 try connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             }
             return try stage.install(unlocked: encryption)
@@ -235,6 +239,15 @@ extension Database {
     private func vacuum(into file: String) throws {
         let snapshot = try SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly, sealed: sealedPages)
         try snapshot.run("VACUUM INTO ?", .text(file))
+    }
+
+    /// `VACUUM INTO` makes a file in rollback-journal mode. A sealed one cannot have a journal
+    /// on disk (the VFS refuses its page records: docs/encryption.md), so until the copy is
+    /// switched to WAL its journal is kept in memory; a copy cut short meanwhile is a staged
+    /// folder that is thrown away.
+    static func keepJournalInMemoryUntilWAL(_ connection: SQLiteConnection) throws {
+        guard connection.sealed != nil else { return }
+        try connection.execute("PRAGMA journal_mode = MEMORY")
     }
 
     /// The blobs the revisions in `connection`'s database refer to.

@@ -171,8 +171,7 @@ public final class Database: @unchecked Sendable {
             if let (secret, unlock) = secret {
                 var dataKey = try DatabaseKey.random(32)
                 defer { dataKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
-                let cost = ProcessInfo.processInfo.environment["SOFA_TEST_SCRYPT_CHEAP"] == "1" ? KeyFile.cheapCost : nil
-                try KeyFile.wrapping(dataKey, with: secret, unlock: unlock, cost: cost, database: path).write(database: path)
+                try KeyFile.wrapping(dataKey, with: secret, unlock: unlock, database: path).write(database: path)
                 encryption = try DatabaseKey(dataKey: dataKey)
             }
             try BlobStore(directory: "\(path)/\(attachmentsDirectoryName)").createDirectories()

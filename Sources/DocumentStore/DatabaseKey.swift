@@ -96,8 +96,6 @@ struct KeyFile: Codable {
     static let associatedData = Array("sofa-key1".utf8)
     /// N = 2^17, r = 8, p = 1: 128 MiB and ~0.6 s here (docs/encryption.md).
     static let defaultCost = ScryptCost(n: 1 << 17, r: 8, p: 1)
-    /// The cost tests may ask for (`SOFA_TEST_SCRYPT_CHEAP`), so that a test suite is not minutes of scrypt.
-    static let cheapCost = ScryptCost(n: 1 << 10, r: 8, p: 1)
 
     static func path(in database: String) -> String { "\(database)/\(fileName)" }
 
@@ -229,10 +227,14 @@ final class DatabaseKey: @unchecked Sendable {
 
     /// The file name of the blob whose body has SHA-1 `key`: 40 hex digits of an HMAC, so the
     /// name says nothing of the body.
-    func fileName(of key: BlobKey) -> String {
+    func fileName(of key: BlobKey) -> String { name(of: key.digestBytes) }
+
+    /// The file name of the partial body of `digest` (`sha1-…` or `md5-…`), keyed the same way.
+    func fileName(ofDigest digest: String) -> String { name(of: Array("partial \(digest)".utf8)) }
+
+    private func name(of message: [UInt8]) -> String {
         var out = [UInt8](repeating: 0, count: 32)
-        let digest = key.digestBytes
-        _ = sofa_hmac_sha256(names.bytes, digest, Int32(digest.count), &out)
+        _ = sofa_hmac_sha256(names.bytes, message, Int32(message.count), &out)
         return out.prefix(20).map { String(format: "%02x", $0) }.joined()
     }
 

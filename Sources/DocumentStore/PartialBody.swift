@@ -12,6 +12,10 @@ import Foundation
 /// `finish` hashes the whole file against the body's digest before it becomes a
 /// blob: bytes that do not match are dropped, never installed.
 ///
+/// In an encrypted database the file is sealed (`SealedFile`, its size that of the sealed body,
+/// blocks not yet here left as holes the map never lets anyone read); writers give whole 4 KiB
+/// blocks, or the last one (`IncomingChunks`).
+///
 /// Thread-safe: the map is guarded by a lock; reads and writes are `pread`/`pwrite`.
 public final class PartialBody: @unchecked Sendable {
     /// The unit of fetching and of the map. Small, so that scattered small reads fetch
@@ -32,6 +36,8 @@ public final class PartialBody: @unchecked Sendable {
     private var unsaved = false
     private var lastSave = Date.distantPast
     private var closed = false
+    /// The sealed file (an encrypted database); set once in init.
+    private var sealed: SealedFile?
 
     /// Opens (or creates) the partial body of `digest`. Throws for a digest that cannot
     /// name a file, and when the file cannot be made (a full disk, permissions).
@@ -54,7 +60,9 @@ public final class PartialBody: @unchecked Sendable {
             var info = stat()
             fstat(fd, &info)
             let hasMap = access(mapPath, F_OK) == 0
-            if Int64(info.st_size) > length {
+            let sealedSize = SealedBlob.sealedSize(ofPlain: length)
+            if store.isSealed ? Int64(info.st_size) != sealedSize && info.st_size > 0 || !BlobStore.isSealedFile(path) && info.st_size > 0
+                : Int64(info.st_size) > length {
                 // Not this body (a lying server's leftovers): start again.
                 Glibc.close(fd)
                 unlink(path)
@@ -62,7 +70,7 @@ public final class PartialBody: @unchecked Sendable {
                 fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
                 guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
                 created = true
-            } else if !hasMap && info.st_size > 0 {
+            } else if !hasMap && info.st_size > 0 && !store.isSealed {
                 // Left by a version that wrote bodies from the start only: its whole chunks are here.
                 let whole = Int(Int64(info.st_size) / Int64(PartialBody.chunkSize))
                 for chunk in 0..<whole { setBit(chunk) }
@@ -82,7 +90,17 @@ public final class PartialBody: @unchecked Sendable {
                 unsaved = true
                 try save()
             }
-            guard ftruncate(fd, off_t(length)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
+            if let key = store.key?.blobs {
+                var info = stat()
+                fstat(fd, &info)
+                if info.st_size == 0 { _ = try SealedFile(creating: fd, path: path, key: key, fillingGaps: false) }
+                guard ftruncate(fd, off_t(SealedBlob.sealedSize(ofPlain: length))) == 0 else {
+                    throw SofaError.system("truncate", path: path, errno: errno)
+                }
+                sealed = try SealedFile(opening: fd, path: path, key: key, fillingGaps: false)
+            } else {
+                guard ftruncate(fd, off_t(length)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
+            }
         } catch {
             Glibc.close(fd)
             throw error
@@ -277,11 +295,16 @@ public final class PartialBody: @unchecked Sendable {
 
     /// Writes bytes at `offset` (which the caller then marks present by whole chunks).
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
-        try writeFully(fd, bytes, at: offset, path: path)
+        if let sealed { try sealed.write(bytes, at: offset) } else { try writeFully(fd, bytes, at: offset, path: path) }
     }
 
     /// Reads bytes at `offset`; the caller checked that their chunks are here.
     public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        if let sealed {
+            do { return try sealed.read(into: buffer, at: offset) } catch let damage as SealedBlobDamaged {
+                throw SofaError.blobCorrupted(key: digest, path: damage.path)
+            }
+        }
         while true {
             let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
             if count >= 0 { return count }

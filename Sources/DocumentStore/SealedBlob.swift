@@ -152,7 +152,7 @@ final class SealedFile {
             if within > held { block.plain.withUnsafeMutableBytes { _ = memset($0.baseAddress! + held, 0, within - held) } }
             block.plain.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: within).copyMemory(from: bytes.baseAddress! + done, byteCount: take) }
             try seal(index, count: count, from: &block)
-            length = max(length, start + Int64(count))
+            if start + Int64(count) > length { length = start + Int64(count) }  // (a partial body's never grows: no write)
             done += take
         }
     }

@@ -53,14 +53,24 @@ final class IncomingChunks: @unchecked Sendable {
         }
     }
 
+    /// Bytes received past `position` that do not yet fill a block of the body: a body sealed
+    /// on disk (an encrypted database) is written a whole 4 KiB block at a time, or up to its end.
+    private var pending: [UInt8] = []
+    static let blockSize = 4096
+
     private func write(_ bytes: UnsafeRawBufferPointer, arrived: (Int) -> Void) throws {
-        guard position + Int64(bytes.count) <= body.length else {
+        guard position + Int64(pending.count + bytes.count) <= body.length else {
             throw ReplicationError.protocolError("\(body.digest): more bytes than the body's \(body.length)")
         }
         room.reserve(Int64(bytes.count))
-        try body.write(bytes, at: position)
+        pending.append(contentsOf: bytes)
+        let end = position + Int64(pending.count)
+        let whole = end == body.length ? pending.count : pending.count - Int(end % Int64(IncomingChunks.blockSize))
+        guard whole > 0 else { return }
+        try pending.withUnsafeBytes { try body.write(UnsafeRawBufferPointer(rebasing: $0[0..<whole]), at: position) }
+        pending.removeFirst(whole)
         let before = Int(position / Int64(PartialBody.chunkSize))
-        position += Int64(bytes.count)
+        position += Int64(whole)
         let complete = position == body.length ? body.chunkCount : Int(position / Int64(PartialBody.chunkSize))
         if complete > before {
             body.markPresent(before..<complete)

@@ -1,0 +1,191 @@
+import DocumentModel
+import Foundation
+import Testing
+import TestSupport
+
+/// Encrypted databases (#32) as a user makes and uses them: `sofa create --encrypt`, saves
+/// through the CLI, the mount, `sofa serve` and a pull from the live CouchDB (bodies fetched
+/// whole and deferred ones read through the mount), then every file of the database searched
+/// for what was saved, beside a plain database that went through the same steps.
+@Suite(.serialized) struct EncryptedDatabaseTests {
+    let directory = TemporaryDirectory()
+    let marker = "SOFAMARK\(UUID().uuidString.prefix(6))"
+
+    /// Every file below `folder` that holds `text`.
+    func filesHolding(_ text: String, in folder: String) -> [String] {
+        let needle = Array(text.utf8)
+        var found: [String] = []
+        for case let relative as String in FileManager.default.enumerator(atPath: folder) ?? NSEnumerator().makeIterator() as! FileManager.DirectoryEnumerator {
+            let path = folder + "/" + relative
+            guard let bytes = FileManager.default.contents(atPath: path).map([UInt8].init), bytes.count >= needle.count else { continue }
+            if (0...(bytes.count - needle.count)).contains(where: { bytes[$0] == needle[0] && bytes[$0..<($0 + needle.count)].elementsEqual(needle) }) {
+                found.append(relative)
+            }
+        }
+        return found
+    }
+
+    /// A text body of `lines` lines, each with the marker.
+    func markedText(_ lines: Int) -> String { (0..<lines).map { "\(marker) line \($0)\n" }.joined() }
+
+    @Test func nothingSavedThroughAnyPathReachesTheDiskInTheClear() throws {
+        let couch = LiveCouchDB.shared
+        let key = directory.appending("db.key")
+        let encrypted = directory.appending("e.sofa"), plain = directory.appending("p.sofa")
+        let created = try sofa("create", encrypted, "--encrypt", "--key-file", key)
+        #expect(created.succeeded && created.stdout.contains("(encrypted)"), "\(created.stderr)")
+        #expect(created.stderr.contains("a new key was written to \(key)"))
+        #expect(try String(contentsOfFile: key, encoding: .utf8).count == 65, "64 hex digits and a newline")
+        #expect(try sofa("create", plain).succeeded)
+        // The source on CouchDB: a document and two attachments, one to pull whole, one to leave there.
+        let source = try couch.newDatabase("encrypted-source")
+        #expect(try couch.request("PUT", "/\(source)/\(marker)-couch", .object(["text": .string(marker)])).status == 201)
+        let rev = try couch.request("GET", "/\(source)/\(marker)-couch").json?["_rev"]?.stringValue ?? ""
+        let first = try couch.upload("/\(source)/\(marker)-couch/\(marker)-whole.txt?rev=\(rev)", Array(markedText(3_000).utf8),
+                                     contentType: "text/plain")
+        #expect(first.status == 201)
+        let deferredSource = try couch.newDatabase("encrypted-deferred")
+        #expect(try couch.request("PUT", "/\(deferredSource)/\(marker)-deferred", .object(["text": .string(marker)])).status == 201)
+        let rev2 = try couch.request("GET", "/\(deferredSource)/\(marker)-deferred").json?["_rev"]?.stringValue ?? ""
+        let deferredBody = markedText(20_000)
+        #expect(try couch.upload("/\(deferredSource)/\(marker)-deferred/\(marker)-later.txt?rev=\(rev2)", Array(deferredBody.utf8),
+                                 contentType: "text/plain").status == 201)
+        let attachment = directory.appending("\(marker)-file.txt")
+        try markedText(5_000).write(toFile: attachment, atomically: true, encoding: .utf8)
+
+        for (database, keyArguments) in [(plain, [String]()), (encrypted, ["--key-file", key])] {
+            let label = database == plain ? "plain" : "encrypted"
+            // The CLI.
+            let put = try ChildProcess([sofaBinary, "put", database, "\(marker)-cli"] + keyArguments,
+                                       stdin: try textFile(#"{"text":"\#(marker) by the CLI"}"#)).wait()
+            #expect(put.succeeded, "\(label): \(put.stderr)")
+            #expect(try sofa(["attach", database, "\(marker)-cli", "\(marker)-attached.txt", attachment] + keyArguments).succeeded)
+            // The mount: a new document, an attachment copied in, another written in pieces and rewritten in the middle.
+            do {
+                let mount = try MountedDatabase(database, arguments: keyArguments)
+                let folder = mount.path("docs/\(marker)-mounted")
+                #expect(mkdir(folder, 0o755) == 0)
+                try #"{"text":"\#(marker) by the mount"}"#.write(toFile: folder + "/properties.json", atomically: false, encoding: .utf8)
+                #expect(try shell("cp '\(attachment)' '\(folder)/attachments/\(marker)-copied.txt'").succeeded)
+                #expect(try shell("""
+                    cd '\(folder)/attachments' && seq 1 3000 | sed 's/^/\(marker) /' > pieces.txt \
+                    && printf '\(marker)' | dd of=pieces.txt bs=1 seek=5000 conv=notrunc 2>/dev/null
+                    """).succeeded)
+                #expect(try String(contentsOfFile: "\(folder)/attachments/\(marker)-copied.txt", encoding: .utf8) == markedText(5_000))
+                #expect(mount.unmount().succeeded, "\(label)")
+            }
+            // sofa serve: a document and an attachment through CouchDB's API.
+            do {
+                let server = try ServedDatabases([database] + keyArguments)
+                let name = database == plain ? "p" : "e"
+                let connection = try server.connect()
+                let saved = try connection.json("PUT", "/\(name)/\(marker)-served", .object(["text": .string(marker)]))
+                #expect(saved.status == 201, "\(label): \(saved.text)")
+                let servedRev = saved.json?["rev"]?.stringValue ?? ""
+                let upload = try connection.request("PUT", "/\(name)/\(marker)-served/\(marker)-served.txt?rev=\(servedRev)",
+                                                    headers: [("Content-Type", "text/plain")], body: Array(markedText(2_000).utf8))
+                #expect(upload.status == 201, "\(label): \(upload.text)")
+                let back = try connection.request("GET", "/\(name)/\(marker)-served/\(marker)-served.txt")
+                #expect(back.body == Array(markedText(2_000).utf8), "\(label)")
+                server.stop()
+            }
+            // A pull from CouchDB with its bodies, and one with bodies left there and read through the mount.
+            let pulled = try sofa(["pull", database, couch.url(source)] + keyArguments)
+            #expect(pulled.succeeded, "\(label): \(pulled.stderr)")
+            let deferred = try sofa(["pull", database, couch.url(deferredSource), "--no-download-attachments"] + keyArguments)
+            #expect(deferred.succeeded, "\(label): \(deferred.stderr)")
+            do {
+                let mount = try MountedDatabase(database, arguments: ["--remote", couch.url(deferredSource)] + keyArguments)
+                let read = try String(contentsOfFile: mount.path("docs/\(marker)-deferred/attachments/\(marker)-later.txt"), encoding: .utf8)
+                #expect(read == deferredBody, "\(label): the deferred body read through the mount")
+                #expect(mount.unmount().succeeded)
+            }
+            let check = try sofa(["check", database] + keyArguments)
+            #expect(check.succeeded && check.stdout.contains("ok"), "\(label): \(check.stdout) \(check.stderr)")
+            let listed = try sofa(["ls", database] + keyArguments)
+            #expect(listed.stdout.contains("\(marker)-mounted") && listed.stdout.contains("\(marker)-served")
+                    && listed.stdout.contains("\(marker)-couch") && listed.stdout.contains("\(marker)-deferred"), "\(label): \(listed.stdout)")
+        }
+        // The test can fail: the plain database holds the marker in its files; the encrypted one in none.
+        #expect(!filesHolding(marker, in: plain).isEmpty)
+        #expect(filesHolding(marker, in: encrypted) == [], "files of the encrypted database holding what was saved")
+        // A copy stays encrypted with the same key.
+        let copy = directory.appending("c.sofa")
+        #expect(try sofa("copy", encrypted, copy, "--key-file", key).succeeded)
+        #expect(filesHolding(marker, in: copy) == [])
+        #expect(try sofa("cat", copy, "\(marker)-cli", "--key-file", key).stdout.contains("\(marker) by the CLI"))
+        #expect(try sofa("cat", copy, "\(marker)-cli").stderr.contains("is encrypted and cannot be opened: no key given"))
+        // So does a snapshot zip, and the database installed from it.
+        let zip = directory.appending("e.zip"), installed = directory.appending("i.sofa")
+        #expect(try sofa("snapshot", encrypted, zip, "--key-file", key).succeeded)
+        #expect(try sofa("copy", zip, installed, "--key-file", key).succeeded)
+        #expect(filesHolding(marker, in: directory.path).allSatisfy { !$0.hasPrefix("e.zip") && !$0.hasPrefix("i.sofa") })
+        let fromZip = try sofa("cat-attachment", installed, "\(marker)-deferred", "\(marker)-later.txt", "--key-file", key)
+        #expect(fromZip.stdout == deferredBody, "\(fromZip.stderr)")
+    }
+
+    func textFile(_ text: String) throws -> String {
+        let path = directory.appending("input-\(UUID().uuidString)")
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    @Test func aWrongOrMissingKeyOrADamagedBodyIsAClearErrorNeverOtherBytes() throws {
+        let key = directory.appending("k")
+        let database = directory.appending("d.sofa")
+        #expect(try sofa("create", database, "--encrypt", "--key-file", key).succeeded)
+        let body = markedText(2_000)
+        let file = try textFile(body)
+        #expect(try sofa("attach", database, "doc", "a.txt", file, "--key-file", key).succeeded)
+        // Missing and wrong keys, and a key file that is no key.
+        let missing = try sofa("cat", database, "doc")
+        #expect(missing.status == 1 && missing.stderr.contains("no key given") && missing.stdout.isEmpty)
+        let wrong = directory.appending("wrong")
+        try Data((0..<32).map { UInt8($0) }).write(to: URL(fileURLWithPath: wrong))
+        let refused = try sofa("cat", database, "doc", "--key-file", wrong)
+        #expect(refused.status == 1 && refused.stderr.contains("wrong key") && refused.stdout.isEmpty, "\(refused.stderr)")
+        let notAKey = try sofa("cat", database, "doc", "--key-file", file)
+        #expect(notAKey.status == 1 && notAKey.stderr.contains("a key file holds 32 bytes or 64 hex digits"), "\(notAKey.stderr)")
+        // The key through a descriptor.
+        let throughFD = try ChildProcess(["/bin/sh", "-c", "'\(sofaBinary)' cat-attachment '\(database)' doc a.txt --key-fd 3 3<'\(key)'"]).wait()
+        #expect(throughFD.stdout == body, "\(throughFD.stderr)")
+        // A flipped byte in the body's file: an error, and nothing but the body's own bytes before it.
+        let blobs = try FileManager.default.contentsOfDirectory(atPath: database + "/attachments").filter { $0.hasSuffix(".blob") }
+        #expect(blobs.count == 1)
+        let blob = database + "/attachments/" + (blobs.first ?? "")
+        var bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: blob)))
+        bytes[32 + 2 * 4_124 + 100] ^= 0x20
+        chmod(blob, 0o644)
+        try Data(bytes).write(to: URL(fileURLWithPath: blob))
+        let damaged = try sofa("cat-attachment", database, "doc", "a.txt", "--key-file", key)
+        #expect(damaged.status != 0 && damaged.stderr.contains("corrupt"), "\(damaged.stderr)")
+        #expect(body.hasPrefix(damaged.stdout) && damaged.stdout.count < body.count, "no bytes but the body's own")
+        let checked = try sofa("check", database, "--key-file", key)
+        #expect(checked.status != 0 || !checked.stdout.contains("ok"), "check finds the damaged body: \(checked.stdout)")
+        // A flipped byte in a page of the SQLite file: an error, not other data.
+        let sqlite = database + "/db.sqlite3"
+        #expect(try sofa("check", database, "--key-file", key).status != -1)
+        var pages = try [UInt8](Data(contentsOf: URL(fileURLWithPath: sqlite)))
+        #expect(pages.count >= 3 * 4_096)
+        for page in 1..<(pages.count / 4_096) { pages[page * 4_096 + 200] ^= 1 }
+        try Data(pages).write(to: URL(fileURLWithPath: sqlite))
+        let broken = try sofa("cat", database, "doc", "--key-file", key)
+        #expect(broken.status != 0 && broken.stdout.isEmpty, "\(broken.stdout) \(broken.stderr)")
+    }
+
+    @Test func aPassphraseUnlocksTheDatabaseAndIsAskedForWhenNotGiven() throws {
+        let database = directory.appending("pass.sofa")
+        let passphrase = try textFile("correct horse battery staple\n")
+        let created = try sofa("create", database, "--encrypt", "--passphrase", "--key-file", passphrase)
+        #expect(created.succeeded, "\(created.stderr)")
+        let keyJSON = try String(contentsOfFile: database + "/key.json", encoding: .utf8)
+        #expect(keyJSON.contains("\"passphrase\"") && keyJSON.contains("131072") && !keyJSON.contains("horse"))
+        #expect(try ChildProcess([sofaBinary, "put", database, "doc", "--key-file", passphrase],
+                                 stdin: try textFile(#"{"a":1}"#)).wait().succeeded)
+        let wrong = try sofa("cat", database, "doc", "--key-file", try textFile("correct horse battery stapler\n"))
+        #expect(wrong.status == 1 && wrong.stderr.contains("wrong passphrase"), "\(wrong.stderr)")
+        let none = try sofa("cat", database, "doc")
+        #expect(none.status == 1 && none.stderr.contains("no passphrase given"), "\(none.stderr)")
+        #expect(try sofa("cat", database, "doc", "--key-file", passphrase).stdout.contains("\"a\": 1"))
+    }
+}
