@@ -12,3 +12,7 @@ extern int sync_file_range(int fd, long long offset, long long count, unsigned i
 // Makes a pipe whose two ends are closed on exec (flags: O_CLOEXEC), so that a child started
 // for one query server does not hold another's pipe open.
 extern int pipe2(int fds[2], int flags);
+
+// Renames with flags (RENAME_EXCHANGE = 2 swaps two paths atomically): `sofa encrypt` and
+// `sofa decrypt` swap the rewritten database folder with the original in one step.
+extern int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);

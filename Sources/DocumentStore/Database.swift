@@ -236,6 +236,25 @@ public final class Database: @unchecked Sendable {
         return database
     }
 
+    /// Gives the encrypted database at `path` a new key: its data key, unwrapped with `current`,
+    /// is wrapped again under `new` and `key.json` replaced by a rename. Nothing else changes, so
+    /// a kill at any moment leaves the database opening with the old key or the new one.
+    /// Copies made before keep the key they had.
+    public static func rekey(at path: String, current: DatabaseSecret, to new: DatabaseSecret, unlock: KeyUnlock) throws {
+        let path = normalize(path)
+        guard let file = try KeyFile.read(database: path) else {
+            throw SofaError.invalidArgument("\(path) is not encrypted: nothing to re-key")
+        }
+        var dataKey = try file.unwrap(with: current, database: path)
+        defer { dataKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
+        let rewrapped = try KeyFile.wrapping(dataKey, with: new, unlock: unlock, database: path)
+        // The new wrapping must open before it replaces the old one.
+        var check = try rewrapped.unwrap(with: new, database: path)
+        defer { check.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
+        guard check == dataKey else { throw SofaError.keyRejected(path: path, reason: "the new key did not unwrap what it wrapped") }
+        try rewrapped.write(database: path)
+    }
+
     /// How the database at `path` is unlocked when it is encrypted; nil for a plain one.
     public static func encryptionUnlock(at path: String) throws -> KeyUnlock? {
         try KeyFile.read(database: normalize(path))?.unlock

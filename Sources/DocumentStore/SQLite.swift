@@ -46,7 +46,9 @@ final class SQLiteConnection: @unchecked Sendable {
     /// `sealed`: the file's pages are sealed with that key (a new file is made so).
     init(path: String, create: Bool, immutable: Bool = false, sealed: SealedPages? = nil) throws {
         var handle: OpaquePointer?
-        var flags = immutable ? SQLITE_OPEN_READONLY | SQLITE_OPEN_URI : SQLITE_OPEN_READWRITE
+        // URIs always: `sofa encrypt`/`decrypt` attach the other form of a database by a URI that
+        // names its VFS (a plain path is a plain path all the same).
+        var flags = (immutable ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_URI
         if create { flags |= SQLITE_OPEN_CREATE }
         flags |= SQLITE_OPEN_NOMUTEX
         let name = immutable ? "file:" + path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed)! + "?immutable=1" : path

@@ -31,9 +31,9 @@ struct Options {
                 documents = iterator.next().flatMap(Int.init) ?? documents
                 documentsGiven = true
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
-            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders", "views", "couchbase-lite": suite = argument
+            case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders", "views", "couchbase-lite", "encryption": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find|folders|views|couchbase-lite [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find|folders|views|couchbase-lite|encryption [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
                 exit(2)
             }
         }
@@ -300,6 +300,7 @@ do {
     case "folders": try folderBenchmark(options)
     case "views": try viewBenchmark(options)
     case "couchbase-lite": try couchbaseLiteBenchmark(options)
+    case "encryption": try encryptionBenchmark(options)
     default: try storage(options)
     }
 } catch {

@@ -313,6 +313,104 @@ struct Check: SofaCommand {
     }
 }
 
+struct Rekey: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Give an encrypted database a new key file or passphrase.",
+        discussion: """
+            The current key is given as every command takes it (--key-file, --key-fd, or the terminal); the new one \
+            with --new-key-file PATH (made with a new random key if it does not exist; with --new-passphrase, a file \
+            whose first line is the passphrase) or --new-passphrase alone (asked twice on the terminal). Only key.json \
+            is rewritten, by an atomic rename: a kill at any moment leaves the old key or the new one working. \
+            Copies and snapshots made before keep the key they had.
+            """)
+
+    @OptionGroup var db: DatabaseArgument
+    @Option(help: "The new key file (created with a random key if missing), or with --new-passphrase a file holding it.")
+    var newKeyFile: String?
+    @Flag(help: "Unlock with a passphrase from now on.") var newPassphrase = false
+
+    func execute() throws {
+        guard let unlock = try Database.encryptionUnlock(at: db.database) else {
+            throw SofaError.invalidArgument("\(db.database) is not encrypted: nothing to re-key")
+        }
+        guard let current = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: false) else {
+            throw SofaError.keyRejected(path: db.database, reason: "no current key given (--key-file, --key-fd, or a terminal)")
+        }
+        let newUnlock: KeyUnlock = newPassphrase ? .passphrase : .keyFile
+        var madeKeyFile = false
+        if newUnlock == .keyFile {
+            guard let newKeyFile else { throw SofaError.invalidArgument("give the new key as --new-key-file PATH, or --new-passphrase") }
+            if access(newKeyFile, F_OK) != 0 {
+                try KeyOptions.writeNewKeyFile(at: newKeyFile)
+                madeKeyFile = true
+            }
+        }
+        guard let new = try KeyOptions.newSecret(from: newKeyFile, unlock: newUnlock, for: db.database) else {
+            throw SofaError.invalidArgument("--new-passphrase needs a terminal to ask on, or --new-key-file holding the passphrase")
+        }
+        try Database.rekey(at: db.database, current: current, to: new, unlock: newUnlock)
+        if madeKeyFile {
+            Output.error("a new key was written to \(newKeyFile ?? ""): keep it safe; the old key no longer opens the database")
+        }
+        Output.line("re-keyed \(db.database): it opens with the new \(newUnlock == .passphrase ? "passphrase" : "key file") only")
+    }
+}
+
+struct Encrypt: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Encrypt a plain database in place.",
+        discussion: """
+            With --key-file PATH (made with a new random key if it does not exist) or --passphrase (asked twice on the \
+            terminal, or read from --key-file or --key-fd). The database is rewritten beside itself and swapped in with \
+            one atomic rename: a kill at any moment leaves the plain database or the encrypted one. It must not be \
+            open in another process (a mount, a server). Partial downloads are dropped; bodies are kept.
+            """)
+
+    @OptionGroup var db: DatabaseArgument
+    @Flag(help: "Unlock it with a passphrase rather than a key file.") var passphrase = false
+
+    func execute() throws {
+        guard try Database.encryptionUnlock(at: db.database) == nil else { throw SofaError.invalidArgument("\(db.database) is encrypted already") }
+        let unlock: KeyUnlock = passphrase || KeyOptions.passphrase ? .passphrase : .keyFile
+        var madeKeyFile: String?
+        if unlock == .keyFile, let path = KeyOptions.keyFileGiven, access(path, F_OK) != 0 {
+            try KeyOptions.writeNewKeyFile(at: path)
+            madeKeyFile = path
+        }
+        guard let secret = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: true) else {
+            throw SofaError.invalidArgument("give the key as --key-file PATH (made if it does not exist), or --passphrase on a terminal")
+        }
+        try Database.convert(at: db.database, current: nil, to: (secret, unlock))
+        if let madeKeyFile {
+            Output.error("a new key was written to \(madeKeyFile): keep it safe and apart from the database; without it the database cannot be opened")
+        }
+        Output.line("encrypted \(db.database)")
+    }
+}
+
+struct Decrypt: SofaCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Remove the encryption of a database in place.",
+        discussion: """
+            Its key is given as every command takes it. The database is rewritten beside itself and swapped in with one \
+            atomic rename: a kill at any moment leaves the encrypted database or the plain one. It must not be open in \
+            another process.
+            """)
+
+    @OptionGroup var db: DatabaseArgument
+
+    func execute() throws {
+        guard let unlock = try Database.encryptionUnlock(at: db.database) else {
+            throw SofaError.invalidArgument("\(db.database) is not encrypted")
+        }
+        guard let secret = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: false) else {
+            throw SofaError.keyRejected(path: db.database, reason: "no key given (--key-file, --key-fd, or a terminal)")
+        }
+        try Database.convert(at: db.database, current: secret, to: nil)
+        Output.line("decrypted \(db.database): its files now hold plaintext")
+    }
+}
+
 struct Compact: SofaCommand {
     static let configuration = CommandConfiguration(
         abstract: "Drop old revision bodies, delete unreferenced blobs and vacuum.",

@@ -81,6 +81,29 @@ enum KeyOptions {
         return secret
     }
 
+    /// A new secret (for `sofa rekey`), not the one the command opens databases with: the file
+    /// at `path`, or a passphrase asked twice on the terminal. Nil when neither can be had.
+    static func newSecret(from path: String?, unlock: KeyUnlock, for database: String) throws -> DatabaseSecret? {
+        var bytes: [UInt8]
+        if let path {
+            guard let data = FileManager.default.contents(atPath: path) else {
+                throw SofaError.invalidArgument("cannot read the new key file \(path): \(String(cString: strerror(errno)))")
+            }
+            bytes = [UInt8](data)
+        } else if isatty(STDIN_FILENO) == 1 && unlock == .passphrase {
+            bytes = try prompt("New passphrase for \(database): ")
+            var again = try prompt("The same passphrase again: ")
+            defer { DatabaseSecret.wipe(&again) }
+            guard again == bytes else { throw SofaError.invalidArgument("the two passphrases differ") }
+        } else {
+            return nil
+        }
+        if unlock == .passphrase, bytes.last == 10 { bytes.removeLast() }
+        if unlock == .passphrase, bytes.last == 13 { bytes.removeLast() }
+        defer { DatabaseSecret.wipe(&bytes) }
+        return DatabaseSecret(bytes)
+    }
+
     /// Writes a new key file (a random key) at `path`, readable by its owner only.
     static func writeNewKeyFile(at path: String) throws {
         let key = try DatabaseSecret.newKeyFile()

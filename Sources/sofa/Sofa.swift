@@ -22,7 +22,7 @@ struct Sofa: ParsableCommand {
         version: SofaVersion.current,
         subcommands: [
             Create.self, Info.self, List.self, Cat.self, Find.self, Index.self, Put.self, Remove.self, Revs.self,
-            Attach.self, Detach.self, CatAttachment.self, Blob.self, Compact.self, Check.self, Export.self, Import.self, Mount.self, MountGuard.self, Serve.self, Pull.self, Push.self, Sync.self, Download.self, DownloadRules.self, Pin.self, Unpin.self, Cache.self, PurgeAttachment.self, Copy.self, Cp.self, Snapshot.self,
+            Attach.self, Detach.self, CatAttachment.self, Blob.self, Compact.self, Encrypt.self, Decrypt.self, Rekey.self, Check.self, Export.self, Import.self, Mount.self, MountGuard.self, Serve.self, Pull.self, Push.self, Sync.self, Download.self, DownloadRules.self, Pin.self, Unpin.self, Cache.self, PurgeAttachment.self, Copy.self, Cp.self, Snapshot.self,
         ]
     )
 

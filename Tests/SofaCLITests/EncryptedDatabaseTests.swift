@@ -1,4 +1,5 @@
 import DocumentModel
+import DocumentStore
 import Foundation
 import Testing
 import TestSupport
@@ -187,5 +188,85 @@ import TestSupport
         let none = try sofa("cat", database, "doc")
         #expect(none.status == 1 && none.stderr.contains("no passphrase given"), "\(none.stderr)")
         #expect(try sofa("cat", database, "doc", "--key-file", passphrase).stdout.contains("\"a\": 1"))
+    }
+
+    /// What a database holds, to compare before and after: each document's current revision and
+    /// its attachments' digests, and that every body here reads back whole.
+    func contents(_ path: String, key: String?) throws -> [String: String] {
+        let secret = try key.map { DatabaseSecret([UInt8](try Data(contentsOf: URL(fileURLWithPath: $0)))) }
+        let database = try Database.open(at: path, secret: secret)
+        var result: [String: String] = [:]
+        for id in try database.documents().map(\.docID) {
+            guard let revision = try database.document(withID: id) else { continue }
+            result[id] = revision.revID.description + " " + revision.attachments.map { "\($0.name)=\($0.digest)" }.sorted().joined(separator: ",")
+        }
+        #expect(try database.check() == [], "\(path)")
+        return result
+    }
+
+    /// `sofa encrypt`, `rekey` and `decrypt` killed at random moments, one after another: each
+    /// time the database opens, with the old key or the new one (or plain), and holds what it held.
+    @Test func encryptRekeyAndDecryptKilledAtRandomMomentsLoseNothing() throws {
+        let database = directory.appending("k.sofa")
+        let keys = [directory.appending("a.key"), directory.appending("b.key")]
+        for key in keys { try DatabaseSecret.newKeyFile().withBytes { try Data($0).write(to: URL(fileURLWithPath: key)) } }
+        do {
+            let db = try Database.create(at: database)
+            for i in 0..<300 {
+                var draft = try db.newRevision(of: String(format: "doc-%03d", i))
+                draft.properties = ["n": .integer(Int64(i)), "text": .string(markedText(3))]
+                if i % 10 == 0 { try draft.setAttachment("body.bin", data: [UInt8](repeating: UInt8(i & 0xFF), count: 200_000 + i)) }
+                try db.save(draft)
+            }
+        }
+        let original = try contents(database, key: nil)
+        #expect(original.count == 300)
+        var key: Int? = nil  // nil: plain; else the index of the key that opens it
+        var longest = 0.3  // seconds: grows to the longest uninterrupted run seen
+        var interrupted = 0
+        var generator = SystemRandomNumberGenerator()
+        for round in 0..<21 {
+            let command: [String]
+            let next: Int?
+            if let current = key {
+                if round % 2 == 0 {
+                    next = 1 - current
+                    command = ["rekey", database, "--key-file", keys[current], "--new-key-file", keys[1 - current]]
+                } else {
+                    next = nil
+                    command = ["decrypt", database, "--key-file", keys[current]]
+                }
+            } else {
+                next = round % 4
+                command = ["encrypt", database, "--key-file", keys[round % 4 == 0 ? 0 : 1]]
+            }
+            let nextKey = next.map { key == nil ? ($0 == 0 ? 0 : 1) : $0 }
+            let started = Date()
+            let child = try ChildProcess([sofaBinary] + command)
+            usleep(UInt32(Double.random(in: 0...longest, using: &generator) * 1_000_000))
+            child.kill(SIGKILL)
+            let result = child.wait()
+            if result.signal == SIGKILL { interrupted += 1 } else {
+                #expect(result.succeeded, "\(command): \(result.stderr)")
+                longest = max(longest, Date().timeIntervalSince(started))
+            }
+            // It opens in the old form or the new one, holding what it held.
+            let encryptedNow = access(database + "/key.json", F_OK) == 0
+            let candidates: [Int?] = ([key, nextKey] as [Int?]).filter { ($0 != nil) == encryptedNow }
+            var opened: Int?? = nil
+            for candidate in candidates {
+                guard let found = try? contents(database, key: candidate.map { keys[$0] }) else { continue }
+                #expect(found == original, "round \(round) \(command), opened with \(candidate.map { "key \($0)" } ?? "no key")")
+                opened = .some(candidate)
+                break
+            }
+            guard let state = opened else {
+                Issue.record("round \(round): \(command) killed: the database opens with neither the old key nor the new one")
+                return
+            }
+            if result.signal != SIGKILL { #expect(state == nextKey, "round \(round): a finished \(command) took effect") }
+            key = state
+        }
+        #expect(interrupted >= 5, "only \(interrupted) of 21 runs were cut short: the test would not test much")
     }
 }

@@ -1,0 +1,118 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// `sofa-bench encryption`: an encrypted database beside a plain one in the same run (#32):
+/// saves, reads by id, and a big attachment written and read through the mount. Ratios are
+/// the plain database's time / the encrypted one's (1.00× = as fast as plain). The mount's
+/// reads of a plain database go through FUSE passthrough by default, which an encrypted body
+/// cannot; the goal compares the mount's own read path (`--no-passthrough`) for both, and the
+/// passthrough row shows what a plain database gets on top.
+func encryptionBenchmark(_ options: Options) throws {
+    let work = try makeWorkFolder("encryption", options)
+    defer { try? FileManager.default.removeItem(atPath: work) }
+    let documents = options.documentsGiven ? options.documents : 10_000
+    let size = Int64(options.attachmentMiB) << 20
+    print("Sofa encryption benchmark: \(documents) documents, a \(options.attachmentMiB) MiB attachment, in \(work)")
+    print("ratios are plain time / encrypted time (1.00× = as fast as a plain database); goals: reads through the mount ≥ 0.70×, writes ≥ 0.80×")
+    print(String(repeating: "-", count: 110))
+
+    let keyFile = "\(work)/bench.key"
+    let key = try DatabaseSecret.newKeyFile()
+    try key.withBytes { try Data($0).write(to: URL(fileURLWithPath: keyFile)) }
+    let plain = try Database.create(at: "\(work)/plain.sofa")
+    let encrypted = try Database.create(at: "\(work)/encrypted.sofa", encryptedWith: (key, .keyFile))
+    let databases = [("plain", plain, ""), ("encrypted", encrypted, " --key-file \(keyFile)")]
+
+    func compare(_ label: String, rounds: Int = 3, goal: Double? = nil, _ body: (_ database: Database, _ keyArgument: String, _ round: Int) throws -> Double) rethrows {
+        var times: [[Double]] = [[], []]
+        for round in 0..<rounds {
+            for which in (round % 2 == 0 ? [0, 1] : [1, 0]) {
+                times[which].append(try body(databases[which].1, databases[which].2, round))
+            }
+        }
+        let p = median(times[0]), e = median(times[1])
+        let verdict = goal.map { p / e >= $0 ? "  goal met" : String(format: "  below the %.2f× goal", $0) } ?? ""
+        row(label, String(format: "plain %8.3f s", p), String(format: "encrypted %8.3f s", e), "ratio " + ratio(p / e) + verdict)
+    }
+
+    // Saves: one document a transaction, then a batch of all of them.
+    let singles = min(documents, 2_000)
+    try compare("\(singles) saves, one a transaction") { database, _, round in
+        try measure {
+            for i in 0..<singles {
+                var draft = try database.newRevision(of: "single-\(round)-\(i)")
+                draft.properties = ["title": .string("Document \(i)"), "n": .integer(Int64(i)), "text": .string(String(repeating: "x", count: 200))]
+                try database.save(draft)
+            }
+        }
+    }
+    try compare("\(documents) saves in one batch", goal: 0.8) { database, _, round in
+        try measure {
+            try database.inBatch { batch in
+                for i in 0..<documents {
+                    var draft = try database.newRevision(of: String(format: "doc-%d-%06d", round, i))
+                    draft.properties = ["title": .string("Document \(i)"), "n": .integer(Int64(i)), "text": .string(String(repeating: "x", count: 200))]
+                    try batch.save(draft)
+                }
+            }
+        }
+    }
+    // Reads by id, in a shuffled order, warm.
+    var order = Array(0..<documents)
+    var generator = SeededGenerator(seed: 7)
+    order.shuffle(using: &generator)
+    try compare("\(documents) reads by id", goal: 0.7) { database, _, _ in
+        try measure {
+            for i in order { _ = try database.document(withID: String(format: "doc-0-%06d", i)) }
+        }
+    }
+
+    // A big attachment through the mount: written with cp, read with cat.
+    let source = "\(work)/source.bin"
+    try writeSource(source, size: size)
+    var mountPoints: [String] = []
+    defer { for point in mountPoints { _ = try? timeShell("fusermount3 -u \(point)") } }
+    func mount(_ database: Database, _ keyArgument: String, passthrough: Bool) throws -> String {
+        let point = "\(work)/mnt-\(mountPoints.count)"
+        try FileManager.default.createDirectory(atPath: point, withIntermediateDirectories: true)
+        _ = try timeShell("\(sofaBinary) mount \(database.path) \(point)\(keyArgument)\(passthrough ? "" : " --no-passthrough")")
+        mountPoints.append(point)
+        try FileManager.default.createDirectory(atPath: "\(point)/docs/big", withIntermediateDirectories: true)
+        return point
+    }
+    let readPath = try [mount(plain, "", passthrough: false), mount(encrypted, " --key-file \(keyFile)", passthrough: false)]
+    let passthrough = try mount(plain, "", passthrough: true)
+    try compare("write \(options.attachmentMiB) MiB through the mount (cp)", goal: 0.8) { database, _, round in
+        let point = readPath[database === plain ? 0 : 1]
+        return try timeShell("cp \(source) \(point)/docs/big/attachments/big-\(round).bin")
+    }
+    let canDrop = dropCaches()
+    for cold in canDrop ? [true, false] : [false] {
+        try compare("read \(options.attachmentMiB) MiB through the mount's read path (cat), \(cold ? "cold" : "warm")", goal: 0.7) { database, _, _ in
+            let point = readPath[database === plain ? 0 : 1]
+            if cold { _ = dropCaches() } else { _ = try timeShell("cat \(point)/docs/big/attachments/big-0.bin > /dev/null") }
+            return try timeShell("cat \(point)/docs/big/attachments/big-0.bin > /dev/null")
+        }
+    }
+    if !canDrop { row("cold reads", "skipped: dropping the page cache needs root") }
+    // What a plain database gets on top: the kernel reading its blob directly.
+    _ = try timeShell("cat \(passthrough)/docs/big/attachments/big-0.bin > /dev/null")
+    let direct = median(try (0..<3).map { _ in try timeShell("cat \(passthrough)/docs/big/attachments/big-0.bin > /dev/null") })
+    let sealed = median(try (0..<3).map { _ in try timeShell("cat \(readPath[1])/docs/big/attachments/big-0.bin > /dev/null") })
+    row("read, plain with passthrough vs encrypted, warm", String(format: "plain %8.3f s", direct), String(format: "encrypted %8.3f s", sealed),
+        "ratio " + ratio(direct / sealed))
+}
+
+/// A small deterministic generator (SplitMix64) for a repeatable shuffle.
+struct SeededGenerator: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
