@@ -18,11 +18,7 @@ extension DocumentFileSystem {
                 keepRejected(properties.buffer, of: file.docID, because: error)
                 throw error
             }
-            let fd = Glibc.open(keep, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-            guard fd >= 0 else { throw SofaError.system("open", path: keep, errno: errno) }
-            defer { Glibc.close(fd) }
-            let written = properties.buffer.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            guard written == properties.buffer.count, fdatasync(fd) == 0 else { throw SofaError.system("write", path: keep, errno: errno) }
+            try database.writePendingSave(properties.buffer, to: keep)
             record = PendingSave(id: id, pid: getpid(), docID: file.docID, name: nil, base: file.base, contentType: nil, file: keep)
         case let attachment as AttachmentWriteHandle:
             guard try attachment.makeDurable(at: keep) else { return }
@@ -64,7 +60,7 @@ extension DocumentFileSystem {
                             try draft.setAttachment(name, blob: blob, contentType: save.contentType ?? MIMEType.forFileName(name))
                         }
                     } else {
-                        let properties = try parseProperties(try readSmallFile(save.file))
+                        let properties = try parseProperties(try database.readPendingSave(save.file, limit: PropertiesWriteHandle.maximumSize))
                         _ = try commit(save.docID, base: save.base, change: .properties) { $0.properties = properties }
                     }
                     log.notice("\(place): saved what was written and fsynced before the mount stopped")

@@ -297,6 +297,52 @@ extension Database {
     /// name compaction never sweeps.
     public func pendingSaveFile(_ id: String) -> String { "\(blobs.directory)/tmp/pending-\(id).keep" }
 
+    /// Writes a pending save's small body (a properties.json made durable by fsync) to `path`,
+    /// synced; sealed in an encrypted database, as every body is.
+    public func writePendingSave(_ bytes: [UInt8], to path: String) throws {
+        let fd = Glibc.open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+        defer { Glibc.close(fd) }
+        if let key = blobs.key?.blobs {
+            let file = try SealedFile(creating: fd, path: path, key: key)
+            try bytes.withUnsafeBytes { try file.write($0, at: 0) }
+        } else {
+            try bytes.withUnsafeBytes { try writeFully(fd, $0, path: path) }
+        }
+        guard fdatasync(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
+    }
+
+    /// Reads back what `writePendingSave` wrote (at most `limit` bytes).
+    public func readPendingSave(_ path: String, limit: Int) throws -> [UInt8] {
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+        defer { Glibc.close(fd) }
+        var length: Int64
+        var file: SealedFile?
+        if let key = blobs.key?.blobs {
+            do { file = try SealedFile(opening: fd, path: path, key: key) } catch let damage as SealedBlobDamaged {
+                throw SofaError.blobCorrupted(key: "(pending save)", path: damage.path)
+            }
+            length = file!.length
+        } else {
+            var info = stat()
+            fstat(fd, &info)
+            length = Int64(info.st_size)
+        }
+        guard length <= Int64(limit) else { throw SofaError.invalidArgument("\(path) is larger than \(limit) bytes") }
+        var bytes = [UInt8](repeating: 0, count: Int(length))
+        let got = try bytes.withUnsafeMutableBytes { buffer -> Int in
+            if let file {
+                do { return try file.read(into: buffer, at: 0) } catch let damage as SealedBlobDamaged {
+                    throw SofaError.blobCorrupted(key: "(pending save)", path: damage.path)
+                }
+            }
+            return pread(fd, buffer.baseAddress, buffer.count, 0)
+        }
+        guard got == bytes.count else { throw SofaError.system("read", path: path, errno: EIO) }
+        return bytes
+    }
+
     public func recordPendingSave(_ save: PendingSave) throws {
         guard hasBodyCache else { return }
         try write { connection in

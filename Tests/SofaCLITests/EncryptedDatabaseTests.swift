@@ -269,4 +269,35 @@ import TestSupport
         }
         #expect(interrupted >= 5, "only \(interrupted) of 21 runs were cut short: the test would not test much")
     }
+
+    /// What a mount made durable with fsync and did not save before it was killed (an attachment
+    /// and a properties.json) waits sealed on disk, and the next mount saves it.
+    @Test func whatAKilledMountHadFsyncedWaitsSealedAndIsSavedByTheNext() throws {
+        let key = directory.appending("m.key")
+        let database = directory.appending("m.sofa")
+        #expect(try sofa("create", database, "--encrypt", "--key-file", key).succeeded)
+        #expect(try ChildProcess([sofaBinary, "put", database, "doc", "--key-file", key], stdin: try textFile(#"{"a":1}"#)).wait().succeeded)
+        var mount = try MountedDatabase(database, arguments: ["--key-file", key])
+        let fd = open(mount.path("docs/doc/attachments/journal.bin"), O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        #expect(fd >= 0)
+        let synced = Array(markedText(500).utf8)
+        #expect(write(fd, synced, synced.count) == synced.count)
+        #expect(fsync(fd) == 0)
+        let properties = open(mount.path("docs/doc/properties.json"), O_WRONLY | O_TRUNC)
+        let json = Array(#"{"synced": "\#(marker)"}"#.utf8)
+        #expect(write(properties, json, json.count) == json.count)
+        #expect(fsync(properties) == 0)
+        let pids = try shell("pgrep -f 'sofa mount \(database) \(mount.mountPoint)'").stdout.split(separator: "\n")
+        let pid = try #require(Int32(pids.first ?? ""))
+        kill(pid, SIGKILL)
+        close(fd)
+        close(properties)
+        _ = mount.unmount()
+        #expect(filesHolding(marker, in: database) == [], "what was made durable waits sealed")
+        mount = try MountedDatabase(database, arguments: ["--key-file", key])
+        #expect(try [UInt8](Data(contentsOf: URL(fileURLWithPath: mount.path("docs/doc/attachments/journal.bin")))) == synced)
+        #expect(try String(contentsOfFile: mount.path("docs/doc/properties.json"), encoding: .utf8).contains(marker))
+        #expect(mount.unmount().succeeded)
+        #expect(filesHolding(marker, in: database) == [])
+    }
 }
