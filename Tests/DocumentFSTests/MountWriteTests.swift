@@ -535,6 +535,21 @@ import TestSupport
         #expect(!write.succeeded && write.stdout.contains("Read-only file system"), "\(write.stdout)")
         #expect(try shell("umount '\(mountPoint)'").succeeded)
         #expect(try waitUntil(10) { !MountedDatabase.isMounted(mountPoint) })
+
+        // An encrypted database by an fstab line naming its key file (#32); without it, no mount.
+        let key = directory.appending("fstab.key"), encrypted = directory.appending("sealed.sofa")
+        #expect(try sofa("create", encrypted, "--encrypt", "--key-file", key).succeeded)
+        #expect(try shell("echo '{\"sealed\":true}' | '\(sofaBinary)' put '\(encrypted)' inside --key-file '\(key)'").succeeded)
+        try "\(encrypted) \(mountPoint) fuse.sofa noauto,key_file=\(key) 0 0\n".write(toFile: fstab, atomically: true, encoding: .utf8)
+        let sealedLine = try shell("timeout 30 mount -T '\(fstab)' '\(mountPoint)' 2>&1")
+        #expect(sealedLine.succeeded, "\(sealedLine.stdout)")
+        #expect(try String(contentsOfFile: mountPoint + "/docs/inside/properties.json", encoding: .utf8).contains("\"sealed\": true"))
+        #expect(try shell("umount '\(mountPoint)'").succeeded)
+        #expect(try waitUntil(10) { !MountedDatabase.isMounted(mountPoint) })
+        try "\(encrypted) \(mountPoint) fuse.sofa noauto 0 0\n".write(toFile: fstab, atomically: true, encoding: .utf8)
+        let keyless = try shell("timeout 30 mount -T '\(fstab)' '\(mountPoint)' 2>&1")
+        #expect(!keyless.succeeded && keyless.stdout.contains("is encrypted and cannot be opened"), "\(keyless.stdout)")
+        #expect(!MountedDatabase.isMounted(mountPoint))
     }
 }
 
