@@ -11,33 +11,83 @@
 #define NONCE 12
 #define TAG 16
 
-static int gcm(int encrypt, const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
-               const unsigned char *in, int length, unsigned char *out, unsigned char *tag) {
+struct sofa_gcm {
+    EVP_CIPHER_CTX *seal;
+    EVP_CIPHER_CTX *open;
+};
+
+static EVP_CIPHER_CTX *keyed(const unsigned char *key, int encrypt) {
     EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-    int written = 0, ok = ctx != NULL
+    if (ctx != NULL
         && EVP_CipherInit_ex(ctx, EVP_aes_256_gcm(), NULL, NULL, NULL, encrypt) == 1
         && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL) == 1
-        && EVP_CipherInit_ex(ctx, NULL, NULL, key, nonce, encrypt) == 1
+        && EVP_CipherInit_ex(ctx, NULL, NULL, key, NULL, encrypt) == 1) return ctx;
+    EVP_CIPHER_CTX_free(ctx);
+    return NULL;
+}
+
+sofa_gcm *sofa_gcm_new(const unsigned char *key) {
+    sofa_gcm *gcm = OPENSSL_zalloc(sizeof *gcm);
+    if (gcm == NULL) return NULL;
+    gcm->seal = keyed(key, 1);
+    gcm->open = keyed(key, 0);
+    if (gcm->seal == NULL || gcm->open == NULL) {
+        sofa_gcm_free(gcm);
+        return NULL;
+    }
+    return gcm;
+}
+
+void sofa_gcm_free(sofa_gcm *gcm) {
+    if (gcm == NULL) return;
+    EVP_CIPHER_CTX_free(gcm->seal);  /* frees (and cleanses) the key schedule */
+    EVP_CIPHER_CTX_free(gcm->open);
+    OPENSSL_free(gcm);
+}
+
+/* A new message under the context's key: only the nonce is set again. */
+static int run(EVP_CIPHER_CTX *ctx, int encrypt, const unsigned char *nonce, const unsigned char *aad,
+               const unsigned char *in, int length, unsigned char *out, unsigned char *tag) {
+    int written = 0;
+    int ok = EVP_CipherInit_ex(ctx, NULL, NULL, NULL, nonce, encrypt) == 1
         && EVP_CipherUpdate(ctx, NULL, &written, aad, 9) == 1
         && (length == 0 || (EVP_CipherUpdate(ctx, out, &written, in, length) == 1 && written == length))
         && (encrypt || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG, tag) == 1)
         && EVP_CipherFinal_ex(ctx, out + (length == 0 ? 0 : written), &written) == 1
         && (!encrypt || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG, tag) == 1);
-    EVP_CIPHER_CTX_free(ctx);
     if (!ok && !encrypt && length > 0) OPENSSL_cleanse(out, (size_t)length);
     return ok;
 }
 
+int sofa_gcm_seal(sofa_gcm *gcm, const unsigned char *nonce, const unsigned char *aad,
+                  const unsigned char *in, int length, unsigned char *out, unsigned char *tag) {
+    return run(gcm->seal, 1, nonce, aad, in, length, out, tag);
+}
+
+int sofa_gcm_open(sofa_gcm *gcm, const unsigned char *nonce, const unsigned char *aad,
+                  const unsigned char *in, int length, unsigned char *out, const unsigned char *tag) {
+    unsigned char expected[TAG];
+    for (int i = 0; i < TAG; i++) expected[i] = tag[i];
+    return run(gcm->open, 0, nonce, aad, in, length, out, expected);
+}
+
 int sofa_seal(const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
               const unsigned char *in, int length, unsigned char *out, unsigned char *tag) {
-    return gcm(1, key, nonce, aad, in, length, out, tag);
+    EVP_CIPHER_CTX *ctx = keyed(key, 1);
+    int ok = ctx != NULL && run(ctx, 1, nonce, aad, in, length, out, tag);
+    EVP_CIPHER_CTX_free(ctx);
+    return ok;
 }
 
 int sofa_unseal(const unsigned char *key, const unsigned char *nonce, const unsigned char *aad,
                 const unsigned char *in, int length, unsigned char *out, const unsigned char *tag) {
     unsigned char expected[TAG];
     for (int i = 0; i < TAG; i++) expected[i] = tag[i];
-    return gcm(0, key, nonce, aad, in, length, out, expected);
+    EVP_CIPHER_CTX *ctx = keyed(key, 0);
+    int ok = ctx != NULL && run(ctx, 0, nonce, aad, in, length, out, expected);
+    if (ctx == NULL && length > 0) OPENSSL_cleanse(out, (size_t)length);
+    EVP_CIPHER_CTX_free(ctx);
+    return ok;
 }
 
 int sofa_derive_key(const unsigned char *key, const unsigned char *salt, int saltLength,

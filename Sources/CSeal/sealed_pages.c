@@ -50,6 +50,7 @@ enum { MAIN_FILE = 'D', WAL_FILE = 'W', JOURNAL_FILE = 'J' };
 typedef struct SealedFile {
     sqlite3_file base;
     SealedVfs *vfs;
+    sofa_gcm *gcm; /* the key set up once for this file's pages (one connection uses a file at a time) */
     int role;
     unsigned char page[PAGE];
     sqlite3_file *real; /* allocated right after this struct */
@@ -62,21 +63,21 @@ static void associated(unsigned char out[9], int role, sqlite3_int64 where) {
 }
 
 /* Seals `plain` (PAGE bytes) into `out`: ciphertext, nonce, tag, zeros. */
-static int seal(const SealedVfs *vfs, int role, sqlite3_int64 where, const unsigned char *plain, unsigned char *out) {
+static int seal(SealedFile *f, int role, sqlite3_int64 where, const unsigned char *plain, unsigned char *out) {
     unsigned char aad[9];
     associated(aad, role, where);
     unsigned char *nonce = out + SEALED, *tag = out + SEALED + NONCE;
     memset(out + SEALED + NONCE + TAG, 0, RESERVE - NONCE - TAG);
-    return RAND_bytes(nonce, NONCE) == 1 && sofa_seal(vfs->key, nonce, aad, plain, SEALED, out, tag);
+    return RAND_bytes(nonce, NONCE) == 1 && sofa_gcm_seal(f->gcm, nonce, aad, plain, SEALED, out, tag);
 }
 
 /* Opens a sealed page in place; its reserved bytes become zeros. 0 if the tag fails. */
-static int unseal(const SealedVfs *vfs, int role, sqlite3_int64 where, unsigned char *page) {
+static int unseal(SealedFile *f, int role, sqlite3_int64 where, unsigned char *page) {
     unsigned char aad[9], nonce[NONCE], tag[TAG];
     associated(aad, role, where);
     memcpy(nonce, page + SEALED, NONCE);
     memcpy(tag, page + SEALED + NONCE, TAG);
-    int ok = sofa_unseal(vfs->key, nonce, aad, page, SEALED, page, tag);
+    int ok = sofa_gcm_open(f->gcm, nonce, aad, page, SEALED, page, tag);
     memset(page + SEALED, 0, RESERVE);
     return ok;
 }
@@ -101,7 +102,7 @@ static int readMain(SealedFile *f, unsigned char *out, int amount, sqlite3_int64
         }
         rc = REAL(f)->pMethods->xRead(REAL(f), f->page, PAGE, start);
         if (rc != SQLITE_OK) return rc == SQLITE_IOERR_SHORT_READ ? SQLITE_IOERR_DATA : rc; /* a torn page */
-        if (!unseal(f->vfs, MAIN_FILE, number, f->page)) {
+        if (!unseal(f, MAIN_FILE, number, f->page)) {
             sqlite3_log(SQLITE_IOERR_DATA, "sealed page %lld of a database fails its tag: wrong key or damaged", number + 1);
             return SQLITE_IOERR_DATA;
         }
@@ -116,7 +117,7 @@ static int writeMain(SealedFile *f, const unsigned char *in, int amount, sqlite3
         return SQLITE_IOERR_WRITE;
     }
     for (int done = 0; done < amount; done += PAGE) {
-        if (!seal(f->vfs, MAIN_FILE, (offset + done) / PAGE, in + done, f->page)) return SQLITE_IOERR_WRITE;
+        if (!seal(f, MAIN_FILE, (offset + done) / PAGE, in + done, f->page)) return SQLITE_IOERR_WRITE;
         int rc = REAL(f)->pMethods->xWrite(REAL(f), f->page, PAGE, offset + done);
         if (rc != SQLITE_OK) return rc;
     }
@@ -149,7 +150,7 @@ static int readWal(SealedFile *f, unsigned char *out, int amount, sqlite3_int64 
             rc = REAL(f)->pMethods->xRead(REAL(f), f->page, PAGE, start);
             if (rc != SQLITE_OK) return rc == SQLITE_IOERR_SHORT_READ ? SQLITE_IOERR_DATA : rc;
         }
-        if (!unseal(f->vfs, WAL_FILE, start, f->page)) {
+        if (!unseal(f, WAL_FILE, start, f->page)) {
             int recovering = offset <= start - FRAME_HEADER; /* the frame's header read with it */
             if (!recovering) {
                 sqlite3_log(SQLITE_IOERR_DATA, "sealed page of the WAL at %lld fails its tag: wrong key or damaged", start);
@@ -194,7 +195,7 @@ static int writeWal(SealedFile *f, const unsigned char *in, int amount, sqlite3_
                 return SQLITE_IOERR_WRITE;
             }
         }
-        if (!seal(f->vfs, WAL_FILE, at, plain, f->page)) return SQLITE_IOERR_WRITE;
+        if (!seal(f, WAL_FILE, at, plain, f->page)) return SQLITE_IOERR_WRITE;
         int rc = REAL(f)->pMethods->xWrite(REAL(f), f->page, PAGE, at);
         if (rc != SQLITE_OK) return rc;
         at += PAGE;
@@ -207,6 +208,8 @@ static int writeWal(SealedFile *f, const unsigned char *in, int amount, sqlite3_
 static int sealedClose(sqlite3_file *file) {
     SealedFile *f = (SealedFile *)file;
     OPENSSL_cleanse(f->page, PAGE);
+    sofa_gcm_free(f->gcm);
+    f->gcm = NULL;
     return REAL(f)->pMethods ? REAL(f)->pMethods->xClose(REAL(f)) : SQLITE_OK;
 }
 
@@ -282,6 +285,12 @@ static int sealedOpen(sqlite3_vfs *base, sqlite3_filename name, sqlite3_file *fi
     if (rc != SQLITE_OK) {
         f->real->pMethods = NULL;
         return rc;
+    }
+    f->gcm = sofa_gcm_new(vfs->key);
+    if (f->gcm == NULL) {
+        f->real->pMethods->xClose(f->real);
+        f->real->pMethods = NULL;
+        return SQLITE_NOMEM;
     }
     f->base.pMethods = &sealedMethods;
     return SQLITE_OK;

@@ -113,7 +113,8 @@ extension Database {
                 let name = "\"" + object.name.replacingOccurrences(of: "\"", with: "\"\"") + "\""
                 try target.execute("INSERT INTO main.\(name) SELECT * FROM source.\(name)")
             }
-            if try !target.query("SELECT name FROM source.sqlite_master WHERE name = 'sqlite_sequence'") { $0.text(0) }.isEmpty {
+            let sequences = try target.query("SELECT name FROM source.sqlite_master WHERE name = 'sqlite_sequence'") { $0.text(0) }
+            if !sequences.isEmpty {
                 try target.execute("DELETE FROM main.sqlite_sequence; INSERT INTO main.sqlite_sequence SELECT * FROM source.sqlite_sequence")
             }
             for object in objects where object.type != "table" { try target.execute(object.sql) }

@@ -85,6 +85,9 @@ final class SealedFile {
     let path: String
     private var fileKey: [UInt8]
     private let fillingGaps: Bool
+    /// A cipher context and buffers kept from one call for the next (a mount writes a body in
+    /// thousands of calls); a call that finds them taken by another thread makes its own.
+    private let kept = Locked<(Cipher, Batch)?>(nil)
     /// The body's length.
     private(set) var length: Int64
 
@@ -116,44 +119,74 @@ final class SealedFile {
 
     deinit { fileKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
 
-    /// Reads up to `buffer.count` bytes at `offset`; 0 at the end.
+    /// Reads up to `buffer.count` bytes at `offset`; 0 at the end. The records of up to
+    /// `batchBlocks` blocks are read with one `pread` and opened with one cipher context.
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        var block = Block()
-        var done = 0
-        while done < buffer.count, offset + Int64(done) < length {
-            let position = offset + Int64(done)
-            let index = position / Int64(SealedBlob.blockSize)
-            let count = try open(index, into: &block)
-            let within = Int(position - index * Int64(SealedBlob.blockSize))
-            let take = min(count - within, buffer.count - done)
-            block.plain.withUnsafeBytes { buffer.baseAddress!.advanced(by: done).copyMemory(from: $0.baseAddress! + within, byteCount: take) }
-            done += take
+        let end = min(length, offset + Int64(buffer.count))
+        guard offset < end else { return 0 }
+        let (cipher, batch) = try borrow()
+        defer { giveBack(cipher, batch) }
+        var position = offset
+        while position < end {
+            let first = position / Int64(SealedBlob.blockSize)
+            let last = min((end - 1) / Int64(SealedBlob.blockSize), first + Int64(SealedFile.batchBlocks) - 1)
+            try readRecords(first...last, into: batch)
+            for index in first...last {
+                let start = index * Int64(SealedBlob.blockSize)
+                let within = Int(position - start)
+                let take = Int(min(Int64(SealedBlob.blockSize - within), end - position))
+                let done = Int(position - offset)
+                if within == 0 && take == blockLength(index) {
+                    // A whole block: opened straight into the caller's buffer.
+                    try open(index, from: batch.record(index - first), into: buffer.baseAddress! + done, cipher: cipher, batch: batch)
+                } else {
+                    try open(index, from: batch.record(index - first), into: batch.plain.baseAddress!, cipher: cipher, batch: batch)
+                    (buffer.baseAddress! + done).copyMemory(from: batch.plain.baseAddress! + within, byteCount: take)
+                }
+                position += Int64(take)
+            }
         }
-        return done
+        return Int(end - offset)
     }
 
-    /// Writes `bytes` at `offset`, the body growing as needed.
+    /// Writes `bytes` at `offset`, the body growing as needed: the records of up to
+    /// `batchBlocks` blocks are sealed into one buffer with one cipher context and written with
+    /// one `pwrite` (a block the write covers only in part is read and opened first).
     func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
         if fillingGaps && offset > length { try writeZeros(from: length, to: offset) }
-        var block = Block()
-        var done = 0
-        while done < bytes.count {
-            let position = offset + Int64(done)
-            let index = position / Int64(SealedBlob.blockSize)
-            let start = index * Int64(SealedBlob.blockSize)
-            let within = Int(position - start)
-            let take = min(SealedBlob.blockSize - within, bytes.count - done)
-            // What of this block the body holds now, and what it will hold.
-            let held = Int(max(0, min(Int64(SealedBlob.blockSize), length - start)))
-            let count = max(held, within + take)
-            if within > 0 && held > 0 || within + take < held {
-                _ = try open(index, into: &block)
+        guard !bytes.isEmpty else { return }
+        let (cipher, batch) = try borrow()
+        defer { giveBack(cipher, batch) }
+        let end = offset + Int64(bytes.count)
+        var position = offset
+        while position < end {
+            let first = position / Int64(SealedBlob.blockSize)
+            let last = min((end - 1) / Int64(SealedBlob.blockSize), first + Int64(SealedFile.batchBlocks) - 1)
+            guard RAND_bytes(batch.nonces.baseAddress, Int32(SealedBlob.nonceSize * Int(last - first + 1))) == 1 else {
+                throw SofaError.invalidArgument("\(path): no random nonce (OpenSSL)")
             }
-            if within > held { block.plain.withUnsafeMutableBytes { _ = memset($0.baseAddress! + held, 0, within - held) } }
-            block.plain.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: within).copyMemory(from: bytes.baseAddress! + done, byteCount: take) }
-            try seal(index, count: count, from: &block)
-            if start + Int64(count) > length { length = start + Int64(count) }  // (a partial body's never grows: no write)
-            done += take
+            var size = 0
+            for index in first...last {
+                let start = index * Int64(SealedBlob.blockSize)
+                let within = Int(position - start)
+                let take = Int(min(Int64(SealedBlob.blockSize - within), end - position))
+                // What of this block the body holds now, and what it will hold.
+                let held = Int(max(0, min(Int64(SealedBlob.blockSize), length - start)))
+                let count = max(held, within + take)
+                let plain = batch.plain.baseAddress!
+                if within > 0 && held > 0 || within + take < held {
+                    try readRecords(index...index, into: batch, at: SealedFile.spareRecord)
+                    try open(index, from: batch.record(Int64(SealedFile.spareRecord)), into: plain, cipher: cipher, batch: batch)
+                }
+                if within > held { memset(plain + held, 0, within - held) }
+                (plain + within).copyMemory(from: bytes.baseAddress! + Int(position - offset), byteCount: take)
+                let slot = Int(index - first)
+                try batch.seal(index, count: count, slot: slot, cipher: cipher, path: path)
+                size = slot * SealedBlob.recordSize + count + SealedBlob.overhead
+                position += Int64(take)
+                if start + Int64(count) > length { length = start + Int64(count) }  // (a partial body's never grows: no write)
+            }
+            try writeFully(descriptor, UnsafeRawBufferPointer(rebasing: batch.records[0..<size]), at: Int64(SealedFile.recordOffset(first)), path: path)
         }
     }
 
@@ -166,9 +199,16 @@ final class SealedFile {
         let index = size / Int64(SealedBlob.blockSize)
         let within = Int(size - index * Int64(SealedBlob.blockSize))
         if within > 0 && size < length {
-            var block = Block()
-            _ = try open(index, into: &block)
-            try seal(index, count: within, from: &block)
+            // The block the cut falls in, sealed again shorter.
+            var kept = [UInt8](repeating: 0, count: within)
+            _ = try kept.withUnsafeMutableBytes { try read(into: $0, at: index * Int64(SealedBlob.blockSize)) }
+            guard ftruncate(descriptor, off_t(SealedBlob.sealedSize(ofPlain: index * Int64(SealedBlob.blockSize)))) == 0 else {
+                throw SofaError.system("truncate", path: path, errno: errno)
+            }
+            length = index * Int64(SealedBlob.blockSize)
+            try kept.withUnsafeBytes { try write($0, at: length) }
+            kept.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) }
+            return
         }
         guard ftruncate(descriptor, off_t(SealedBlob.sealedSize(ofPlain: size))) == 0 else {
             throw SofaError.system("truncate", path: path, errno: errno)
@@ -188,54 +228,97 @@ final class SealedFile {
         }
     }
 
-    /// A block's buffers: its plaintext, its record and its associated data.
-    private struct Block {
-        var plain = [UInt8](repeating: 0, count: SealedBlob.blockSize)
-        var record = [UInt8](repeating: 0, count: SealedBlob.recordSize)
-        var associated = [UInt8](repeating: 0, count: 9)
+    private func borrow() throws -> (Cipher, Batch) {
+        if let kept = kept.withLock({ kept in defer { kept = nil }; return kept }) { return kept }
+        return (try Cipher(fileKey, path: path), Batch())
     }
 
-    private static func recordOffset(_ index: Int64) -> off_t {
+    private func giveBack(_ cipher: Cipher, _ batch: Batch) {
+        kept.withLock { kept in if kept == nil { kept = (cipher, batch) } }
+    }
+
+    /// Blocks read or written with one system call: 1 MiB of body.
+    static let batchBlocks = 256
+    /// The record slot past the batch's, for a block read back to be patched.
+    static let spareRecord = batchBlocks
+
+    /// One call's cipher context (the key schedule made once for all its blocks); a call of its
+    /// own each time, so that reads and writes on several threads never share one.
+    private final class Cipher: @unchecked Sendable {
+        // Sendable invariant: used by one call at a time (`borrow`).
+        let context: OpaquePointer
+        init(_ key: [UInt8], path: String) throws {
+            guard let context = sofa_gcm_new(key) else { throw SofaError.invalidArgument("\(path): no cipher (OpenSSL)") }
+            self.context = context
+        }
+        deinit { sofa_gcm_free(context) }
+    }
+
+    /// A call's buffers: the records of a batch (and one spare), their nonces, one block's
+    /// plaintext and the associated data.
+    private final class Batch: @unchecked Sendable {
+        // Sendable invariant: used by one call at a time (`borrow`).
+        let records = UnsafeMutableRawBufferPointer.allocate(byteCount: (SealedFile.batchBlocks + 1) * SealedBlob.recordSize, alignment: 16)
+        let nonces = UnsafeMutableRawBufferPointer.allocate(byteCount: SealedFile.batchBlocks * SealedBlob.nonceSize, alignment: 16)
+        let plain = UnsafeMutableRawBufferPointer.allocate(byteCount: SealedBlob.blockSize, alignment: 16)
+        var associated = [UInt8](repeating: 0, count: 9)
+
+        deinit {
+            OPENSSL_cleanse(plain.baseAddress, plain.count)
+            records.deallocate()
+            nonces.deallocate()
+            plain.deallocate()
+        }
+
+        /// Where record slot `slot` starts.
+        func record(_ slot: Int64) -> UnsafeMutableRawPointer { records.baseAddress! + Int(slot) * SealedBlob.recordSize }
+
+        /// Seals the first `count` bytes of `plain` as block `index` into record slot `slot`, under nonce number `slot`.
+        func seal(_ index: Int64, count: Int, slot: Int, cipher: Cipher, path: String) throws {
+            SealedBlob.associatedData(index, into: &associated)
+            let base = record(Int64(slot)).assumingMemoryBound(to: UInt8.self)
+            base.update(from: nonces.baseAddress!.assumingMemoryBound(to: UInt8.self) + slot * SealedBlob.nonceSize, count: SealedBlob.nonceSize)
+            guard sofa_gcm_seal(cipher.context, base, associated, plain.baseAddress!.assumingMemoryBound(to: UInt8.self), Int32(count),
+                                base + SealedBlob.nonceSize, base + SealedBlob.nonceSize + count) == 1 else {
+                throw SofaError.invalidArgument("\(path): a block could not be sealed (OpenSSL)")
+            }
+        }
+    }
+
+    /// The length of block `index` of the body.
+    private func blockLength(_ index: Int64) -> Int {
+        Int(min(Int64(SealedBlob.blockSize), length - index * Int64(SealedBlob.blockSize)))
+    }
+
+    static func recordOffset(_ index: Int64) -> off_t {
         off_t(SealedBlob.headerSize) + off_t(index) * off_t(SealedBlob.recordSize)
     }
 
-    /// Seals the first `count` bytes of `block.plain` as block `index` under a new nonce.
-    private func seal(_ index: Int64, count: Int, from block: inout Block) throws {
-        SealedBlob.associatedData(index, into: &block.associated)
-        let ok = block.record.withUnsafeMutableBufferPointer { record in
-            RAND_bytes(record.baseAddress, Int32(SealedBlob.nonceSize)) == 1
-                && sofa_seal(fileKey, record.baseAddress, block.associated, block.plain, Int32(count),
-                             record.baseAddress! + SealedBlob.nonceSize, record.baseAddress! + SealedBlob.nonceSize + count) == 1
-        }
-        guard ok else { throw SofaError.invalidArgument("\(path): a block could not be sealed (OpenSSL)") }
-        try SealedFile.write(descriptor, block.record[..<(count + SealedBlob.overhead)], at: SealedFile.recordOffset(index), path: path)
-    }
-
-    /// Opens block `index` into `block.plain`; returns its length.
-    private func open(_ index: Int64, into block: inout Block) throws -> Int {
-        let start = index * Int64(SealedBlob.blockSize)
-        let count = Int(min(Int64(SealedBlob.blockSize), length - start))
-        let size = count + SealedBlob.overhead
-        let offset = SealedFile.recordOffset(index)
+    /// Reads the records of `blocks` into the batch, from slot `slot` on (0: the batch's own).
+    private func readRecords(_ blocks: ClosedRange<Int64>, into batch: Batch, at slot: Int = 0) throws {
+        let size = (blocks.count - 1) * SealedBlob.recordSize + blockLength(blocks.upperBound) + SealedBlob.overhead
+        let offset = SealedFile.recordOffset(blocks.lowerBound)
+        let start = batch.record(Int64(slot))
         var got = 0
         while got < size {
-            let read = block.record.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress! + got, size - got, offset + off_t(got)) }
+            let read = pread(descriptor, start + got, size - got, offset + off_t(got))
             if read < 0 && errno == EINTR { continue }
             guard read > 0 else {
                 if read < 0 { throw SofaError.system("read", path: path, errno: errno) }
-                throw SealedBlobDamaged(path: path, why: "block \(index) is cut short")
+                throw SealedBlobDamaged(path: path, why: "block \(blocks.lowerBound + Int64(got / SealedBlob.recordSize)) is cut short")
             }
             got += read
         }
-        SealedBlob.associatedData(index, into: &block.associated)
-        let ok = block.record.withUnsafeBufferPointer { record in
-            block.plain.withUnsafeMutableBufferPointer { output in
-                sofa_unseal(fileKey, record.baseAddress, block.associated, record.baseAddress! + SealedBlob.nonceSize,
-                            Int32(count), output.baseAddress, record.baseAddress! + SealedBlob.nonceSize + count)
-            }
-        }
+    }
+
+    /// Opens block `index` from the record at `record` into `output` (its length).
+    private func open(_ index: Int64, from record: UnsafeMutableRawPointer, into output: UnsafeMutableRawPointer, cipher: Cipher, batch: Batch) throws {
+        let count = blockLength(index)
+        SealedBlob.associatedData(index, into: &batch.associated)
+        let base = record.assumingMemoryBound(to: UInt8.self)
+        let ok = sofa_gcm_open(cipher.context, base, batch.associated, base + SealedBlob.nonceSize, Int32(count),
+                               output.assumingMemoryBound(to: UInt8.self), base + SealedBlob.nonceSize + count)
         guard ok == 1 else { throw SealedBlobDamaged(path: path, why: "block \(index) fails its tag: damaged, or another key") }
-        return count
     }
 
     private static func write(_ descriptor: Int32, _ bytes: ArraySlice<UInt8>, at offset: off_t, path: String) throws {

@@ -155,6 +155,9 @@ import TestSupport
             try apply((0..<Int.random(in: 1..<9_000, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }, at: offset)
         }
         try check("random writes")
+        // Writes and reads of more than one batch (256 blocks) at once, starting inside a block.
+        try apply((0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }, at: 1_001)
+        try check("three batches")
         for size in [12_345, 8_192, 8_191, 0, 5_000] {
             try file.truncate(to: Int64(size))
             if size < model.count { model.removeLast(model.count - size) } else { model += [UInt8](repeating: 0, count: size - model.count) }
