@@ -134,18 +134,34 @@ import TestSupport
         return try JSONParser.parse(Array(line.utf8))
     }
 
-    @Test func pullAndPushRoundTripTheScenarioAndUnchangedBodiesNeverTravelAgain() throws {
+    /// The key arguments of an encrypted database (#32: the interop scenarios run once more on
+    /// one), none for a plain one; `create` makes the database either way.
+    func keyArguments(_ encrypted: Bool) -> [String] { encrypted ? ["--key-file", directory.appending("interop.key")] : [] }
+
+    func create(_ path: String, encrypted: Bool) throws {
+        let made = try sofa(["create", path] + (encrypted ? ["--encrypt"] : []) + keyArguments(encrypted))
+        #expect(made.succeeded, "\(made.stderr)")
+    }
+
+    func open(_ path: String, encrypted: Bool) throws -> Database {
+        try Database.open(at: path, secret: encrypted
+            ? DatabaseSecret([UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.appending("interop.key"))))) : nil)
+    }
+
+    @Test(arguments: [false, true])
+    func pullAndPushRoundTripTheScenarioAndUnchangedBodiesNeverTravelAgain(encrypted: Bool) throws {
         let source = try couch.newDatabase("scenario")
         try makeScenario(source)
         let local = directory.appending("local.sofa")
-        #expect(try sofa("create", local).succeeded)
-        let pulled = try sofa("pull", local, couch.url(source), "--json")
+        try create(local, encrypted: encrypted)
+        let keys = keyArguments(encrypted)
+        let pulled = try sofa(["pull", local, couch.url(source), "--json"] + keys)
         #expect(pulled.succeeded, "\(pulled.stderr)")
         // The _local document stays behind; everything else arrives.
-        #expect(try Database.open(at: local).localDocument(withID: "_local/private") == nil)
+        #expect(try open(local, encrypted: encrypted).localDocument(withID: "_local/private") == nil)
 
         let copy = try couch.newDatabase("copy")
-        let pushed = try sofa("push", local, couch.url(copy), "--json")
+        let pushed = try sofa(["push", local, couch.url(copy), "--json"] + keys)
         #expect(pushed.succeeded, "\(pushed.stderr)")
         #expect(try summary(pushed)["doc_write_failures"]?.int64Value == 0)
         // Digests too: CouchDB gzips the text bodies again and names them as the source did.
@@ -158,7 +174,7 @@ import TestSupport
             doc["edited"] = true
             #expect(try couch.request("PUT", "/\(copy)/\(id)", .object(doc)).status == 201)
         }
-        let again = try sofa("pull", local, couch.url(copy), "--json")
+        let again = try sofa(["pull", local, couch.url(copy), "--json"] + keys)
         #expect(again.succeeded, "\(again.stderr)")
         let totals = try summary(again)
         #expect(totals["docs_written"]?.int64Value == 3)
@@ -401,12 +417,13 @@ import TestSupport
         #expect(served.status == 200 && served.body == expected, "\(served.status)")
     }
 
-    @Test func couchDBsReplicatorPushesIntoAndPullsFromSofaServe() throws {
+    @Test(arguments: [false, true])
+    func couchDBsReplicatorPushesIntoAndPullsFromSofaServe(encrypted: Bool) throws {
         let source = try couch.newDatabase("for-serve")
         try makeScenario(source)
         let served = directory.appending("served.sofa")
-        #expect(try sofa("create", served).succeeded)
-        let server = try ServedDatabases([served])
+        try create(served, encrypted: encrypted)
+        let server = try ServedDatabases([served] + keyArguments(encrypted))
         let sofaURL = "http://127.0.0.1:\(server.port)/served"
         let auth = "http://\(couch.user):\(couch.password)@127.0.0.1:\(couch.port)"
 
