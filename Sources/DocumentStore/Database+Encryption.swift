@@ -1,4 +1,3 @@
-import CCrypto
 import CLinux
 import DocumentModel
 import Foundation
@@ -53,13 +52,7 @@ extension Database {
         try? FileManager.default.removeItem(atPath: stage)  // a leftover of this pid's earlier run, if any
         guard mkdir(stage, 0o755) == 0 else { throw SofaError.system("create directory", path: stage, errno: errno) }
         do {
-            var keys: DatabaseKey?
-            if let (secret, unlock) = target {
-                var dataKey = try DatabaseKey.random(32)
-                defer { dataKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
-                try KeyFile.wrapping(dataKey, with: secret, unlock: unlock, database: stage).write(database: stage)
-                keys = try DatabaseKey(dataKey: dataKey)
-            }
+            let keys = try target.map { try DatabaseKey.makeNew(in: stage, wrappedWith: $0.0, unlock: $0.1) }
             let blobs = BlobStore(directory: "\(stage)/\(Database.attachmentsDirectoryName)", key: keys)
             try blobs.createDirectories()
             do {  // the connections close before the folder moves

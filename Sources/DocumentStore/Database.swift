@@ -167,13 +167,7 @@ public final class Database: @unchecked Sendable {
             throw errno == EEXIST ? SofaError.databaseExists(path: path) : SofaError.system("create directory", path: path, errno: errno)
         }
         do {
-            var encryption: DatabaseKey?
-            if let (secret, unlock) = secret {
-                var dataKey = try DatabaseKey.random(32)
-                defer { dataKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
-                try KeyFile.wrapping(dataKey, with: secret, unlock: unlock, database: path).write(database: path)
-                encryption = try DatabaseKey(dataKey: dataKey)
-            }
+            let encryption = try secret.map { try DatabaseKey.makeNew(in: path, wrappedWith: $0.0, unlock: $0.1) }
             try BlobStore(directory: "\(path)/\(attachmentsDirectoryName)").createDirectories()
             let connection = try SQLiteConnection(path: "\(path)/\(databaseFileName)", create: true,
                                                   sealed: try encryption.map { try SealedPages(key: $0.pages) })

@@ -238,6 +238,15 @@ final class DatabaseKey: @unchecked Sendable {
         return out.prefix(20).map { String(format: "%02x", $0) }.joined()
     }
 
+    /// The keys of a new encrypted database in `folder`: a random data key, written wrapped
+    /// under what `secret` unlocks to the folder's key.json.
+    static func makeNew(in folder: String, wrappedWith secret: DatabaseSecret, unlock: KeyUnlock) throws -> DatabaseKey {
+        var dataKey = try random(32)
+        defer { dataKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
+        try KeyFile.wrapping(dataKey, with: secret, unlock: unlock, database: folder).write(database: folder)
+        return try DatabaseKey(dataKey: dataKey)
+    }
+
     static func random(_ count: Int) throws -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: count)
         guard RAND_bytes(&bytes, Int32(count)) == 1 else { throw SofaError.invalidArgument("no random bytes (OpenSSL)") }

@@ -54,16 +54,33 @@ enum KeyOptions {
     /// the terminal (twice when `confirming`, for a new database). Nil when none can be had.
     static func secret(for database: String, unlock: KeyUnlock, confirming: Bool) throws -> DatabaseSecret? {
         if let secret = cached.withLock({ $0 }) { return secret }
+        let secret = try readSecret(file: keyFile, descriptor: keyDescriptor, unlock: unlock, question: "Passphrase for \(database): ",
+                              confirming: confirming, unreadable: { SofaError.keyRejected(path: database, reason: "cannot read the key file \($0)") })
+        cached.withLock { $0 = secret }
+        return secret
+    }
+
+    /// A new secret (for `sofa rekey`), not the one the command opens databases with: the file
+    /// at `path`, or a passphrase asked twice on the terminal. Nil when neither can be had.
+    static func newSecret(from path: String?, unlock: KeyUnlock, for database: String) throws -> DatabaseSecret? {
+        try readSecret(file: path, descriptor: nil, unlock: unlock, question: "New passphrase for \(database): ", confirming: true,
+                 unreadable: { SofaError.invalidArgument("cannot read the new key file \($0)") })
+    }
+
+    /// The bytes of `file`, or of `descriptor`, or a passphrase asked on the terminal (twice
+    /// when `confirming`); a passphrase ends at its line. Nil when none can be had.
+    private static func readSecret(file: String?, descriptor: Int32?, unlock: KeyUnlock, question: String, confirming: Bool,
+                             unreadable: (String) -> SofaError) throws -> DatabaseSecret? {
         var bytes: [UInt8]
-        if let keyFile {
-            guard let data = FileManager.default.contents(atPath: keyFile) else {
-                throw SofaError.keyRejected(path: database, reason: "cannot read the key file \(keyFile): \(String(cString: strerror(errno)))")
+        if let file {
+            guard let data = FileManager.default.contents(atPath: file) else {
+                throw unreadable("\(file): \(String(cString: strerror(errno)))")
             }
             bytes = [UInt8](data)
-        } else if let keyDescriptor {
-            bytes = try readAll(keyDescriptor)
+        } else if let descriptor {
+            bytes = try readAll(descriptor)
         } else if isatty(STDIN_FILENO) == 1 && unlock == .passphrase {
-            bytes = try prompt("Passphrase for \(database): ")
+            bytes = try prompt(question)
             if confirming {
                 var again = try prompt("The same passphrase again: ")
                 defer { DatabaseSecret.wipe(&again) }
@@ -73,31 +90,6 @@ enum KeyOptions {
             return nil
         }
         // A passphrase read from a file or a pipe ends at its line.
-        if unlock == .passphrase, bytes.last == 10 { bytes.removeLast() }
-        if unlock == .passphrase, bytes.last == 13 { bytes.removeLast() }
-        let secret = DatabaseSecret(bytes)
-        DatabaseSecret.wipe(&bytes)
-        cached.withLock { $0 = secret }
-        return secret
-    }
-
-    /// A new secret (for `sofa rekey`), not the one the command opens databases with: the file
-    /// at `path`, or a passphrase asked twice on the terminal. Nil when neither can be had.
-    static func newSecret(from path: String?, unlock: KeyUnlock, for database: String) throws -> DatabaseSecret? {
-        var bytes: [UInt8]
-        if let path {
-            guard let data = FileManager.default.contents(atPath: path) else {
-                throw SofaError.invalidArgument("cannot read the new key file \(path): \(String(cString: strerror(errno)))")
-            }
-            bytes = [UInt8](data)
-        } else if isatty(STDIN_FILENO) == 1 && unlock == .passphrase {
-            bytes = try prompt("New passphrase for \(database): ")
-            var again = try prompt("The same passphrase again: ")
-            defer { DatabaseSecret.wipe(&again) }
-            guard again == bytes else { throw SofaError.invalidArgument("the two passphrases differ") }
-        } else {
-            return nil
-        }
         if unlock == .passphrase, bytes.last == 10 { bytes.removeLast() }
         if unlock == .passphrase, bytes.last == 13 { bytes.removeLast() }
         defer { DatabaseSecret.wipe(&bytes) }
