@@ -293,6 +293,10 @@ public final class PartialBody: @unchecked Sendable {
 
     // MARK: Bytes
 
+    /// Whether writes must come in whole 4 KiB blocks (or end at the body's end): a sealed
+    /// body's blocks not yet here are holes that cannot be added to.
+    public var takesWholeBlocksOnly: Bool { sealed != nil }
+
     /// Writes bytes at `offset` (which the caller then marks present by whole chunks).
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
         if let sealed { try sealed.write(bytes, at: offset) } else { try writeFully(fd, bytes, at: offset, path: path) }

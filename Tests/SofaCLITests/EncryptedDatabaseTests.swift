@@ -300,4 +300,28 @@ import TestSupport
         #expect(mount.unmount().succeeded)
         #expect(filesHolding(marker, in: database) == [])
     }
+
+    /// Compaction finds an encrypted store's unreferenced bodies by their keyed names (which do
+    /// not give the digest back) and deletes them, keeping the ones still referenced.
+    @Test func compactionDeletesOnlyUnreferencedSealedBodies() throws {
+        let key = directory.appending("c.key")
+        let database = directory.appending("compact.sofa")
+        #expect(try sofa("create", database, "--encrypt", "--key-file", key).succeeded)
+        let first = try textFile(markedText(1_000)), second = try textFile(markedText(2_000))
+        #expect(try sofa("attach", database, "doc", "a.txt", first, "--key-file", key).succeeded)
+        #expect(try sofa("attach", database, "doc", "b.txt", second, "--key-file", key).succeeded)
+        #expect(try sofa("attach", database, "doc", "a.txt", second, "--key-file", key).succeeded)  // the first body is no longer current
+        func blobFiles() throws -> Int { try FileManager.default.contentsOfDirectory(atPath: database + "/attachments").filter { $0.hasSuffix(".blob") }.count }
+        #expect(try blobFiles() == 2)
+        #expect(try sofa("rm", database, "doc", "--key-file", key).succeeded)
+        let compacted = try sofa("compact", database, "--json", "--key-file", key)
+        #expect(compacted.succeeded, "\(compacted.stderr)")
+        #expect(compacted.stdout.contains("\"blobs_deleted\": 2") || compacted.stdout.contains("\"blobs_deleted\":2"), "\(compacted.stdout)")
+        #expect(try blobFiles() == 0)
+        #expect(try sofa("attach", database, "kept", "k.txt", first, "--key-file", key).succeeded)
+        #expect(try sofa("compact", database, "--key-file", key).succeeded)
+        #expect(try blobFiles() == 1)
+        #expect(try sofa("cat-attachment", database, "kept", "k.txt", "--key-file", key).stdout == markedText(1_000))
+        #expect(try sofa("check", database, "--key-file", key).stdout.contains("ok"))
+    }
 }

@@ -63,12 +63,18 @@ final class IncomingChunks: @unchecked Sendable {
             throw ReplicationError.protocolError("\(body.digest): more bytes than the body's \(body.length)")
         }
         room.reserve(Int64(bytes.count))
-        pending.append(contentsOf: bytes)
-        let end = position + Int64(pending.count)
-        let whole = end == body.length ? pending.count : pending.count - Int(end % Int64(IncomingChunks.blockSize))
-        guard whole > 0 else { return }
-        try pending.withUnsafeBytes { try body.write(UnsafeRawBufferPointer(rebasing: $0[0..<whole]), at: position) }
-        pending.removeFirst(whole)
+        let whole: Int
+        if body.takesWholeBlocksOnly {
+            pending.append(contentsOf: bytes)
+            let end = position + Int64(pending.count)
+            whole = end == body.length ? pending.count : pending.count - Int(end % Int64(IncomingChunks.blockSize))
+            guard whole > 0 else { return }
+            try pending.withUnsafeBytes { try body.write(UnsafeRawBufferPointer(rebasing: $0[0..<whole]), at: position) }
+            pending.removeFirst(whole)
+        } else {
+            whole = bytes.count
+            try body.write(bytes, at: position)
+        }
         let before = Int(position / Int64(PartialBody.chunkSize))
         position += Int64(whole)
         let complete = position == body.length ? body.chunkCount : Int(position / Int64(PartialBody.chunkSize))
