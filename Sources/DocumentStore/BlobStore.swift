@@ -61,7 +61,6 @@ public final class BlobStore: Sendable {
 
     static let fileSuffix = ".blob"
 
-
     public func contains(_ key: BlobKey) -> Bool { access(path(for: key), F_OK) == 0 }
 
     /// The size of the blob `key`, or nil if it is not here.
@@ -86,7 +85,7 @@ public final class BlobStore: Sendable {
     /// What names the partial body of `digest` (and what `partialBodies()` lists it by): the
     /// digest, file-name safe; in an encrypted store, 40 hex digits of its HMAC, which
     /// `partialBodies()` gives back as they are.
-    public func partialToken(for digest: String) -> String? {
+    func partialToken(for digest: String) -> String? {
         if isSealed, BlobKey(hex: digest) != nil { return digest }  // as partialBodies() lists it
         guard digest.hasPrefix("sha1-") || digest.hasPrefix("md5-"), digest.count < 100,
               digest.utf8.allSatisfy({ isalnum(Int32($0)) != 0 || "+/=-".utf8.contains($0) }) else { return nil }
@@ -98,7 +97,7 @@ public final class BlobStore: Sendable {
 
     /// How `partialBodies()` lists the partial body of `digest`: the digest itself, or in an
     /// encrypted store its keyed name.
-    public func partialListing(of digest: String) -> String? { isSealed ? partialToken(for: digest) : digest }
+    func partialListing(of digest: String) -> String? { isSealed ? partialToken(for: digest) : digest }
 
     /// Partial bodies waiting for their remaining chunks (`PartialBody`): (digest, bytes on disk).
     /// In an encrypted store the "digest" is the file's keyed name (`partialListing(of:)`); it
@@ -241,7 +240,7 @@ public final class BlobStore: Sendable {
         var result: [(String, BlobKey?, Int64)] = []
         for name in names where name.hasSuffix(BlobStore.fileSuffix) {
             let stem = String(name.dropLast(BlobStore.fileSuffix.count))
-            guard stem.utf8.count == 40, let named = BlobKey(hex: stem) else { continue }
+            guard let named = BlobKey(hex: stem) else { continue }
             var info = stat()
             guard stat("\(directory)/\(name)", &info) == 0 else { continue }
             result.append((name, isSealed ? nil : named, Int64(info.st_size)))

@@ -58,7 +58,7 @@ struct Info: SofaCommand {
                 "blob_count": .integer(Int64(info.blobCount)), "blob_bytes": .integer(info.blobBytes),
                 "bodies_not_present": .integer(Int64(info.missingBodyCount)),
                 "partial_downloads": .integer(Int64(cache.partialCount)), "partial_download_bytes": .integer(cache.partialBytes),
-                "cache": .object(cacheJSON(cache)),
+                "cache": .object(cacheJSON(cache)), "encrypted": .bool(database.isEncrypted),
             ])
             return
         }
@@ -72,6 +72,7 @@ struct Info: SofaCommand {
             SQLite size:   \(formatBytes(info.databaseBytes))
             Blobs:         \(info.blobCount) (\(formatBytes(info.blobBytes)))
             Bodies not present: \(info.missingBodyCount)
+            Encrypted:     \(database.isEncrypted ? "yes (AES-256-GCM; key.json)" : "no")
             """)
         Output.line(cacheLines(cache))
     }

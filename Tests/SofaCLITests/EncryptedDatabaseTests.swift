@@ -323,5 +323,7 @@ import TestSupport
         #expect(try blobFiles() == 1)
         #expect(try sofa("cat-attachment", database, "kept", "k.txt", "--key-file", key).stdout == markedText(1_000))
         #expect(try sofa("check", database, "--key-file", key).stdout.contains("ok"))
+        #expect(try sofa("info", database, "--key-file", key).stdout.contains("Encrypted:     yes"))
+        #expect(try sofa("info", database, "--json", "--key-file", key).stdout.contains("\"encrypted\": true"))
     }
 }
