@@ -188,9 +188,12 @@ struct Mount: SofaCommand {
         if let max = downloads.downloadAttachmentsMax { arguments += ["--download-attachments-max", max] }
         if let types = downloads.downloadAttachmentsTypes { arguments += ["--download-attachments-types", types] }
         // Detached from the caller's streams (a caller reading them to EOF must not hang);
-        // the log goes beside the database, and is shown if mounting fails.
-        let logPath = URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
-        let logWritable = access(URL(fileURLWithPath: db.database).path, W_OK) == 0
+        // the log goes beside the database, and is shown if mounting fails. An encrypted
+        // database's goes to the user's runtime folder (memory) instead: its lines may name
+        // documents, and nothing beside the database is to hold them in the clear.
+        let encrypted = try Database.encryptionUnlock(at: db.database) != nil
+        let logPath = encrypted ? MountCommandLog.runtimePath(for: db.database) : URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
+        let logWritable = logPath.map { access(($0 as NSString).deletingLastPathComponent, W_OK) == 0 } ?? false
         // An encrypted database's key goes to the child through a pipe, never its arguments.
         var keyPipe: Int32?
         if let unlock = try Database.encryptionUnlock(at: db.database) {
@@ -206,12 +209,13 @@ struct Mount: SofaCommand {
         }
         defer { if let keyPipe { close(keyPipe) } }
         let pid = try spawnDetached(arguments, stdin: keyPipe, stderr: logWritable ? logPath : nil)
+        if encrypted, let logPath, logWritable { log.info("the mount's log is \(logPath) (an encrypted database keeps none beside it)") }
         // Wait until the mount appears, or the child gives up.
         for _ in 0..<200 {
             if MountTable.contains(mountPoint) { return }
             var status: Int32 = 0
             if waitpid(pid, &status, WNOHANG) == pid {
-                let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""  // the child's log, for the message; none is still an error
+                let log = logPath.flatMap { try? String(contentsOfFile: $0, encoding: .utf8) } ?? ""  // the child's log, for the message; none is still an error
                 let lines = log.split(separator: "\n").suffix(5).joined(separator: "\n")
                 if !lines.isEmpty { FileHandle.standardError.write(Data((lines + "\n").utf8)) }
                 throw ExitCode((status >> 8) & 0xFF == 0 ? 1 : (status >> 8) & 0xFF)
@@ -219,6 +223,22 @@ struct Mount: SofaCommand {
             usleep(50_000)
         }
         throw SofaError.invalidArgument("timed out waiting for the mount on \(mountPoint)")
+    }
+}
+
+/// Where a background mount of an encrypted database logs: the user's runtime folder
+/// (`$XDG_RUNTIME_DIR`, or /run for root: memory, gone at logout or restart), in a `sofa` folder
+/// readable by its owner only. Nil when there is none (the log is then not kept; `--foreground`
+/// shows it).
+enum MountCommandLog {
+    static func runtimePath(for database: String) -> String? {
+        let base = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"].flatMap { $0.isEmpty ? nil : $0 } ?? (geteuid() == 0 ? "/run" : nil)
+        guard let base else { return nil }
+        let folder = base + "/sofa"
+        guard mkdir(folder, 0o700) == 0 || errno == EEXIST else { return nil }
+        let full = URL(fileURLWithPath: database).standardizedFileURL.path
+        let tag = MessageDigest.hash(.sha1, Array(full.utf8)).prefix(6).map { String(format: "%02x", $0) }.joined()
+        return "\(folder)/\(URL(fileURLWithPath: full).lastPathComponent)-\(tag).mount.log"
     }
 }
 

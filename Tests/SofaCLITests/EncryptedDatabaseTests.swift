@@ -323,6 +323,14 @@ import TestSupport
         #expect(try blobFiles() == 1)
         #expect(try sofa("cat-attachment", database, "kept", "k.txt", "--key-file", key).stdout == markedText(1_000))
         #expect(try sofa("check", database, "--key-file", key).stdout.contains("ok"))
+        // In the background, the mount of an encrypted database keeps its log out of the database's folder.
+        let mountPoint = directory.appending("bg")
+        #expect(mkdir(mountPoint, 0o755) == 0)
+        let mounted = try sofa("mount", database, mountPoint, "--key-file", key)
+        #expect(mounted.succeeded, "\(mounted.stderr)")
+        #expect(try String(contentsOfFile: mountPoint + "/docs/kept/attachments/k.txt", encoding: .utf8) == markedText(1_000))
+        #expect(try shell("fusermount3 -u '\(mountPoint)'").succeeded)
+        #expect(access(database + "/mount.log", F_OK) != 0, "no mount.log beside an encrypted database")
         #expect(try sofa("info", database, "--key-file", key).stdout.contains("Encrypted:     yes"))
         #expect(try sofa("info", database, "--json", "--key-file", key).stdout.contains("\"encrypted\": true"))
     }
