@@ -16,14 +16,26 @@ import TestSupport
     func filesHolding(_ text: String, in folder: String) -> [String] {
         let needle = Array(text.utf8)
         var found: [String] = []
-        for case let relative as String in FileManager.default.enumerator(atPath: folder) ?? NSEnumerator().makeIterator() as! FileManager.DirectoryEnumerator {
+        guard let enumerator = FileManager.default.enumerator(atPath: folder) else {
+            Issue.record("\(folder) cannot be listed: a search of it would find nothing and prove nothing")
+            return ["(unlistable)"]
+        }
+        var files = 0
+        for case let relative as String in enumerator {
             let path = folder + "/" + relative
+            if !isDirectory(path) { files += 1 }
             guard let bytes = FileManager.default.contents(atPath: path).map([UInt8].init), bytes.count >= needle.count else { continue }
             if (0...(bytes.count - needle.count)).contains(where: { bytes[$0] == needle[0] && bytes[$0..<($0 + needle.count)].elementsEqual(needle) }) {
                 found.append(relative)
             }
         }
+        #expect(files >= 2, "\(folder) holds \(files) files: nothing to search")
         return found
+    }
+
+    func isDirectory(_ path: String) -> Bool {
+        var info = stat()
+        return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
     }
 
     /// A text body of `lines` lines, each with the marker.
