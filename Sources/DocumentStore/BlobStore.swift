@@ -346,21 +346,17 @@ public final class BlobStore: Sendable {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
         defer { buffer.deallocate() }
         if let key {
-            let file: SealedFile
-            do { file = try SealedFile(opening: fd, path: path, key: key.blobs) } catch let damage as SealedBlobDamaged {
+            do {
+                let file = try SealedFile(opening: fd, path: path, key: key.blobs)
+                var offset: Int64 = 0
+                while offset < file.length, case let count = try file.read(into: buffer, at: offset), count > 0 {
+                    digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+                    offset += Int64(count)
+                }
+                return offset
+            } catch let damage as SealedBlobDamaged {
                 throw SofaError.blobCorrupted(key: "(unknown)", path: damage.path)
             }
-            var offset: Int64 = 0
-            while offset < file.length {
-                let count: Int
-                do { count = try file.read(into: buffer, at: offset) } catch let damage as SealedBlobDamaged {
-                    throw SofaError.blobCorrupted(key: "(unknown)", path: damage.path)
-                }
-                guard count > 0 else { break }
-                digest.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
-                offset += Int64(count)
-            }
-            return offset
         }
         var info = stat()
         guard fstat(fd, &info) == 0 else { throw SofaError.system("stat", path: path, errno: errno) }

@@ -191,12 +191,13 @@ struct Mount: SofaCommand {
         // the log goes beside the database, and is shown if mounting fails. An encrypted
         // database's goes to the user's runtime folder (memory) instead: its lines may name
         // documents, and nothing beside the database is to hold them in the clear.
-        let encrypted = try Database.encryptionUnlock(at: db.database) != nil
+        let unlock = try Database.encryptionUnlock(at: db.database)
+        let encrypted = unlock != nil
         let logPath = encrypted ? MountCommandLog.runtimePath(for: db.database) : URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
         let logWritable = logPath.map { access(($0 as NSString).deletingLastPathComponent, W_OK) == 0 } ?? false
         // An encrypted database's key goes to the child through a pipe, never its arguments.
         var keyPipe: Int32?
-        if let unlock = try Database.encryptionUnlock(at: db.database) {
+        if let unlock {
             guard let secret = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: false) else {
                 throw SofaError.keyRejected(path: db.database, reason: "no key given (--key-file, --key-fd, or run it on a terminal)")
             }
