@@ -14,7 +14,7 @@ extension DocumentFileSystem {
             try DocumentID.validate(id)
             guard !DocumentID.isLocal(id) else { throw SofaError.invalidDocumentID(id, reason: "_local documents are not shown in the mount") }
             guard try !documentFolderExists(id) else { throw MountError.exists(path) }
-            guard mkdir(scratchDirectory(id), 0o755) == 0 else { throw SofaError.system("mkdir", path: scratchDirectory(id), errno: errno) }
+            try scratch.makeFolder(ofEscapedID: FileNames.escape(id))
         case .attachment(let id, let folder):
             guard !folder.isEmpty else { throw MountError.exists(path) }
             try AttachmentName.validate(folder)
@@ -125,11 +125,7 @@ extension DocumentFileSystem {
     }
 
     /// Whether a scratch folder holds no file (empty subfolders do not count).
-    func scratchIsEmpty(_ directory: String) -> Bool {
-        guard let enumerator = FileManager.default.enumerator(atPath: directory) else { return true }
-        for case let name as String in enumerator where !isDirectory("\(directory)/\(name)") { return false }
-        return true
-    }
+    func scratchIsEmpty(_ directory: String) -> Bool { scratch.holdsNoFile(directory) }
 
     /// Tombstones every live leaf, so that no conflict resurrects the document.
     func deleteDocument(_ id: String) throws {

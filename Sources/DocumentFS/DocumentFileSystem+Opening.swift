@@ -58,9 +58,8 @@ extension DocumentFileSystem {
             return OpenFile(handle: handles.add(StatusFileHandle(path: path, name: name, bytes: bytes)), directIO: true)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }
-            let fd = Glibc.open(scratchPath(id, relative), (flags & ~O_CREAT) | O_CLOEXEC)
-            guard fd >= 0 else { throw SofaError.system("open", path: scratchPath(id, relative), errno: errno) }
-            return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
+            let file = try scratch.open(scratchPath(id, relative), flags: flags & ~O_CREAT)
+            return OpenFile(handle: handles.add(ScratchHandle(path: path, file: file)))
         case .view(let view) where view.isReduceFile:
             return OpenFile(handle: handles.add(BytesHandle(path: path, bytes: try reduced(view, path: path))), directIO: true, noFlush: true)
         case .view(let view):
@@ -160,9 +159,8 @@ extension DocumentFileSystem {
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             let target = scratchPath(id, relative)
             try makeParents(of: target)
-            let fd = Glibc.open(target, flags | O_CREAT | O_CLOEXEC, mode_t(permissions))
-            guard fd >= 0 else { throw SofaError.system("open", path: target, errno: errno) }
-            return OpenFile(handle: handles.add(ScratchHandle(path: path, fd: fd)))
+            let file = try scratch.open(target, flags: flags | O_CREAT, mode: mode_t(permissions))
+            return OpenFile(handle: handles.add(ScratchHandle(path: path, file: file)))
         case .conflictProperties, .conflictAttachment, .conflict, .conflicts, .statusFile, .statusDirectory, .view, .query:
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         case .root, .docs, .document:

@@ -29,7 +29,7 @@ extension DocumentFileSystem {
 
     var queriesDirectory: String { scratchPath(Node.rootScratchID, Node.queriesDirectoryName) }
 
-    private func queryFile(_ name: String) -> String { queriesDirectory + "/" + name + QueryNode.fileExtension }
+    private func queryFile(_ name: String) -> String { scratch.path(queriesDirectory, name + QueryNode.fileExtension) }
 
     /// The query `queries/<name>.json` holds; ENOENT when there is no such file, EINVAL (with
     /// the file's name and Mango's reason) when it holds no query.
@@ -181,7 +181,7 @@ extension DocumentFileSystem {
     /// `queries/`: the files in it, and a results folder for each query file.
     func queryFolderEntries() throws -> [DirectoryEntry] {
         let files = try scratchNames(in: queriesDirectory)
-        var entries = files.map { name in named(name, attributes: try? scratchAttributes(queriesDirectory + "/" + name)) }
+        var entries = files.map { name in named(name, attributes: try? scratchAttributes(scratch.path(queriesDirectory, name))) }
         let modified = databaseChangedAt()
         for file in files {
             guard let name = QueryNode.resultsName(ofFile: file), !files.contains(name) else { continue }

@@ -49,7 +49,7 @@ extension DocumentFileSystem {
             }
         case .scratch(let id, let relative):
             guard !readOnly else { throw MountError.readOnly(path, why: .mount) }
-            guard Glibc.truncate(scratchPath(id, relative), off_t(size)) == 0 else { throw SofaError.system("truncate", path: scratchPath(id, relative), errno: errno) }
+            try scratch.truncate(scratchPath(id, relative), to: size)
         default:
             try checkWritable(node, path: path)
             throw MountError.isFolder(path)
@@ -78,8 +78,7 @@ extension DocumentFileSystem {
         let handle = try handles.get(number)
         FuseMount.mayBlock()  // an fsync: others are answered meanwhile
         if let scratch = handle as? ScratchHandle {
-            guard Glibc.fsync(scratch.fd) == 0 else { throw SofaError.system("fsync", path: scratch.path, errno: errno) }
-            return
+            return try scratch.file.sync()
         }
         guard let descriptor = handle as? WriterDescriptor else { return }
         let file = descriptor.file

@@ -236,6 +236,7 @@ extension DocumentFileSystem {
             // The target's scratch folder is empty or absent (checked above); the rename says if it is in the way.
             try? FileManager.default.removeItem(atPath: toScratch)
             guard Glibc.rename(fromScratch, toScratch) == 0 else { throw SofaError.system("rename", path: fromScratch, errno: errno) }
+            try scratch.nameFolder(ofEscapedID: FileNames.escape(toID))
         }
     }
 }

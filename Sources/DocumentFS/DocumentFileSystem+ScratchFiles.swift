@@ -4,30 +4,36 @@ import Foundation
 import FuseKit
 
 /// Reading and writing the mount's own files beside the database (scratch files, copies
-/// made for the trash).
+/// made for the trash), through `scratch`: sealed in an encrypted database.
 extension DocumentFileSystem {
     func readSmallFile(_ path: String) throws -> [UInt8] {
         var info = stat()
         guard stat(path, &info) == 0 else { throw SofaError.system("stat", path: path, errno: errno) }
-        guard info.st_size <= PropertiesWriteHandle.maximumSize else { throw MountError.tooLarge(path, limit: Int64(PropertiesWriteHandle.maximumSize)) }
-        guard let data = FileManager.default.contents(atPath: path) else { throw SofaError.system("read", path: path, errno: EIO) }
-        return [UInt8](data)
+        guard scratch.contentLength(ofStoredSize: Int64(info.st_size)) <= PropertiesWriteHandle.maximumSize else {
+            throw MountError.tooLarge(path, limit: Int64(PropertiesWriteHandle.maximumSize))
+        }
+        return try scratch.contents(of: path)
     }
 
     func writeScratch(_ path: String, bytes: [UInt8]) throws {
         try makeParents(of: path)
-        guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw SofaError.system("write", path: path, errno: EIO) }
+        try scratch.write(bytes, to: path)
     }
 
     func copy(_ reader: BlobReader, toScratch path: String) throws {
         try makeParents(of: path)
-        let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
-        defer { Glibc.close(fd) }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
-        defer { buffer.deallocate() }
-        while case let count = try reader.read(into: buffer), count > 0 {
-            guard Glibc.write(fd, buffer.baseAddress, count) == count else { throw SofaError.system("write", path: path, errno: errno) }
+        try scratch.copy(reader, to: path)
+    }
+
+    /// Scratch files an earlier version kept plain in an encrypted database (before names and
+    /// contents were sealed): sealed where they are, under sealed names, once.
+    func sealPlainScratchFiles() {
+        guard scratch.isSealed else { return }
+        do {
+            let moved = try scratch.sealPlainFiles()
+            if moved > 0 { log.notice("sealed \(moved) scratch file\(moved == 1 ? "" : "s") an earlier version had kept plain") }
+        } catch {
+            log.error("scratch files an earlier version kept plain are not sealed yet: \(error); they are tried again at the next mount")
         }
     }
 }

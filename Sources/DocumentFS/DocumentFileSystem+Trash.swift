@@ -17,14 +17,11 @@ extension DocumentFileSystem {
         }
         guard !FileManager.default.fileExists(atPath: folder) else { throw MountError.exists(folder) }
         do {
-            try writeScratch(folder + "/" + Node.propertiesFileName, bytes: render(revision.properties))
+            try writeScratch(scratch.path(folder, Node.propertiesFileName), bytes: render(revision.properties))
             for attachment in attachments {
-                try copy(try database.openContent(of: attachment, docID: id), toScratch: folder + "/" + .relativePath(ofAttachment: attachment.name))
+                try copy(try database.openContent(of: attachment, docID: id), toScratch: scratch.path(folder, .relativePath(ofAttachment: attachment.name)))
             }
-            let scratch = scratchDirectory(id)
-            for name in try scratchNames(in: scratch) {
-                try FileManager.default.moveItem(atPath: scratch + "/" + name, toPath: folder + "/" + name)
-            }
+            try moveScratchFiles(from: scratchDirectory(id), into: folder)
         } catch {
             // Undone as far as it goes: the error thrown is the one that matters.
             try? FileManager.default.removeItem(atPath: folder)
@@ -35,20 +32,32 @@ extension DocumentFileSystem {
         try? FileManager.default.removeItem(atPath: scratchDirectory(id))
     }
 
+    /// Moves what the scratch folder `from` holds into `into`, folder by folder where both have
+    /// one (rsync's temporary files leave a scratch `attachments/` beside the one written above).
+    private func moveScratchFiles(from: String, into: String) throws {
+        for name in try scratchNames(in: from) {
+            let source = scratch.path(from, name), target = scratch.path(into, name)
+            if isDirectory(source) && isDirectory(target) {
+                try moveScratchFiles(from: source, into: target)
+            } else {
+                guard Glibc.rename(source, target) == 0 else { throw SofaError.system("rename", path: source, errno: errno) }
+            }
+        }
+    }
+
     /// A document folder back from the trash: properties.json and attachments/ become a
     /// revision (one), the other files its scratch files.
     func restoreDocument(_ id: String, from folder: String) throws {
         try DocumentID.validate(id)
         guard try liveRevision(id) == nil else { throw MountError.notEmpty(.documentPath(id)) }
-        let properties = try parseProperties(try readSmallFile(folder + "/" + Node.propertiesFileName))
-        let attachmentsFolder = folder + "/" + Node.attachmentsDirectoryName
-        let blobsFolder = folder + "/" + Node.blobsDirectoryName
+        let properties = try parseProperties(try readSmallFile(scratch.path(folder, Node.propertiesFileName)))
+        let attachmentsFolder = scratch.path(folder, Node.attachmentsDirectoryName)
+        let blobsFolder = scratch.path(folder, Node.blobsDirectoryName)
         var bodies: [(String, StoredBlob)] = []
         for (directory, prefix) in [(attachmentsFolder, ""), (blobsFolder, Blobs.standInPrefix)] {
-            guard let enumerator = FileManager.default.enumerator(atPath: directory) else { continue }
-            for case let relative as String in enumerator where !isDirectory(directory + "/" + relative) {
-                let name = prefix + FileNames.attachmentName(relative.split(separator: "/").map(String.init))
-                bodies.append((name, try database.blobs.adopt(fileAt: directory + "/" + relative, keepingOriginal: true)))
+            for file in try scratch.files(below: directory) {
+                let name = prefix + FileNames.attachmentName(file.relative.split(separator: "/").map(String.init))
+                bodies.append((name, try database.blobs.adopt(fileAt: file.path, keepingOriginal: true)))
             }
         }
         _ = try commit(id, base: nil, change: .properties) { draft in
@@ -59,11 +68,11 @@ extension DocumentFileSystem {
             }
         }
         // Saved above: these copies of what the revision now holds may go or stay (absent ones are the usual case).
-        try? FileManager.default.removeItem(atPath: folder + "/" + Node.propertiesFileName)
+        try? FileManager.default.removeItem(atPath: scratch.path(folder, Node.propertiesFileName))
         try? FileManager.default.removeItem(atPath: attachmentsFolder)
         try? FileManager.default.removeItem(atPath: blobsFolder)
-        let scratch = scratchDirectory(id)
-        try? FileManager.default.removeItem(atPath: scratch)
-        try FileManager.default.moveItem(atPath: folder, toPath: scratch)
+        let files = scratchDirectory(id)
+        try? FileManager.default.removeItem(atPath: files)
+        try FileManager.default.moveItem(atPath: folder, toPath: files)
     }
 }

@@ -32,7 +32,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public let database: Database
     public let readOnly: Bool
-    let scratchRoot: String
+    /// Where scratch files are kept (sealed in an encrypted database).
+    let scratch: ScratchFolder
+    var scratchRoot: String { scratch.root }
     let handles = HandleTable()
     let cache = DocumentCache()
     let log = Logger(label: "sofa.mount")
@@ -128,13 +130,14 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         self.bodySource = bodySource
         self.fetchTimeout = fetchTimeout
         self.readOnly = readOnly || database.isReadOnly
-        scratchRoot = database.path + "/scratch"
+        scratch = ScratchFolder(database: database)
         if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {
             throw SofaError.system("create directory", path: scratchRoot, errno: errno)
         }
         if !self.readOnly {
             mkdir(scratchDirectory(Node.rootScratchID), 0o755)
             mkdir(queriesDirectory, 0o755)
+            sealPlainScratchFiles()
         }
         recoverPendingSaves()
         do { try recoverStagedAttachments() } catch {
@@ -150,8 +153,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     // MARK: - Lookups
 
-    func scratchDirectory(_ id: String) -> String { "\(scratchRoot)/\(FileNames.escape(id))" }
-    func scratchPath(_ id: String, _ relative: String) -> String { "\(scratchDirectory(id))/\(relative)" }
+    func scratchDirectory(_ id: String) -> String { scratch.folder(ofEscapedID: FileNames.escape(id)) }
+    func scratchPath(_ id: String, _ relative: String) -> String { scratch.path(scratchDirectory(id), relative) }
 
     /// What the cache knows of a document, loading it if needed.
     func cached(_ id: String) throws -> DocumentCache.Entry {
@@ -421,7 +424,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         var info = stat()
         guard lstat(path, &info) == 0 else { throw SofaError.system("lstat", path: path, errno: errno) }
         let kind: FileAttributes.Kind = info.st_mode & S_IFMT == S_IFDIR ? .directory : .regularFile
-        return FileAttributes(kind: kind, size: kind == .directory ? 0 : Int64(info.st_size), permissions: UInt32(info.st_mode & 0o7777),
+        return FileAttributes(kind: kind, size: kind == .directory ? 0 : scratch.contentLength(ofStoredSize: Int64(info.st_size)), permissions: UInt32(info.st_mode & 0o7777),
                               modified: FileTime(info.st_mtim), accessed: FileTime(info.st_atim),
                               linkCount: kind == .directory ? UInt32(info.st_nlink) : 1)
     }
@@ -472,7 +475,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             // Documents that exist only as folders (mkdir, nothing saved yet); the others are paged.
             let rootScratch = FileNames.escape(Node.rootScratchID)
             // A database read that fails fails the listing (it read as "no document" and listed it twice).
-            let pending = try scratchNames(in: scratchRoot).filter {
+            let pending = try scratch.documentFolderNames().filter {
                 try $0 != rootScratch && liveRevision(FileNames.unescape($0)) == nil
             }
             return pending.map { named($0, attributes: directory(mountTime)) }
@@ -571,25 +574,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         try scratchNames(in: directory).map { name in
             // Removed between the listing and this stat: listed without attributes, as a plain
             // file system lists what it read; the kernel asks for them and gets ENOENT.
-            named(name, attributes: try? scratchAttributes("\(directory)/\(name)"))
+            named(name, attributes: try? scratchAttributes(scratch.path(directory, name)))
         }
     }
 
     /// The names in a scratch folder; none when it does not exist (a document with no scratch
     /// file has none). Any other failure (permissions, a disk error) is passed up.
-    func scratchNames(in directory: String) throws -> [String] {
-        guard let folder = opendir(directory) else {
-            if errno == ENOENT || errno == ENOTDIR { return [] }
-            throw SofaError.system("opendir", path: directory, errno: errno)
-        }
-        defer { closedir(folder) }
-        var names: [String] = []
-        while let entry = readdir(folder) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            if name != "." && name != ".." { names.append(name) }
-        }
-        return names
-    }
+    func scratchNames(in directory: String) throws -> [String] { try scratch.names(in: directory) }
 
     /// An entry of a folder but "." and "..", at the position of its name.
     func named(_ name: String, attributes: FileAttributes? = nil) -> DirectoryEntry {

@@ -363,39 +363,28 @@ func processOf(_ thread: pid_t) -> pid_t {
     return digits > 0 ? group : thread
 }
 
-/// A scratch file: a real file beside the database.
+/// A scratch file: a real file beside the database (sealed in an encrypted one).
 final class ScratchHandle: Handle, @unchecked Sendable {
-    let fd: Int32
+    let file: ScratchFile
 
-    init(path: String, fd: Int32) {
-        self.fd = fd
+    init(path: String, file: ScratchFile) {
+        self.file = file
         super.init(path: path)
     }
 
     override func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        let count = pread(fd, buffer.baseAddress, buffer.count, off_t(offset))
-        guard count >= 0 else { throw SofaError.system("read", path: path, errno: errno) }
-        return count
+        try file.read(into: buffer, at: offset)
     }
 
     override func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
-        // In pieces of Tuning.largestWrite, as the blob store writes.
-        let count = pwrite(fd, bytes.baseAddress, min(bytes.count, Tuning.largestWrite), off_t(offset))
-        guard count >= 0 else { throw SofaError.system("write", path: path, errno: errno) }
-        guard count == min(bytes.count, Tuning.largestWrite), count < bytes.count else { return count }
-        return try count + write(UnsafeRawBufferPointer(rebasing: bytes[count...]), at: offset + Int64(count))
+        try file.write(bytes, at: offset)
     }
 
-    override func truncate(to size: Int64) throws {
-        guard ftruncate(fd, off_t(size)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
-    }
+    override func truncate(to size: Int64) throws { try file.truncate(to: size) }
 
-    override var size: Int64 {
-        var info = stat()
-        return fstat(fd, &info) == 0 ? Int64(info.st_size) : 0
-    }
+    override var size: Int64 { (try? file.size()) ?? 0 }
 
-    override func close() { Glibc.close(fd) }
+    override func close() { file.close() }
 }
 
 /// Open files by handle number.

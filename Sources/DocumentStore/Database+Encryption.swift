@@ -25,9 +25,8 @@ extension Database {
                 guard alone else {
                     throw SofaError.invalidArgument("\(path) is open in another process (a mount, a server, a replication): stop it first")
                 }
-                if let names = try? FileManager.default.contentsOfDirectory(atPath: "\(path)/scratch"), !names.isEmpty {
-                    throw SofaError.invalidArgument(
-                        "\(path) has a mount's unsaved files in scratch/ (a mount that stopped): mount it once to save them, then try again")
+                guard try source.pendingSaves().isEmpty else {
+                    throw SofaError.invalidArgument("\(path) has saves a stopped mount made durable but did not finish: mount it once to save them, then try again")
                 }
                 return try source.writeConverted(to: target)
             }
@@ -78,6 +77,10 @@ extension Database {
                     }
                     _ = try writer.finish(expecting: key, durable: false)
                 }
+            }
+            // The mount's scratch files (an editor's, saved queries): sealed or opened as the rest.
+            try ScratchFolder(database: self).copyAll(to: ScratchFolder(root: "\(stage)/scratch", key: keys)) {
+                try read { try $0.query("SELECT doc_id FROM docs") { $0.text(0) } }
             }
             try syncFileSystem(of: stage)
             return stage

@@ -207,27 +207,36 @@ final class DatabaseKey: @unchecked Sendable {
     let blobs: SealingKey
     /// Names blob files: HMAC-SHA256 of a body's SHA-1.
     let names: SealingKey
+    /// Seals the names in the mount's scratch folder (AES-256-SIV, 64 bytes: `ScratchFolder`).
+    let scratchNames: SealingKey
 
     init(dataKey: [UInt8]) throws {
-        func derive(_ purpose: String) throws -> SealingKey {
-            var out = [UInt8](repeating: 0, count: 32)
-            let info = Array("sofa \(purpose) v1".utf8)
-            // No salt: RFC 5869's default, a hash length of zeros (the data key is random already).
-            let salt = [UInt8](repeating: 0, count: 32)
-            guard sofa_derive_key(dataKey, salt, 32, info, Int32(info.count), &out) == 1 else {
-                throw SofaError.invalidArgument("a key could not be derived (OpenSSL)")
-            }
+        func derive(_ purposes: String...) throws -> SealingKey {
+            var out = [UInt8](repeating: 0, count: 32 * purposes.count)
             defer { out.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
+            for (index, purpose) in purposes.enumerated() {
+                let info = Array("sofa \(purpose) v1".utf8)
+                // No salt: RFC 5869's default, a hash length of zeros (the data key is random already).
+                let salt = [UInt8](repeating: 0, count: 32)
+                guard out.withUnsafeMutableBufferPointer({ sofa_derive_key(dataKey, salt, 32, info, Int32(info.count), $0.baseAddress! + 32 * index) }) == 1 else {
+                    throw SofaError.invalidArgument("a key could not be derived (OpenSSL)")
+                }
+            }
             return try SealingKey(out)
         }
         pages = try derive("pages")
         blobs = try derive("blobs")
         names = try derive("blob names")
+        scratchNames = try derive("scratch names 1", "scratch names 2")
     }
 
     /// The file name of the blob whose body has SHA-1 `key`: 40 hex digits of an HMAC, so the
     /// name says nothing of the body.
     func fileName(of key: BlobKey) -> String { name(of: key.digestBytes) }
+
+    /// The file name of a scratch folder whose sealed name is too long for the file system (a
+    /// document id of more than 175 bytes), keyed the same way.
+    func fileName(ofScratchFolder folder: String) -> String { name(of: Array("scratch \(folder)".utf8)) }
 
     /// The file name of the partial body of `digest` (`sha1-…` or `md5-…`), keyed the same way.
     func fileName(ofDigest digest: String) -> String { name(of: Array("partial \(digest)".utf8)) }

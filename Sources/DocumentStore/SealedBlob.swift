@@ -54,13 +54,13 @@ enum SealedBlob {
     }
 }
 
-/// The 32-byte key that seals blobs; wiped when it goes.
+/// A key of 32 bytes (64 for AES-SIV); wiped when it goes.
 final class SealingKey: @unchecked Sendable {
     // Sendable invariant: `bytes` is written only by init and deinit.
     private(set) var bytes: [UInt8]
 
     init(_ bytes: [UInt8]) throws {
-        guard bytes.count == 32 else { throw SofaError.invalidArgument("a sealing key is 32 bytes, not \(bytes.count)") }
+        guard bytes.count == 32 || bytes.count == 64 else { throw SofaError.invalidArgument("a sealing key is 32 or 64 bytes, not \(bytes.count)") }
         self.bytes = bytes
     }
 
@@ -118,6 +118,14 @@ final class SealedFile {
     }
 
     deinit { fileKey.withUnsafeMutableBytes { OPENSSL_cleanse($0.baseAddress, $0.count) } }
+
+    /// Takes the body's length from the file's `size` (another descriptor may have written it).
+    func reload(size: Int64) throws {
+        guard let length = SealedBlob.plainSize(ofSealed: size) else {
+            throw SealedBlobDamaged(path: path, why: "a sealed body cannot be \(size) bytes long: cut or grown")
+        }
+        self.length = length
+    }
 
     /// Reads up to `buffer.count` bytes at `offset`; 0 at the end. The records of up to
     /// `batchBlocks` blocks are read with one `pread` and opened with one cipher context.

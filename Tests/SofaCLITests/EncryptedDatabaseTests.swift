@@ -33,6 +33,48 @@ import TestSupport
         return found
     }
 
+    /// Every path below `folder` whose name holds `text`.
+    func pathsNaming(_ text: String, in folder: String) -> [String] {
+        ((FileManager.default.enumerator(atPath: folder)?.allObjects as? [String]) ?? []).filter { $0.contains(text) }
+    }
+
+    /// What programs leave in a document folder of a mount besides its attachments (scratch
+    /// files): an editor's swap file written at offsets, a temporary file rsync renames into
+    /// attachments/, a properties.json saved by a rename, a saved query, a folder made for a
+    /// new document, and one for an id too long for a sealed name. Read back as written.
+    func writeScratchFiles(through mount: MountedDatabase, document: String, label: String) throws {
+        let folder = mount.path("docs/\(document)")
+        #expect(try shell("""
+            cd '\(folder)' && seq 1 2000 | sed 's/^/\(marker) swap /' > '.\(marker).swp' \
+            && printf '\(marker)' | dd of='.\(marker).swp' bs=1 seek=9000 conv=notrunc 2>/dev/null \
+            && printf '%s' '\(markedText(300))' > 'attachments/.\(marker)-synced.txt.Xa1b2C' \
+            && mv 'attachments/.\(marker)-synced.txt.Xa1b2C' 'attachments/\(marker)-synced.txt' \
+            && printf '{"text":"\(marker) renamed over"}' > '.\(marker).json.new' && mv '.\(marker).json.new' properties.json \
+            && printf '{"selector":{"text":"\(marker) renamed over"}}' > '../../queries/\(marker).json' \
+            && mkdir '../\(marker)-pending' && printf '\(marker) pending' > '../\(marker)-pending/notes.txt' \
+            && mkdir '../\(longID)' && printf '\(marker) long' > '../\(longID)/.notes.swp'
+            """).succeeded, "\(label)")
+        try checkScratchFiles(through: mount, document: document, label: label)
+    }
+
+    /// A document id whose sealed name is too long for a file name.
+    var longID: String { marker + String(repeating: "x", count: 200) }
+
+    func checkScratchFiles(through mount: MountedDatabase, document: String, label: String) throws {
+        let folder = mount.path("docs/\(document)")
+        var swap = (1...2000).map { "\(marker) swap \($0)\n" }.joined().utf8.map { $0 }
+        swap.replaceSubrange(9000..<(9000 + marker.utf8.count), with: marker.utf8)
+        #expect(FileManager.default.contents(atPath: "\(folder)/.\(marker).swp").map([UInt8].init) == swap, "\(label): the swap file")
+        #expect(try String(contentsOfFile: "\(folder)/attachments/\(marker)-synced.txt", encoding: .utf8) == markedText(300), "\(label)")
+        #expect(try String(contentsOfFile: "\(folder)/properties.json", encoding: .utf8).contains("\(marker) renamed over"), "\(label)")
+        #expect(try String(contentsOfFile: mount.path("queries/\(marker).json"), encoding: .utf8).contains(marker), "\(label)")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: mount.path("queries/\(marker)"))) == [document], "\(label): the query's results")
+        let documents = (try? FileManager.default.contentsOfDirectory(atPath: mount.path("docs"))) ?? []
+        #expect(documents.contains("\(marker)-pending") && documents.contains(longID), "\(label): folders of documents not saved yet")
+        #expect(try String(contentsOfFile: mount.path("docs/\(marker)-pending/notes.txt"), encoding: .utf8) == "\(marker) pending", "\(label)")
+        #expect(try String(contentsOfFile: mount.path("docs/\(longID)/.notes.swp"), encoding: .utf8) == "\(marker) long", "\(label)")
+    }
+
     func isDirectory(_ path: String) -> Bool {
         var info = stat()
         return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
@@ -85,6 +127,7 @@ import TestSupport
                     && printf '\(marker)' | dd of=pieces.txt bs=1 seek=5000 conv=notrunc 2>/dev/null
                     """).succeeded)
                 #expect(try String(contentsOfFile: "\(folder)/attachments/\(marker)-copied.txt", encoding: .utf8) == markedText(5_000))
+                try writeScratchFiles(through: mount, document: "\(marker)-mounted", label: label)
                 #expect(mount.unmount().succeeded, "\(label)")
             }
             // sofa serve: a document and an attachment through CouchDB's API.
@@ -111,6 +154,7 @@ import TestSupport
                 let mount = try MountedDatabase(database, arguments: ["--remote", couch.url(deferredSource)] + keyArguments)
                 let read = try String(contentsOfFile: mount.path("docs/\(marker)-deferred/attachments/\(marker)-later.txt"), encoding: .utf8)
                 #expect(read == deferredBody, "\(label): the deferred body read through the mount")
+                try checkScratchFiles(through: mount, document: "\(marker)-mounted", label: "\(label), mounted again")
                 #expect(mount.unmount().succeeded)
             }
             let check = try sofa(["check", database] + keyArguments)
@@ -122,6 +166,8 @@ import TestSupport
         // The test can fail: the plain database holds the marker in its files; the encrypted one in none.
         #expect(!filesHolding(marker, in: plain).isEmpty)
         #expect(filesHolding(marker, in: encrypted) == [], "files of the encrypted database holding what was saved")
+        #expect(!pathsNaming(marker, in: plain + "/scratch").isEmpty)
+        #expect(pathsNaming(marker, in: encrypted) == [], "files of the encrypted database named by what was saved")
         // A copy stays encrypted with the same key.
         let copy = directory.appending("c.sofa")
         #expect(try sofa("copy", encrypted, copy, "--key-file", key).succeeded)
@@ -141,6 +187,44 @@ import TestSupport
         let path = directory.appending("input-\(UUID().uuidString)")
         try text.write(toFile: path, atomically: true, encoding: .utf8)
         return path
+    }
+
+    /// The mount's scratch files go along when a database is encrypted (sealed, names and all)
+    /// and decrypted (opened again); plain ones an earlier version kept in an encrypted
+    /// database are sealed by the next mount.
+    @Test func scratchFilesAreSealedByEncryptOpenedByDecryptAndOldPlainOnesByTheNextMount() throws {
+        let key = directory.appending("s.key"), database = directory.appending("s.sofa")
+        #expect(try sofa("create", database).succeeded)
+        do {
+            let mount = try MountedDatabase(database)
+            #expect(mkdir(mount.path("docs/\(marker)-mounted"), 0o755) == 0)
+            try writeScratchFiles(through: mount, document: "\(marker)-mounted", label: "plain")
+            #expect(mount.unmount().succeeded)
+        }
+        #expect(!pathsNaming(marker, in: database + "/scratch").isEmpty && !filesHolding(marker, in: database + "/scratch").isEmpty)
+        let encrypted = try sofa("encrypt", database, "--key-file", key)
+        #expect(encrypted.succeeded, "\(encrypted.stderr)")
+        #expect(filesHolding(marker, in: database) == [] && pathsNaming(marker, in: database) == [], "sealed by sofa encrypt")
+        // As the previous version left them: a folder and a file, plain, in the scratch folder.
+        let old = database + "/scratch/\(marker)-old"
+        #expect(mkdir(old, 0o755) == 0)
+        try "\(marker) old".write(toFile: old + "/.old.swp", atomically: false, encoding: .utf8)
+        do {
+            let mount = try MountedDatabase(database, arguments: ["--key-file", key])
+            try checkScratchFiles(through: mount, document: "\(marker)-mounted", label: "encrypted")
+            #expect(try String(contentsOfFile: mount.path("docs/\(marker)-old/.old.swp"), encoding: .utf8) == "\(marker) old")
+            #expect(mount.unmount().succeeded)
+        }
+        #expect(filesHolding(marker, in: database) == [] && pathsNaming(marker, in: database) == [], "sealed by the mount")
+        let decrypted = try sofa("decrypt", database, "--key-file", key)
+        #expect(decrypted.succeeded, "\(decrypted.stderr)")
+        #expect(!pathsNaming(marker, in: database + "/scratch").isEmpty, "names opened by sofa decrypt")
+        do {
+            let mount = try MountedDatabase(database)
+            try checkScratchFiles(through: mount, document: "\(marker)-mounted", label: "decrypted")
+            #expect(try String(contentsOfFile: mount.path("docs/\(marker)-old/.old.swp"), encoding: .utf8) == "\(marker) old")
+            #expect(mount.unmount().succeeded)
+        }
     }
 
     @Test func aWrongOrMissingKeyOrADamagedBodyIsAClearErrorNeverOtherBytes() throws {
@@ -234,7 +318,9 @@ import TestSupport
         let original = try contents(database, key: nil)
         #expect(original.count == 300)
         var key: Int? = nil  // nil: plain; else the index of the key that opens it
-        var longest = 0.3  // seconds: grows to the longest uninterrupted run seen
+        // Seconds, by command: grows to the longest uninterrupted run of each seen (a rekey takes a
+        // fraction of an encrypt: one bound for all would kill few rekeys, and few runs at all).
+        var longest: [String: Double] = [:]
         var interrupted = 0
         var generator = SystemRandomNumberGenerator()
         for round in 0..<21 {
@@ -255,12 +341,14 @@ import TestSupport
             let nextKey = next.map { key == nil ? ($0 == 0 ? 0 : 1) : $0 }
             let started = Date()
             let child = try ChildProcess([sofaBinary] + command)
-            usleep(UInt32(Double.random(in: 0...longest, using: &generator) * 1_000_000))
+            // Up to 0.8 of the longest: most runs are cut short, some finish (a run that finished
+            // takes effect and is checked so).
+            usleep(UInt32(Double.random(in: 0...(0.8 * (longest[command[0]] ?? 0.3)), using: &generator) * 1_000_000))
             child.kill(SIGKILL)
             let result = child.wait()
             if result.signal == SIGKILL { interrupted += 1 } else {
                 #expect(result.succeeded, "\(command): \(result.stderr)")
-                longest = max(longest, Date().timeIntervalSince(started))
+                longest[command[0]] = max(longest[command[0]] ?? 0, Date().timeIntervalSince(started))
             }
             // It opens in the old form or the new one, holding what it held.
             let encryptedNow = access(database + "/key.json", F_OK) == 0

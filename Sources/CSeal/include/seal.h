@@ -53,4 +53,11 @@ int sofa_scrypt(const unsigned char *passphrase, int passphraseLength, const uns
 /* HMAC-SHA256 of `message` under `key` (32 bytes) into `out` (32 bytes). Returns 1 or 0. */
 int sofa_hmac_sha256(const unsigned char *key, const unsigned char *message, int length, unsigned char *out);
 
+/* AES-256-SIV under `key` (64 bytes): `sofa_siv_seal` writes the 16-byte tag then `length`
+ * bytes of ciphertext to `out`; `sofa_siv_open` takes that (`length` counts the tag) and writes
+ * `length - 16` bytes. Equal inputs seal equally (names are looked up by their sealed form).
+ * Return 1, or 0 if OpenSSL failed or the tag does not match (then `out` holds zeros). */
+int sofa_siv_seal(const unsigned char *key, const unsigned char *in, int length, unsigned char *out);
+int sofa_siv_open(const unsigned char *key, const unsigned char *in, int length, unsigned char *out);
+
 #endif
