@@ -35,6 +35,8 @@ public final class CouchServer: @unchecked Sendable {
         public var databases: [String: String]
         /// Where `PUT /{db}` creates new databases (`NAME.sofa`); nil refuses creation.
         public var directory: String?
+        /// The key `PUT /{db}` encrypts the databases it creates with; nil: they are plain.
+        public var newDatabaseKey: (secret: DatabaseSecret, unlock: KeyUnlock)?
         /// With a user, every request but `/`, `/_up` and `/_session` needs credentials.
         public var user: String?
         public var password: String?
@@ -81,7 +83,8 @@ public final class CouchServer: @unchecked Sendable {
     public init(configuration: Configuration, logger: Logger = Logger(label: "sofa.serve")) throws {
         self.configuration = configuration
         self.log = logger
-        self.registry = try DatabaseRegistry(databases: configuration.databases, directory: configuration.directory)
+        self.registry = try DatabaseRegistry(databases: configuration.databases, directory: configuration.directory,
+                                             newDatabaseKey: configuration.newDatabaseKey)
         // With users to check, the directory gets CouchDB's system databases (admins only, as CouchDB 3
         // makes them); without, `PUT /_replicator` makes that one.
         if configuration.user != nil, configuration.directory != nil, !configuration.readOnly {
@@ -520,6 +523,8 @@ final class DatabaseRegistry: @unchecked Sendable {
     private var paths: [String: String]
     private var open: [String: Database] = [:]
     let directory: String?
+    /// What new databases are encrypted with, if anything.
+    let newDatabaseKey: (secret: DatabaseSecret, unlock: KeyUnlock)?
     /// Published when a database is created or deleted.
     let namesChanged = ChangeStream()
     /// What `_db_updates` lists.
@@ -554,10 +559,11 @@ final class DatabaseRegistry: @unchecked Sendable {
         }
     }
 
-    init(databases: [String: String], directory: String?) throws {
+    init(databases: [String: String], directory: String?, newDatabaseKey: (secret: DatabaseSecret, unlock: KeyUnlock)? = nil) throws {
         for name in databases.keys { try DatabaseRegistry.validate(name) }
         self.paths = databases
         self.directory = directory
+        self.newDatabaseKey = newDatabaseKey
         if let directory, FileManager.default.fileExists(atPath: directory) {
             for entry in try FileManager.default.contentsOfDirectory(atPath: directory) where entry.hasSuffix(".sofa") {
                 let name = DatabaseRegistry.name(ofFolder: String(entry.dropLast(5)))
@@ -607,7 +613,7 @@ final class DatabaseRegistry: @unchecked Sendable {
                 throw HTTPError(.forbidden, "forbidden", "this server was started without a directory for new databases")
             }
             let path = "\(directory)/\(DatabaseRegistry.folder(of: name)).sofa"
-            let database = try Database.create(at: path)
+            let database = try Database.create(at: path, encryptedWith: newDatabaseKey.map { ($0.secret, $0.unlock) })
             paths[name] = path
             open[name] = database
             updates.record(name, .created)

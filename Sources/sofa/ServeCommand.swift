@@ -41,6 +41,9 @@ struct Serve: SofaCommand {
     @Flag(help: "Refuse every write with 403.")
     var readOnly = false
 
+    @Flag(help: "Encrypt the databases PUT /{db} creates, with the key of --key-file or --key-fd (or --passphrase, asked once).")
+    var encrypt = false
+
     @Option(help: "User name for the remotes deferred bodies are fetched from (where each database last pulled).")
     var remoteUser: String?
 
@@ -89,6 +92,13 @@ struct Serve: SofaCommand {
         configuration.headerTimeout = .nanoseconds(Int64(headerTimeout * 1e9))
         configuration.bodyTimeout = .nanoseconds(Int64(bodyTimeout * 1e9))
         configuration.maximumConnections = maxConnections
+        if encrypt {
+            let unlock: KeyUnlock = KeyOptions.passphrase ? .passphrase : .keyFile
+            guard let secret = try KeyOptions.secret(for: configuration.directory ?? "new databases", unlock: unlock, confirming: true) else {
+                throw SofaError.invalidArgument("--encrypt needs --key-file PATH, --key-fd N or --passphrase on a terminal: the key new databases are encrypted with")
+            }
+            configuration.newDatabaseKey = (secret, unlock)
+        }
         configuration.replicator = { [remoteCacert] request in try ServedReplication(request, caFile: remoteCacert) }
         raiseDescriptorLimit()
         // Bodies a database defers are fetched from where it last pulled, when a client asks.
