@@ -244,7 +244,7 @@ final class DatabaseKey: @unchecked Sendable {
     private func name(of message: [UInt8]) -> String {
         var out = [UInt8](repeating: 0, count: 32)
         _ = sofa_hmac_sha256(names.bytes, message, Int32(message.count), &out)
-        return out.prefix(20).map { String(format: "%02x", $0) }.joined()
+        return BlobKey.hexString(Array(out.prefix(20)))
     }
 
     /// The keys of a new encrypted database in `folder`: a random data key, written wrapped

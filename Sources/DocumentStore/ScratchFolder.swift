@@ -51,20 +51,67 @@ public final class ScratchFolder: Sendable {
             // OpenSSL without AES-SIV: no name that could be found again, so none that leaks.
             return "~" + String(repeating: "0", count: 256)
         }
-        return Data(sealed).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        return ScratchFolder.base64url(sealed)
     }
 
     /// A stored name as shown; nil for one that does not open with this key (a document folder
     /// named by its HMAC, another key's, a damaged one, or a plain name in a sealed folder).
     public func shownName(_ stored: String) -> String? {
         guard let key else { return stored }
-        var base64 = stored.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
-        guard !stored.contains("+"), !stored.contains("/"), let sealed = Data(base64Encoded: base64), sealed.count >= 16 else { return nil }
+        guard let sealed = ScratchFolder.bytes(ofBase64url: stored), sealed.count >= 16 else { return nil }
         var plain = [UInt8](repeating: 0, count: sealed.count - 16)
-        guard sofa_siv_open(key.scratchNames.bytes, [UInt8](sealed), Int32(sealed.count), &plain) == 1 else { return nil }
+        guard sofa_siv_open(key.scratchNames.bytes, sealed, Int32(sealed.count), &plain) == 1 else { return nil }
         return String(validating: plain, as: UTF8.self)
+    }
+
+    /// RFC 4648's base64url without padding (a scratch folder is read a name at a time, on
+    /// every lookup: Foundation's base64 and three replacements cost a fifth of an rsync's time).
+    static let base64urlDigits = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
+
+    static func base64url(_ bytes: [UInt8]) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity((bytes.count * 4 + 2) / 3)
+        var index = 0
+        while index < bytes.count {
+            let count = min(3, bytes.count - index)
+            var group = UInt32(bytes[index]) << 16
+            if count > 1 { group |= UInt32(bytes[index + 1]) << 8 }
+            if count > 2 { group |= UInt32(bytes[index + 2]) }
+            for digit in 0...count { out.append(base64urlDigits[Int(group >> (18 - 6 * UInt32(digit))) & 63]) }
+            index += 3
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The bytes of a base64url name without padding; nil if it is not one.
+    static func bytes(ofBase64url text: String) -> [UInt8]? {
+        var out: [UInt8] = []
+        var group: UInt32 = 0, digits = 0
+        for character in text.utf8 {
+            let value: UInt8
+            switch character {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): value = character - UInt8(ascii: "A")
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): value = character - UInt8(ascii: "a") + 26
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): value = character - UInt8(ascii: "0") + 52
+            case UInt8(ascii: "-"): value = 62
+            case UInt8(ascii: "_"): value = 63
+            default: return nil
+            }
+            group = group << 6 | UInt32(value)
+            digits += 1
+            if digits == 4 {
+                out += [UInt8(group >> 16 & 0xFF), UInt8(group >> 8 & 0xFF), UInt8(group & 0xFF)]
+                (group, digits) = (0, 0)
+            }
+        }
+        switch digits {
+        case 0: break
+        // The bits past the last byte are zeros in the one way to write these bytes.
+        case 2 where group & 0xF == 0: out.append(UInt8(group >> 4 & 0xFF))
+        case 3 where group & 0x3 == 0: out += [UInt8(group >> 10 & 0xFF), UInt8(group >> 2 & 0xFF)]
+        default: return nil  // one digit left over is no byte; or bits that are not zeros
+        }
+        return out
     }
 
     /// The folder of the scratch files of the document whose escaped id is `escapedID`.
