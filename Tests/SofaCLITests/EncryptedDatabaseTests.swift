@@ -227,6 +227,26 @@ import TestSupport
         }
     }
 
+    /// `sofa serve --encrypt`: the databases `PUT /{db}` creates are encrypted with the server's key.
+    @Test func aServerStartedWithEncryptMakesEncryptedDatabases() throws {
+        let key = directory.appending("serve.key"), folder = directory.appending("served")
+        #expect(mkdir(folder, 0o755) == 0)
+        try DatabaseSecret.newKeyFile().withBytes { try Data($0).write(to: URL(fileURLWithPath: key)) }
+        let server = try ServedDatabases(["--directory", folder, "--encrypt", "--key-file", key])
+        let connection = try server.connect()
+        #expect(try connection.json("PUT", "/made").status == 201)
+        #expect(try connection.json("PUT", "/made/\(marker)", .object(["text": .string(markedText(100))])).status == 201)
+        #expect(try connection.json("GET", "/made/\(marker)").json?["text"]?.stringValue == markedText(100))
+        _ = server.stop()
+        #expect(access(folder + "/made.sofa/key.json", F_OK) == 0)
+        #expect(filesHolding(marker, in: folder + "/made.sofa") == [])
+        #expect(try sofa("cat", folder + "/made.sofa", marker, "--key-file", key).stdout.contains(marker))
+        #expect(try sofa("cat", folder + "/made.sofa", marker).stderr.contains("is encrypted and cannot be opened"))
+        // No key: refused before it serves anything.
+        let refused = try sofa("serve", "--directory", folder, "--encrypt", "--port", "0")
+        #expect(!refused.succeeded && refused.stderr.contains("--encrypt needs"), "\(refused.stderr)")
+    }
+
     @Test func aWrongOrMissingKeyOrADamagedBodyIsAClearErrorNeverOtherBytes() throws {
         let key = directory.appending("k")
         let database = directory.appending("d.sofa")
