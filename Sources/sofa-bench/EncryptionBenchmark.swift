@@ -100,4 +100,21 @@ func encryptionBenchmark(_ options: Options) throws {
     let sealed = median(try (0..<3).map { _ in try timeShell("cat \(readPath[1])/docs/big/attachments/big-0.bin > /dev/null") })
     row("read, plain with passthrough vs encrypted, warm", String(format: "plain %8.3f s", direct), String(format: "encrypted %8.3f s", sealed),
         "ratio " + ratio(direct / sealed))
+
+    // rsync: each file is written under a temporary name (a scratch file: sealed, its name
+    // sealed) and renamed into attachments/; vim's swap file is a scratch file as well.
+    let tree = "\(work)/tree"
+    for i in 0..<1_000 {
+        if i < 10 { try FileManager.default.createDirectory(atPath: "\(tree)/d\(i)", withIntermediateDirectories: true) }
+        try Data((0..<4096).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ i) }).write(to: URL(fileURLWithPath: "\(tree)/d\(i % 10)/f\(i).bin"))
+    }
+    try compare("rsync -a of 1,000 files of 4 KiB into one document") { database, _, round in
+        let point = readPath[database === plain ? 0 : 1]
+        return try timeShell("mkdir -p \(point)/docs/tree-\(round)/attachments && rsync -a \(tree)/ \(point)/docs/tree-\(round)/attachments/")
+    }
+    try compare("vim: edit a 4 KiB attachment and save, 20 times (swap file, backup)") { database, _, round in
+        let point = readPath[database === plain ? 0 : 1]
+        let file = "\(point)/docs/tree-0/attachments/d0/f0.bin"
+        return try timeShell("for i in $(seq 1 20); do vim -es -N -u NONE -i NONE -c 'set swapfile backup writebackup' -c 'normal Gox' -c wq \(file) || exit 1; done")
+    }
 }
