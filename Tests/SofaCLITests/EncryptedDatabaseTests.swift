@@ -41,7 +41,8 @@ import TestSupport
     /// What programs leave in a document folder of a mount besides its attachments (scratch
     /// files): an editor's swap file written at offsets, a temporary file rsync renames into
     /// attachments/, a properties.json saved by a rename, a saved query, a folder made for a
-    /// new document, and one for an id too long for a sealed name. Read back as written.
+    /// new document, one for an id too long for a sealed name, and vim (swap file, backup)
+    /// saving a new document. Read back as written.
     func writeScratchFiles(through mount: MountedDatabase, document: String, label: String) throws {
         let folder = mount.path("docs/\(document)")
         #expect(try shell("""
@@ -52,7 +53,9 @@ import TestSupport
             && printf '{"text":"\(marker) renamed over"}' > '.\(marker).json.new' && mv '.\(marker).json.new' properties.json \
             && printf '{"selector":{"text":"\(marker) renamed over"}}' > '../../queries/\(marker).json' \
             && mkdir '../\(marker)-pending' && printf '\(marker) pending' > '../\(marker)-pending/notes.txt' \
-            && mkdir '../\(longID)' && printf '\(marker) long' > '../\(longID)/.notes.swp'
+            && mkdir '../\(longID)' && printf '\(marker) long' > '../\(longID)/.notes.swp' \
+            && mkdir '../\(marker)-vim' && vim -es -N -u NONE -i NONE -c 'set swapfile backup writebackup' \
+               -c 'normal i{"by": "vim \(marker)"}' -c wq '../\(marker)-vim/properties.json'
             """).succeeded, "\(label)")
         try checkScratchFiles(through: mount, document: document, label: label)
     }
@@ -73,6 +76,7 @@ import TestSupport
         #expect(documents.contains("\(marker)-pending") && documents.contains(longID), "\(label): folders of documents not saved yet")
         #expect(try String(contentsOfFile: mount.path("docs/\(marker)-pending/notes.txt"), encoding: .utf8) == "\(marker) pending", "\(label)")
         #expect(try String(contentsOfFile: mount.path("docs/\(longID)/.notes.swp"), encoding: .utf8) == "\(marker) long", "\(label)")
+        #expect(try String(contentsOfFile: mount.path("docs/\(marker)-vim/properties.json"), encoding: .utf8).contains("vim \(marker)"), "\(label)")
     }
 
     func isDirectory(_ path: String) -> Bool {
