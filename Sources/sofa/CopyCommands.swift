@@ -98,6 +98,9 @@ struct Cp: SofaCommand {
     @Argument(help: "What to copy to.") var destination: String
     @Flag(help: "Replace an existing database, zip or JSON lines file at the destination.") var force = false
     @Flag(help: "Say what would be copied where (and what replaced); change nothing.") var dryRun = false
+    @Flag(help: ArgumentHelp("Encrypt the database cp creates (from a server, JSON lines or a folder).",
+                             discussion: "With --key-file PATH (made with a new random key if it does not exist) or --passphrase, as `sofa create --encrypt`."))
+    var encrypt = false
     @OptionGroup var remote: RemoteOptions
     @OptionGroup var pulls: PullOptions
     @OptionGroup var pushes: PushOptions
@@ -149,6 +152,15 @@ struct Cp: SofaCommand {
             let replacing = access(destination, F_OK) == 0 ? (force ? ", replacing what is there" : "; it exists: refused without --force") : ""
             Output.line("would copy \(from.kind) \(source) to \(to.kind) \(destination)\(replacing)")
             return
+        }
+        if encrypt {
+            switch (from, to) {
+            case (.url, .database(let to)), (.jsonLines, .database(let to)), (.directory, .database(let to)):
+                guard access(to, F_OK) != 0 else { throw SofaError.invalidArgument("--encrypt is for a database cp creates: \(to) exists (sofa encrypt encrypts it)") }
+            default:
+                throw SofaError.invalidArgument(
+                    "--encrypt is for a database cp creates from a server, JSON lines or a folder (a copy of a database or snapshot keeps its own key, or none: sofa encrypt encrypts it)")
+            }
         }
         switch (from, to) {
         case (.database(let from), .database(let to)), (.zip(let from), .database(let to)):
@@ -204,7 +216,7 @@ struct Cp: SofaCommand {
     /// Opens `path`, creating an empty database there when nothing is; true if created.
     private func openOrCreate(_ path: String) throws -> (Database, Bool) {
         if access(path, F_OK) == 0 { return (try Database.open(at: path), false) }
-        return (try Database.create(at: path), true)
+        return (try Database.create(at: path, encryptedWith: try KeyOptions.newDatabaseKey(for: path, encrypt: encrypt)), true)
     }
 
     /// Runs an import into `path`; a database created for it is removed again if it fails.

@@ -14,26 +14,8 @@ struct Create: SofaCommand {
 
     func execute() throws {
         guard revsLimit >= 1 else { throw SofaError.invalidArgument("--revs-limit must be at least 1") }
-        var encryption: (DatabaseSecret, KeyUnlock)?
-        var madeKeyFile: String?
-        if encrypt {
-            let unlock: KeyUnlock = KeyOptions.passphrase ? .passphrase : .keyFile
-            if unlock == .keyFile, let path = KeyOptions.keyFileGiven, access(path, F_OK) != 0 {
-                try KeyOptions.writeNewKeyFile(at: path)
-                madeKeyFile = path
-            }
-            guard let secret = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: true) else {
-                throw SofaError.invalidArgument(
-                    "--encrypt needs --key-file PATH (a new key file is made there if none exists) or --passphrase on a terminal (or with --key-fd)")
-            }
-            encryption = (secret, unlock)
-        } else if KeyOptions.passphrase {
-            throw SofaError.invalidArgument("--passphrase is for an encrypted database: add --encrypt")
-        }
+        let encryption = try KeyOptions.newDatabaseKey(for: db.database, encrypt: encrypt)
         let database = try Database.create(at: db.database, revsLimit: revsLimit, encryptedWith: encryption)
-        if let madeKeyFile {
-            Output.error("a new key was written to \(madeKeyFile): keep it safe and apart from the database; without it the database cannot be opened")
-        }
         Output.line("created \(database.path)" + (encrypt ? " (encrypted)" : ""))
     }
 }
@@ -372,19 +354,8 @@ struct Encrypt: SofaCommand {
 
     func execute() throws {
         guard try Database.encryptionUnlock(at: db.database) == nil else { throw SofaError.invalidArgument("\(db.database) is encrypted already") }
-        let unlock: KeyUnlock = passphrase || KeyOptions.passphrase ? .passphrase : .keyFile
-        var madeKeyFile: String?
-        if unlock == .keyFile, let path = KeyOptions.keyFileGiven, access(path, F_OK) != 0 {
-            try KeyOptions.writeNewKeyFile(at: path)
-            madeKeyFile = path
-        }
-        guard let secret = try KeyOptions.secret(for: db.database, unlock: unlock, confirming: true) else {
-            throw SofaError.invalidArgument("give the key as --key-file PATH (made if it does not exist), or --passphrase on a terminal")
-        }
-        try Database.convert(at: db.database, current: nil, to: (secret, unlock))
-        if let madeKeyFile {
-            Output.error("a new key was written to \(madeKeyFile): keep it safe and apart from the database; without it the database cannot be opened")
-        }
+        let key = try KeyOptions.newDatabaseKey(for: db.database, encrypt: true, passphrase: passphrase)
+        try Database.convert(at: db.database, current: nil, to: key)
         Output.line("encrypted \(db.database)")
     }
 }

@@ -47,9 +47,6 @@ enum KeyOptions {
         return (String(argument[..<equals]), String(argument[argument.index(after: equals)...]))
     }
 
-    /// Whether a key file or descriptor was named.
-    static var keyFileGiven: String? { keyFile }
-
     /// The secret for `database`: the key file's or descriptor's bytes, or a passphrase typed on
     /// the terminal (twice when `confirming`, for a new database). Nil when none can be had.
     static func secret(for database: String, unlock: KeyUnlock, confirming: Bool) throws -> DatabaseSecret? {
@@ -97,6 +94,30 @@ enum KeyOptions {
     }
 
     /// Writes a new key file (a random key) at `path`, readable by its owner only.
+    /// The key a database at `path` is newly encrypted with when `encrypt` (`--encrypt`, `sofa
+    /// encrypt`): the key file's (made with a new random key, and said so, if it does not
+    /// exist), or a passphrase asked twice. Nil without `--encrypt`, which `--passphrase` then needs.
+    static func newDatabaseKey(for path: String, encrypt: Bool, passphrase: Bool = false) throws -> (DatabaseSecret, KeyUnlock)? {
+        guard encrypt else {
+            if self.passphrase { throw SofaError.invalidArgument("--passphrase is for an encrypted database: add --encrypt") }
+            return nil
+        }
+        let unlock: KeyUnlock = passphrase || self.passphrase ? .passphrase : .keyFile
+        var madeKeyFile: String?
+        if unlock == .keyFile, let keyFile, access(keyFile, F_OK) != 0 {
+            try writeNewKeyFile(at: keyFile)
+            madeKeyFile = keyFile
+        }
+        guard let secret = try secret(for: path, unlock: unlock, confirming: true) else {
+            throw SofaError.invalidArgument(
+                "no key to encrypt with: give --key-file PATH (a new key file is made there if none exists), or --passphrase on a terminal (or with --key-fd)")
+        }
+        if let madeKeyFile {
+            Output.error("a new key was written to \(madeKeyFile): keep it safe and apart from the database; without it the database cannot be opened")
+        }
+        return (secret, unlock)
+    }
+
     static func writeNewKeyFile(at path: String) throws {
         let key = try DatabaseSecret.newKeyFile()
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)

@@ -93,11 +93,7 @@ struct Serve: SofaCommand {
         configuration.bodyTimeout = .nanoseconds(Int64(bodyTimeout * 1e9))
         configuration.maximumConnections = maxConnections
         if encrypt {
-            let unlock: KeyUnlock = KeyOptions.passphrase ? .passphrase : .keyFile
-            guard let secret = try KeyOptions.secret(for: configuration.directory ?? "new databases", unlock: unlock, confirming: true) else {
-                throw SofaError.invalidArgument("--encrypt needs --key-file PATH, --key-fd N or --passphrase on a terminal: the key new databases are encrypted with")
-            }
-            configuration.newDatabaseKey = (secret, unlock)
+            configuration.newDatabaseKey = try KeyOptions.newDatabaseKey(for: configuration.directory ?? "new databases", encrypt: true)
         }
         configuration.replicator = { [remoteCacert] request in try ServedReplication(request, caFile: remoteCacert) }
         raiseDescriptorLimit()

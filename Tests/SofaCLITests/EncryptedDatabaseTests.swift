@@ -248,7 +248,33 @@ import TestSupport
         #expect(try sofa("cat", folder + "/made.sofa", marker).stderr.contains("is encrypted and cannot be opened"))
         // No key: refused before it serves anything.
         let refused = try sofa("serve", "--directory", folder, "--encrypt", "--port", "0")
-        #expect(!refused.succeeded && refused.stderr.contains("--encrypt needs"), "\(refused.stderr)")
+        #expect(!refused.succeeded && refused.stderr.contains("no key to encrypt with"), "\(refused.stderr)")
+    }
+
+    /// `sofa cp URL new.sofa --encrypt` and `sofa cp docs.jsonl new.sofa --encrypt`: the database cp
+    /// creates is encrypted (a new key file made as `sofa create --encrypt` makes one).
+    @Test func cpWithEncryptCreatesAnEncryptedDatabaseFromAServerOrJSONLines() throws {
+        let couch = LiveCouchDB.shared
+        let source = try couch.newDatabase("encrypted-cp")
+        #expect(try couch.request("PUT", "/\(source)/\(marker)-doc", .object(["text": .string(marker)])).status == 201)
+        let rev = try couch.request("GET", "/\(source)/\(marker)-doc").json?["_rev"]?.stringValue ?? ""
+        #expect(try couch.upload("/\(source)/\(marker)-doc/\(marker).txt?rev=\(rev)", Array(markedText(500).utf8), contentType: "text/plain").status == 201)
+        let key = directory.appending("cp.key"), pulled = directory.appending("pulled.sofa")
+        let cp = try sofa("cp", couch.url(source), pulled, "--encrypt", "--key-file", key)
+        #expect(cp.succeeded, "\(cp.stderr)")
+        #expect(cp.stderr.contains("a new key was written to \(key)"))
+        #expect(filesHolding(marker, in: pulled) == [] && pathsNaming(marker, in: pulled) == [])
+        #expect(try sofa("cat-attachment", pulled, "\(marker)-doc", "\(marker).txt", "--key-file", key).stdout == markedText(500))
+        let lines = directory.appending("docs.jsonl"), imported = directory.appending("imported.sofa")
+        try #"{"_id":"\#(marker)-line","text":"\#(marker) from a line"}"#.appending("\n").write(toFile: lines, atomically: true, encoding: .utf8)
+        #expect(try sofa("cp", lines, imported, "--encrypt", "--key-file", key).succeeded)
+        #expect(filesHolding(marker, in: imported) == [])
+        #expect(try sofa("cat", imported, "\(marker)-line", "--key-file", key).stdout.contains("\(marker) from a line"))
+        // What it cannot do is refused, with what to do instead.
+        let existing = try sofa("cp", lines, imported, "--encrypt", "--key-file", key)
+        #expect(!existing.succeeded && existing.stderr.contains("sofa encrypt"), "\(existing.stderr)")
+        let copy = try sofa("cp", imported, directory.appending("copy.sofa"), "--encrypt", "--key-file", key)
+        #expect(!copy.succeeded && copy.stderr.contains("keeps its own key"), "\(copy.stderr)")
     }
 
     @Test func aWrongOrMissingKeyOrADamagedBodyIsAClearErrorNeverOtherBytes() throws {
