@@ -143,7 +143,7 @@ public final class ScratchFolder: Sendable {
     /// The escaped ids of the documents that have a scratch folder.
     public func documentFolderNames() throws -> [String] {
         try ScratchFolder.storedNames(in: root).compactMap { stored in
-            try shownName(stored) ?? documentFolderName(stored)
+            shownName(stored) ?? documentFolderName(stored)
         }
     }
 
@@ -206,8 +206,14 @@ public final class ScratchFolder: Sendable {
     /// database's scratch folder (a name that is both plain and sealed is left as it is).
     /// Returns how many it sealed.
     public func sealPlainFiles() throws -> Int {
-        guard isSealed else { return 0 }
-        return try sealPlainFiles(in: root, top: true)
+        // Done once: a version that seals never writes a plain file here, so the walk (a name
+        // opened per file, the trash's too) is not repeated at every mount.
+        let done = "\(root)/~sealed"
+        guard isSealed, access(done, F_OK) != 0 else { return 0 }
+        let count = try sealPlainFiles(in: root, top: true)
+        let marker = Glibc.open(done, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        if marker >= 0 { Glibc.close(marker) }  // without it, the next mount walks again: harmless
+        return count
     }
 
     private func sealPlainFiles(in directory: String, top: Bool) throws -> Int {
@@ -242,15 +248,10 @@ public final class ScratchFolder: Sendable {
         let file = try open(temporary, flags: O_WRONLY | O_CREAT | O_TRUNC, mode: info.st_mode & 0o7777)
         do {
             defer { file.close() }
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
-            defer { buffer.deallocate() }
-            var offset: Int64 = 0
-            while true {
+            try file.fill { buffer, offset in
                 let count = pread(plain, buffer.baseAddress, buffer.count, off_t(offset))
                 guard count >= 0 else { throw SofaError.system("read", path: path, errno: errno) }
-                if count == 0 { break }
-                _ = try file.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), at: offset)
-                offset += Int64(count)
+                return count
             }
             try file.sync()
             var times = [info.st_atim, info.st_mtim]
@@ -277,9 +278,9 @@ public final class ScratchFolder: Sendable {
             let escapedID: String
             if let name = shownName(stored) {
                 escapedID = name
-            } else if let name = try documentFolderName(stored) {
+            } else if let name = documentFolderName(stored) {
                 escapedID = name
-            } else if stored.hasPrefix("~"), let key {
+            } else if stored.hasPrefix("~"), ScratchFolder.isFolder("\(root)/\(stored)"), let key {
                 if hashed == nil {
                     hashed = [:]
                     for id in try documentIDs() where storedName(FileNames.escape(id)).utf8.count > Int(NAME_MAX) {
@@ -291,7 +292,7 @@ public final class ScratchFolder: Sendable {
                 }
                 escapedID = name
             } else {
-                continue  // a file this folder does not name (a crash's leftover): nothing of the user's
+                continue  // a file this folder does not name (a crash's leftover, the ~sealed mark): nothing of the user's
             }
             try copyEntry("\(root)/\(stored)", to: target.folder(ofEscapedID: escapedID), in: target)
             try target.nameFolder(ofEscapedID: escapedID)
@@ -300,7 +301,7 @@ public final class ScratchFolder: Sendable {
 
     /// The escaped id the `~name` file of the folder `stored` (named by an HMAC) holds, if it
     /// is the one the folder is named for.
-    private func documentFolderName(_ stored: String) throws -> String? {
+    private func documentFolderName(_ stored: String) -> String? {
         guard stored.hasPrefix("~"), let bytes = try? contents(of: "\(root)/\(stored)/\(ScratchFolder.folderNameFile)"),
               let name = String(validating: bytes, as: UTF8.self), folder(ofEscapedID: name) == "\(root)/\(stored)" else { return nil }
         return name
@@ -318,13 +319,7 @@ public final class ScratchFolder: Sendable {
         } else if info.st_mode & S_IFMT == S_IFREG {
             let from = try open(path, flags: O_RDONLY), to = try target.open(destination, flags: O_WRONLY | O_CREAT | O_EXCL, mode: info.st_mode & 0o7777)
             defer { from.close(); to.close() }
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
-            defer { buffer.deallocate() }
-            var offset: Int64 = 0
-            while case let count = try from.read(into: buffer, at: offset), count > 0 {
-                _ = try to.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), at: offset)
-                offset += Int64(count)
-            }
+            try to.fill(from: from.read)
         } else {
             return  // a mount makes only folders and files here
         }
@@ -387,13 +382,7 @@ public final class ScratchFolder: Sendable {
     public func copy(_ reader: BlobReader, to path: String) throws {
         let file = try open(path, flags: O_WRONLY | O_CREAT | O_TRUNC)
         defer { file.close() }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
-        defer { buffer.deallocate() }
-        var offset: Int64 = 0
-        while case let count = try reader.read(into: buffer), count > 0 {
-            _ = try file.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), at: offset)
-            offset += Int64(count)
-        }
+        try file.fill { buffer, _ in try reader.read(into: buffer) }
     }
 
     /// Cuts or grows the stored file at `path` to `size` bytes.
@@ -471,6 +460,17 @@ public final class ScratchFile: @unchecked Sendable {
         }
         try sealedAccess { try body(creating: true)!.write(bytes, at: offset) }
         return bytes.count
+    }
+
+    /// Writes what `read` gives (into a buffer, for an offset) from offset 0 on, until it gives 0.
+    func fill(from read: (UnsafeMutableRawBufferPointer, Int64) throws -> Int) throws {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        var offset: Int64 = 0
+        while case let count = try read(buffer, offset), count > 0 {
+            _ = try write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), at: offset)
+            offset += Int64(count)
+        }
     }
 
     /// Cuts or grows the file to `size` bytes.
