@@ -41,6 +41,16 @@ let package = Package(
         .target(name: "BLIP", dependencies: [
             "CGzip", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOWebSocket", package: "swift-nio"),
         ]),
+        // Couchbase Lite's replication over BLIP, one engine for the server's and the client's side.
+        .target(name: "BLIPReplication", dependencies: [
+            "DocumentModel", "DocumentStore", "BLIP",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
+            .product(name: "NIOWebSocket", package: "swift-nio"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .target(name: "QueryServer", dependencies: ["DocumentModel", "CLinux"]),
         .target(name: "DocumentStore", dependencies: [
             "DocumentModel", "QueryServer", "CSQLite3", "CSeal", "CCrypto", "CGzip", "CLinux",
@@ -53,7 +63,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "CouchServer", dependencies: [
-            "DocumentModel", "DocumentStore", "CCrypto", "BLIP",
+            "DocumentModel", "DocumentStore", "CCrypto", "BLIP", "BLIPReplication",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -63,12 +73,7 @@ let package = Package(
         // HTTP on libcurl: remote URLs, the client, retries, cancellation, transport errors.
         .target(name: "HTTPTransport", dependencies: ["DocumentModel", "CCurl"]),
         .target(name: "Replicator", dependencies: [
-            "DocumentModel", "DocumentStore", "HTTPTransport", "BLIP",
-            .product(name: "NIOCore", package: "swift-nio"),
-            .product(name: "NIOPosix", package: "swift-nio"),
-            .product(name: "NIOHTTP1", package: "swift-nio"),
-            .product(name: "NIOWebSocket", package: "swift-nio"),
-            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            "DocumentModel", "DocumentStore", "HTTPTransport", "BLIPReplication",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "sofa", dependencies: [

@@ -24,6 +24,7 @@ public actor BLIPConnection {
     public typealias Handler = @Sendable (BLIPConnection, BLIPMessage) async -> Void
 
     private let handler: Handler
+    private let arrival: (@Sendable (BLIPMessage) -> Void)?
     private let reader = FrameReader()
     private var writer = FrameWriter()
     private var nextRequestNumber: UInt64 = 1
@@ -65,8 +66,12 @@ public actor BLIPConnection {
         var key: Key { Key(isReply: type.isReply, number: number) }
     }
 
-    public init(handler: @escaping Handler) {
+    /// `arrival` is called for each request as it arrives, in the order the other side sent
+    /// them, before the handler's task starts (the handlers themselves run concurrently): a
+    /// replication notes there which `changes` came first.
+    public init(handler: @escaping Handler, arrival: (@Sendable (BLIPMessage) -> Void)? = nil) {
         self.handler = handler
+        self.arrival = arrival
     }
 
     // MARK: - Sending
@@ -213,11 +218,20 @@ public actor BLIPConnection {
                 if message.type.isReply {
                     awaiting.removeValue(forKey: message.number)?.resume(returning: message)
                 } else {
+                    arrival?(message)
                     let handler = self.handler
                     Task { await handler(self, message) }
                 }
             }
         }
+    }
+
+    /// Ends the connection because the other side broke the protocol (a message that cannot be
+    /// read): as `close`, and the reason is the `protocolFailure` the transport reports (1002).
+    public func fail(_ reason: String) {
+        guard closedReason == nil else { return }
+        protocolFailure = reason
+        close(reason)
     }
 
     /// Ends the connection: waiting requests fail, the writer stops.

@@ -1,3 +1,4 @@
+import BLIPReplication
 import DocumentModel
 import DocumentStore
 import Foundation
@@ -132,7 +133,7 @@ extension CouchServer {
         case "_blipsync":
             // Here only when the WebSocket upgrade was not made: the access checks above passed.
             throw HTTPError(.badRequest, "bad_request",
-                            "_blipsync is Couchbase Lite's replication endpoint: open a WebSocket to it with the subprotocol \(BLIPSync.protocols.joined(separator: " or "))")
+                            "_blipsync is Couchbase Lite's replication endpoint: open a WebSocket to it with the subprotocol \(BLIPTuning.subprotocols.joined(separator: " or "))")
         case "_revs_diff": try await revsDiff(request, db)
         case "_missing_revs": try await missingRevs(request, db)
         case "_bulk_docs": try await bulkDocs(request, db)

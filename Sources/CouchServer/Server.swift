@@ -7,6 +7,7 @@ import NIOHTTP1
 import NIOPosix
 import NIOWebSocket
 import BLIP
+import BLIPReplication
 
 /// `sofa serve`: the CouchDB 3.x HTTP API over Sofa databases, on SwiftNIO.
 ///
@@ -134,7 +135,7 @@ public final class CouchServer: @unchecked Sendable {
                     // The first request may turn the connection into a WebSocket (Couchbase Lite's
                     // replicator at /{db}/_blipsync); any other is HTTP from then on.
                     let webSocket = NIOTypedWebSocketServerUpgrader<ConnectionKind>(
-                        maxFrameSize: BLIPSync.maximumFrameSize,
+                        maxFrameSize: BLIPTuning.maximumFrameSize,
                         shouldUpgrade: { channel, head in self.blipUpgradeHeaders(channel, head) },
                         upgradePipelineHandler: { channel, head in
                             // The HTTP handlers of this server's own go too (NIO removes its own).
@@ -142,7 +143,7 @@ public final class CouchServer: @unchecked Sendable {
                                 .and(channel.pipeline.removeHandler(firstHead)).flatMapThrowing { _ -> ConnectionKind in
                                 try channel.pipeline.syncOperations.addHandler(
                                     NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1 << 16,
-                                                                maxAccumulatedFrameSize: BLIPSync.maximumFrameSize))
+                                                                maxAccumulatedFrameSize: BLIPTuning.maximumFrameSize))
                                 try channel.pipeline.syncOperations.addHandler(InboundFrameCopier())
                                 let wrapped = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(wrappingChannelSynchronously: channel)
                                 return .webSocket(wrapped, head)

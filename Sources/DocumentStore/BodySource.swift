@@ -9,6 +9,10 @@ public protocol BodySource: AnyObject, Sendable {
     /// offset: each read fetches the bytes it needs, once however many readers want them.
     func open(_ attachment: Attachment, docID: String, revID: RevisionID) throws -> any BodyReader
 
+    /// Fetches all of `attachment`'s body into the blob store, if it is not here, and waits
+    /// until it is installed; throws when it cannot be fetched (the remote is down, refuses it).
+    func fetch(_ attachment: Attachment, docID: String, revID: RevisionID) throws
+
     /// Starts fetching all of `attachment`'s body, if it is not here, without waiting (a pin).
     func fetchInBackground(_ attachment: Attachment, docID: String, revID: RevisionID)
 

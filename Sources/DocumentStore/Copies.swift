@@ -251,10 +251,27 @@ extension Database {
     }
 
     /// The blobs the revisions in `connection`'s database refer to.
+    /// Every body a kept revision uses: its attachment rows' blobs, and the blobs its properties
+    /// name (a revision stored before its stand-ins were made, or whose blob has no row).
     static func referencedBlobKeys(in connection: SQLiteConnection) throws -> [BlobKey] {
-        try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { row in
+        var keys = Set(try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { row in
             BlobKey(hex: row.text(0))
-        }.compactMap { $0 }
+        }.compactMap { $0 })
+        keys.formUnion(try blobKeysNamedInBodies(in: connection))
+        return Array(keys)
+    }
+
+    /// The bodies the blob dictionaries of stored revision bodies name (only bodies that hold
+    /// `"@type"` are parsed). A blob is a blob however the revision that holds it arrived.
+    static func blobKeysNamedInBodies(in connection: SQLiteConnection) throws -> Set<BlobKey> {
+        var keys = Set<BlobKey>()
+        let bodies = try connection.query("SELECT body FROM revs WHERE body IS NOT NULL AND instr(body, '\"@type\"') > 0") { $0.text(0) }
+        for body in bodies {
+            guard let properties = try? JSONParser.parse(Array(body.utf8)).objectValue,
+                  let found = try? Blobs.find(in: properties, docID: "", lenient: true) else { continue }
+            keys.formUnion(found.map(\.key))
+        }
+        return keys
     }
 
     /// New public and private UUIDs for a copied SQLite file; the old private UUID joins

@@ -68,7 +68,7 @@ extension Database {
                     try connection.run("UPDATE revs SET body = NULL WHERE leaf = 0 AND body IS NOT NULL")
                     report.bodiesDropped = connection.changes
                     // Still under the write lock: no save in this process can reference a blob meanwhile.
-                    var referenced = Set(try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE blob_key IS NOT NULL") { $0.text(0) })
+                    var referenced = Set(try Database.referencedBlobKeys(in: connection).map(\.hex))
                     if hasStaging {
                         // Bodies a mount saved that wait to be folded into a revision.
                         referenced.formUnion(try connection.query("SELECT DISTINCT blob_key FROM staged_attachments") { $0.text(0) })

@@ -44,12 +44,42 @@ extension Database {
     public func deleteDocument(_ id: String, revID: RevisionID? = nil) throws -> Revision {
         try write { connection in
             guard let row = try Database.documentRow(id, in: connection), !row.deleted else { throw SofaError.documentNotFound(id) }
+            var parent = row.current
             if let revID, revID != row.current {
-                throw SofaError.conflict(docID: id, revID: revID.description, current: row.current.description)
+                // A conflict's losing branch ends with a tombstone on its leaf, as CouchDB's
+                // DELETE with that `rev` does; any other revision is out of date.
+                let tree = try Database.loadTree(docKey: row.key, in: connection)
+                guard tree.leaves.contains(where: { $0.id == revID && !$0.deleted }) else {
+                    throw SofaError.conflict(docID: id, revID: revID.description, current: row.current.description)
+                }
+                parent = revID
             }
-            var draft = RevisionDraft(docID: id, parent: row.current, properties: JSONObject(), attachments: [], blobs: blobs)
+            var draft = RevisionDraft(docID: id, parent: parent, properties: JSONObject(), attachments: [], blobs: blobs)
             draft.deleted = true
-            return try save(draft, allowConflict: false, in: connection)
+            return try save(draft, allowConflict: parent != row.current, in: connection)
+        }
+    }
+
+    /// A resolved conflict moved onto `branch`, the revision a server keeps as current, for a
+    /// server that takes only revisions that follow its current one (Sync Gateway, `sofa serve`
+    /// to Couchbase Lite): the current revision's content saved again as a child of `branch`,
+    /// and the current revision's own branch ended with a tombstone, in one transaction, as
+    /// Couchbase Lite's resolvers do. Nil when there is nothing to move: `branch` is not here,
+    /// is still a live leaf (the conflict is not resolved), or the current revision already
+    /// follows it.
+    public func resolution(of id: String, onto branch: RevisionID) throws -> Revision? {
+        try write { connection in
+            guard let row = try Database.documentRow(id, in: connection), !row.deleted, row.current != branch else { return nil }
+            let tree = try Database.loadTree(docKey: row.key, in: connection)
+            guard tree.contains(branch), !tree.leaves.contains(where: { $0.id == branch && !$0.deleted }),
+                  !tree.history(of: row.current).contains(branch),
+                  let winner = try loadRevision(docKey: row.key, docID: id, revID: row.current, in: connection) else { return nil }
+            let moved = RevisionDraft(docID: id, parent: branch, properties: winner.properties, attachments: winner.attachments, blobs: blobs)
+            let resolution = try save(moved, allowConflict: true, in: connection)
+            var ended = RevisionDraft(docID: id, parent: row.current, properties: JSONObject(), attachments: [], blobs: blobs)
+            ended.deleted = true
+            try save(ended, allowConflict: true, in: connection)
+            return resolution
         }
     }
 
@@ -188,10 +218,42 @@ extension Database {
         let parent = revision.ancestors.first
         try insertRevision(docKey: docKey, revID: revision.revID, parent: parent, deleted: revision.deleted,
                            properties: revision.deleted ? JSONObject() : revision.properties,
-                           attachments: revision.attachments, in: connection)
+                           attachments: revision.deleted ? revision.attachments : withStandIns(revision), in: connection)
         added.append(RevisionNode(id: revision.revID, parent: parent, deleted: revision.deleted, isLeaf: true))
         try finishChange(docKey: docKey, docID: revision.docID, tree: tree, added: added, in: connection)
         return true
+    }
+
+    /// `revision`'s attachments with a stand-in row for every blob of its properties that has
+    /// none: Couchbase Lite pushes a revision whose blobs did not change without `_attachments`
+    /// (its has-attachments flag is not set), and any replica may do the same. The properties
+    /// decide what is a blob; the row names the blob's body here, or (not here) its digest,
+    /// to be fetched when read, so that compaction, copies and reads all see the body as used.
+    private func withStandIns(_ revision: ReplicatedRevision) -> [Attachment] {
+        // Lenient: what a replica sent is kept as it came; a malformed blob is not a blob.
+        guard let found = try? Blobs.find(in: revision.properties, docID: revision.docID, lenient: true), !found.isEmpty else {
+            return revision.attachments
+        }
+        var attachments = revision.attachments
+        var names = Set(attachments.map(\.name))
+        for blob in found where !names.contains(blob.standInName) {
+            let row: Attachment
+            if let same = attachments.first(where: { $0.blobKey == blob.key || $0.digest == blob.key.digestString }) {
+                row = same.with(name: blob.standInName)
+            } else if let length = blobs.size(of: blob.key) {
+                row = Attachment(name: blob.standInName, contentType: blob.contentType ?? MIMEType.fallback, length: length,
+                                 digest: blob.key.digestString, blobKey: blob.key, revpos: revision.revID.generation,
+                                 contentAvailable: true)
+            } else if let length = blob.length {
+                row = Attachment(name: blob.standInName, contentType: blob.contentType ?? MIMEType.fallback, length: length,
+                                 digest: blob.key.digestString, blobKey: nil, revpos: revision.revID.generation)
+            } else {
+                continue  // neither here nor described: nothing to fetch it by (compaction still keeps it, by its digest)
+            }
+            attachments.append(row)
+            names.insert(row.name)
+        }
+        return attachments
     }
 
     /// Stores a revision and its attachment rows, in `attachments`' order.

@@ -339,6 +339,27 @@ public final class Database: @unchecked Sendable {
         public func insert(_ revision: ReplicatedRevision) throws -> Bool {
             try database.insert(revision, in: connection)
         }
+
+        /// `insert`, undone alone when it throws: the batch's other revisions stay (a savepoint).
+        @discardableResult
+        public func insertAlone(_ revision: ReplicatedRevision) throws -> Bool {
+            try connection.execute("SAVEPOINT one_revision")
+            do {
+                let inserted = try database.insert(revision, in: connection)
+                try connection.execute("RELEASE one_revision")
+                return inserted
+            } catch {
+                try connection.execute("ROLLBACK TO one_revision")
+                try connection.execute("RELEASE one_revision")
+                throw error
+            }
+        }
+
+        /// The winning revision of `id` as this transaction sees it (its own inserts included),
+        /// or nil for a document never here.
+        public func current(of id: String) throws -> (revID: RevisionID, deleted: Bool)? {
+            try Database.documentRow(id, in: connection).map { ($0.current, $0.deleted) }
+        }
     }
 
 

@@ -24,6 +24,28 @@ public struct MissingRevisions: Hashable, Sendable {
     static let heldGenerations = 10
 }
 
+/// A revision that a replication could not carry, with the reason the peer gave
+/// (`forbidden`, `missing_stub`, `not_found`…) or Sofa's own.
+public struct DocumentFailure: Error, Hashable, Sendable, CustomStringConvertible {
+    public let docID: String
+    public let rev: String?
+    public let error: String
+    public let reason: String
+
+    public init(docID: String, rev: String?, error: String, reason: String) {
+        self.docID = docID
+        self.rev = rev
+        self.error = error
+        self.reason = reason
+    }
+
+    public var description: String { "\(docID)\(rev.map { " \($0)" } ?? ""): \(error): \(reason)" }
+
+    public var json: JSONValue {
+        ["id": .string(docID), "rev": rev.map { .string($0) } ?? .null, "error": .string(error), "reason": .string(reason)]
+    }
+}
+
 /// The database as one side of a replication: the questions CouchDB's protocol asks of a
 /// target. The server's `_revs_diff` and `_bulk_docs?new_edits=false` and the replicator's
 /// local peer both answer with these, so they cannot disagree.

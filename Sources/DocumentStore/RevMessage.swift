@@ -55,3 +55,26 @@ public struct RevMessage: Sendable {
         (docID, revID, self.history, properties, self.attachments) = (id, rev, history, object, attachments)
     }
 }
+
+extension RevMessage {
+    /// A `rev` message for a revision: its properties (`id`, `rev`, `sequence` when given,
+    /// `deleted`, `history` parent first) and its body, the revision's properties with an
+    /// `_attachments` stub per attachment, each named by its SHA-1 where the body is here (what
+    /// Couchbase Lite asks `getAttachment` with). Both roles send revisions this way: a server
+    /// answering a pull, a client pushing.
+    public static func encode(docID: String, revID: RevisionID, deleted: Bool, properties: JSONObject,
+                              attachments: [Attachment], history: [RevisionID], sequence: Int64? = nil,
+                              extra: [(String, String)] = []) -> (properties: [(String, String)], body: [UInt8]) {
+        var body = properties
+        if !attachments.isEmpty {
+            var stubs = JSONObject()
+            for attachment in attachments { stubs[attachment.name] = .object(CouchFormat.stub(attachment, bySHA1: true)) }
+            body["_attachments"] = .object(stubs)
+        }
+        var fields = [("id", docID), ("rev", revID.description)]
+        if let sequence { fields.append(("sequence", String(sequence))) }
+        if deleted { fields.append(("deleted", "1")) }
+        if !history.isEmpty { fields.append(("history", history.map(\.description).joined(separator: ","))) }
+        return (fields + extra, JSONValue.object(body).serialized())
+    }
+}

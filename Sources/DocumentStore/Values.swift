@@ -71,6 +71,13 @@ public struct Change: Hashable, Sendable {
     public let revID: RevisionID
     public let deleted: Bool
     public let sequence: Int64
+
+    public init(docID: String, revID: RevisionID, deleted: Bool, sequence: Int64) {
+        self.docID = docID
+        self.revID = revID
+        self.deleted = deleted
+        self.sequence = sequence
+    }
 }
 
 /// A line of a document listing.

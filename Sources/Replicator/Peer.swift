@@ -105,27 +105,7 @@ struct ChangeBatch {
     }
 }
 
-/// A revision that a replication could not carry, with the reason the peer gave
-/// (`forbidden`, `missing_stub`, `not_found`…) or Sofa's own.
-public struct DocumentFailure: Error, Hashable, Sendable, CustomStringConvertible {
-    public let docID: String
-    public let rev: String?
-    public let error: String
-    public let reason: String
-
-    public init(docID: String, rev: String?, error: String, reason: String) {
-        self.docID = docID
-        self.rev = rev
-        self.error = error
-        self.reason = reason
-    }
-
-    public var description: String { "\(docID)\(rev.map { " \($0)" } ?? ""): \(error): \(reason)" }
-
-    public var json: JSONValue {
-        ["id": .string(docID), "rev": rev.map { .string($0) } ?? .null, "error": .string(error), "reason": .string(reason)]
-    }
-
+extension DocumentFailure {
     /// A revision a source answered with an error entry (`_bulk_get`'s `{"id", "rev", "error",
     /// "reason"}`, in JSON or as a multipart part); `id` and `rev` are what was asked, for what
     /// the entry leaves out (CouchDB says `"rev": "undefined"` for a document it lacks).

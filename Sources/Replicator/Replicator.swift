@@ -175,7 +175,11 @@ public final class Replicator {
 
     /// The id this replication had under another private UUID (before the database was copied).
     func replicationID(privateUUID: String) -> String {
-        var parts: [JSONValue] = [.string(privateUUID), .string(remote.url), .string(direction.rawValue),
+        // A Couchbase Lite endpoint's `ws://` URL counts as its `http://` one: the same database
+        // either way (`sofa serve`), so a database pulled over one goes on from there over the other.
+        var url = remote.url
+        if url.hasPrefix("ws://") || url.hasPrefix("wss://") { url = "http" + url.dropFirst(2) }
+        var parts: [JSONValue] = [.string(privateUUID), .string(url), .string(direction.rawValue),
                                   docIDs.map { .array($0.sorted().map { .string($0) }) } ?? .null,
                                   selector.map { .object($0.json) } ?? .null,
                                   channels.map { .array($0.sorted().map { .string($0) }) } ?? .null]
@@ -232,30 +236,6 @@ public final class Replicator {
                                  readAhead: ReadAheadPeers(changes: LocalPeer(database), source: readingLocal, target: try readingRemote(),
                                                            cancellation: cancellation))
         }
-    }
-
-    /// The same routine with a Couchbase Lite endpoint (`ws://`) as the remote peer; bodies a
-    /// pull leaves there are fetched when read with `getAttachment` (`RemoteBodies`).
-    private func runOverBLIP() throws -> ReplicationResult {
-        guard selector == nil, filterFunction == nil else {
-            throw SofaError.invalidArgument("\(remote): a Couchbase Lite endpoint takes no --selector or --filter (--doc-ids and --channels work)")
-        }
-        let peer = try BLIPPeer(remote: remote, local: database, caFile: client.caFile)
-        defer { peer.close() }
-        let local = LocalPeer(database, downloads: downloads)
-        switch direction {
-        case .pull:
-            try database.rememberRemote(remote.url)
-            return try replicate(from: peer, to: local, readAhead: nil)
-        case .push: return try replicate(from: local, to: peer, readAhead: nil)
-        }
-    }
-
-    /// Waits on a Couchbase Lite endpoint for a change after `since` (see `BLIPPeer.waitForChange`).
-    func waitForChangeOverBLIP(since: JSONValue, stopped: @escaping () -> Bool) throws {
-        let peer = try BLIPPeer(remote: remote, local: database, caFile: client.caFile)
-        defer { peer.close() }
-        try peer.waitForChange(since: since, stopped: stopped)
     }
 
     /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.
@@ -381,11 +361,10 @@ public final class Replicator {
         return nil
     }
 
-    private func saveCheckpoint(_ source: ReplicationPeer, _ target: ReplicationPeer, session: String, started: Date,
-                                startSeq: JSONValue, seq: JSONValue, result: ReplicationResult) throws {
-        let local: ReplicationPeer = direction == .pull ? target : source
-        let remote: ReplicationPeer = direction == .pull ? source : target
-        let existing = try local.checkpoint(replicationID)
+    /// A checkpoint document as CouchDB's replicator writes it: this session's sequence, and a
+    /// history of sessions (newest first, 50 at most) that another run can agree on.
+    static func checkpointBody(existing: JSONObject?, session: String, started: Date, startSeq: JSONValue, seq: JSONValue,
+                               result: ReplicationResult) -> JSONObject {
         let entry: JSONValue = ["session_id": .string(session), "start_time": .string(httpDate(started)),
                                 "end_time": .string(httpDate(Date())), "start_last_seq": startSeq, "end_last_seq": seq,
                                 "recorded_seq": seq, "docs_read": .integer(Int64(result.docsRead)),
@@ -393,8 +372,16 @@ public final class Replicator {
                                 "doc_write_failures": .integer(Int64(result.docWriteFailures))]
         var history = (existing?["history"]?.arrayValue ?? []).filter { $0["session_id"]?.stringValue != session }
         history.insert(entry, at: 0)
-        let body: JSONObject = ["session_id": .string(session), "source_last_seq": seq, "replication_id_version": 1,
-                                "history": .array(Array(history.prefix(50)))]
+        return ["session_id": .string(session), "source_last_seq": seq, "replication_id_version": 1,
+                "history": .array(Array(history.prefix(50)))]
+    }
+
+    private func saveCheckpoint(_ source: ReplicationPeer, _ target: ReplicationPeer, session: String, started: Date,
+                                startSeq: JSONValue, seq: JSONValue, result: ReplicationResult) throws {
+        let local: ReplicationPeer = direction == .pull ? target : source
+        let remote: ReplicationPeer = direction == .pull ? source : target
+        let body = Replicator.checkpointBody(existing: try local.checkpoint(replicationID), session: session, started: started,
+                                             startSeq: startSeq, seq: seq, result: result)
         // Remote first: if it fails, the local checkpoint (which decides nothing alone) is untouched.
         try remote.saveCheckpoint(replicationID, body)
         try local.saveCheckpoint(replicationID, body)

@@ -202,10 +202,27 @@ struct BLIPFrameTests {
         #expect(try server.connect().request("GET", "/target").status == 200)
     }
 
-    /// Requests get BLIP error replies (the connection goes on); a peer that vanishes in the middle
-    /// of a revision, or before sending the body that revision needs, leaves nothing behind.
+    /// A message that cannot be read is answered with its reason and ends the connection (1002,
+    /// the reason again), never read as nothing; requests that can be read but not granted get
+    /// error replies and the connection goes on; a peer that vanishes in the middle of a
+    /// revision, or before sending the body that revision needs, leaves nothing behind.
     @Test func badRequestsAreAnsweredAndAVanishedPeerLeavesNothingHalfWritten() throws {
         let (server, path) = try served()
+        for (properties, body, named) in [([("Profile", "rev"), ("id", "a"), ("rev", "1-abc")], "{not json", "not JSON"),
+                                          ([("Profile", "rev")], "{}", "no document id"),
+                                          ([("Profile", "proposeChanges")], #"{"not":"an array"}"#, "not a JSON array"),
+                                          ([("Profile", "changes")], #"[[1,"doc"]]"#, "not [sequence, docID, revID")] {
+            let unreadable = try WebSocketClient(port: server.port, path: "/target/_blipsync")
+            var frames = FrameWriter()
+            try unreadable.send(frames.frame(number: 1, type: .request, flags: [], data: messageData(properties, Array(body.utf8))))
+            let answer = try #require(try unreadable.receive())
+            let events = try FrameReader().read(answer.payload)
+            guard case .message(let error)? = events.last else { Issue.record("no answer to \(body): \(events)"); continue }
+            #expect(error.type == .error && error["Error-Code"] == "400" && String(decoding: error.body, as: UTF8.self).contains(named),
+                    "\(error.properties) \(String(decoding: error.body, as: UTF8.self))")
+            let close = try #require(try unreadable.closeFrame())
+            #expect(close.code == 1002 && close.reason.contains(named), "\(close)")
+        }
         let client = try WebSocketClient(port: server.port, path: "/target/_blipsync")
         var writer = FrameWriter()
         let reader = FrameReader()
@@ -216,10 +233,6 @@ struct BLIPFrameTests {
             }
             throw SofaError.invalidArgument("the connection ended")
         }
-        let notJSON = try ask(1, [("Profile", "rev"), ("id", "a"), ("rev", "1-abc")], Array("{not json".utf8))
-        #expect(notJSON.type == .error && notJSON["Error-Code"] == "400", "\(notJSON.properties)")
-        let noID = try ask(2, [("Profile", "rev")], Array("{}".utf8))
-        #expect(noID.error?.code == 400)
         let unknown = try ask(3, [("Profile", "frobnicate")])
         #expect(unknown.error?.domain == "BLIP" && unknown.error?.code == 404)
         let missing = try ask(4, [("Profile", "getCheckpoint"), ("client", "nobody")])

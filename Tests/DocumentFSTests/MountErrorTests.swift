@@ -142,6 +142,9 @@ private final class UnreachableRemote: BodySource, BodyReader, @unchecked Sendab
     let length: Int64 = 10
     func open(_ attachment: DocumentStore.Attachment, docID: String, revID: RevisionID) throws -> any BodyReader { self }
     func fetchInBackground(_ attachment: DocumentStore.Attachment, docID: String, revID: RevisionID) {}
+    func fetch(_ attachment: DocumentStore.Attachment, docID: String, revID: RevisionID) throws {
+        throw SofaError.invalidArgument("GET http://127.0.0.1:1/db/far/big.bin: connection refused")
+    }
     func progress(of attachment: DocumentStore.Attachment) -> BodyProgress? { nil }
     func shutDown(waitingAtMost seconds: Double) {}
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, timeout: Double, willWait: () -> Void) throws -> Int {

@@ -1,3 +1,4 @@
+import BLIPReplication
 import DocumentModel
 import DocumentStore
 import Foundation
@@ -134,18 +135,30 @@ extension DeferredBody {
         }
         guard !stopped else { throw ReplicationError.cancelled }
         let stream = IncomingChunks(body: source, fetch: fetch, from: 0, decoder: nil, md5: nil, room: owner.room)
-        let peer = try BLIPPeer(remote: owner.remote, local: owner.database, caFile: owner.caFile)
-        defer { peer.close() }
-        try peer.getAttachment(digest: attachment.digest, docID: docID) { [self] bytes in
-            if condition.withLock({ fetch.stop }) { throw ReplicationError.cancelled }
-            try bytes.withUnsafeBytes { raw in
-                try stream.receive(raw) { [self] arrived in
-                    let wake = condition.withLock { () -> Bool in
-                        fetch.next = max(fetch.next, arrived)
-                        return waiting > 0
+        let (remote, database, caFile, log) = (owner.remote, owner.database, owner.caFile, owner.log)
+        let (digest, docID) = (attachment.digest, self.docID)
+        try Replicator.waitFor {
+            let engine = try await Replicator.connect(remote, caFile: caFile, database: database, active: .init(watchOnly: true), log: log)
+            do {
+                try await engine.streamBody(digest: digest, docID: docID) { [self] bytes in
+                    if condition.withLock({ fetch.stop }) { throw ReplicationError.cancelled }
+                    try bytes.withUnsafeBytes { raw in
+                        try stream.receive(raw) { [self] arrived in
+                            let wake = condition.withLock { () -> Bool in
+                                fetch.next = max(fetch.next, arrived)
+                                return waiting > 0
+                            }
+                            if wake { condition.broadcast() }
+                        }
                     }
-                    if wake { condition.broadcast() }
                 }
+                await engine.close("body fetched")
+            } catch let error as BLIPSyncError {
+                await engine.close("body not fetched: \(error)")
+                throw Replicator.replicationError(error, url: remote.url)
+            } catch {
+                await engine.close("body not fetched: \(error)")
+                throw error
             }
         }
         guard condition.withLock({ fetch.next >= fetch.end }) else {

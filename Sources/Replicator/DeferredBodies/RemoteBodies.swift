@@ -49,6 +49,12 @@ public final class RemoteBodies: BodySource, @unchecked Sendable {
         return DeferredBodyReader(body: try acquire(attachment, docID: docID, revID: revID))
     }
 
+    public func fetch(_ attachment: Attachment, docID: String, revID: RevisionID) throws {
+        let body = try acquire(attachment, docID: docID, revID: revID)
+        defer { body.releaseUser() }
+        try body.fetchAll(progress: nil)
+    }
+
     public func fetchInBackground(_ attachment: Attachment, docID: String, revID: RevisionID) {
         let body: DeferredBody
         do { body = try acquire(attachment, docID: docID, revID: revID) } catch {
