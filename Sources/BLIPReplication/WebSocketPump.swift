@@ -27,21 +27,7 @@ public enum WebSocketPump {
         do {
             reason = try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: (fromReader: Bool, reason: String).self) { group in
-                    group.addTask {
-                        while let frame = await blip.nextFrame() {
-                            try await outbound.write(WebSocketFrame(fin: true, opcode: .binary, maskKey: mask(), data: ByteBuffer(bytes: frame)))
-                        }
-                        let ended = await blip.closeReason ?? "closed"
-                        let failure = await blip.protocolFailure
-                        let close = closing.withLock { chosen -> (code: WebSocketErrorCode, reason: String)? in
-                            if let chosen { return chosen.code == .normalClosure && chosen.reason.isEmpty ? nil : chosen }
-                            if let failure { return (.protocolError, failure) }
-                            return (side == .client ? .normalClosure : .goingAway, ended)
-                        }
-                        if let close { try? await outbound.write(closeFrame(close.code, close.reason, mask: mask())) }
-                        return (false, "closed by this side: \(ended)")
-                    }
-                    group.addTask {
+                    @Sendable func read(_ inbound: NIOAsyncChannelInboundStream<WebSocketFrame>) async throws -> (fromReader: Bool, reason: String) {
                         for try await frame in inbound {
                             switch frame.opcode {
                             case .binary:
@@ -70,6 +56,33 @@ public enum WebSocketPump {
                             }
                         }
                         return (true, "the connection ended")
+                    }
+                    // Neither task throws: a task group waits for all of its tasks before a throw
+                    // leaves it, and the writer waits on `blip`, which only `close` below wakes.
+                    group.addTask {
+                        while let frame = await blip.nextFrame() {
+                            do {
+                                try await outbound.write(WebSocketFrame(fin: true, opcode: .binary, maskKey: mask(), data: ByteBuffer(bytes: frame)))
+                            } catch {
+                                return (false, "the connection failed: \(error)")
+                            }
+                        }
+                        let ended = await blip.closeReason ?? "closed"
+                        let failure = await blip.protocolFailure
+                        let close = closing.withLock { chosen -> (code: WebSocketErrorCode, reason: String)? in
+                            if let chosen { return chosen.code == .normalClosure && chosen.reason.isEmpty ? nil : chosen }
+                            if let failure { return (.protocolError, failure) }
+                            return (side == .client ? .normalClosure : .goingAway, ended)
+                        }
+                        if let close { try? await outbound.write(closeFrame(close.code, close.reason, mask: mask())) }
+                        return (false, "closed by this side: \(ended)")
+                    }
+                    group.addTask {
+                        do {
+                            return try await read(inbound)
+                        } catch {
+                            return (true, "the connection failed: \(error)")
+                        }
                     }
                     let first = try await group.next() ?? (true, "the connection ended")
                     await blip.close(first.reason)
