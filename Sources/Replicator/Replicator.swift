@@ -51,6 +51,8 @@ public struct ReplicationResult: Sendable {
     public var json: JSONValue {
         ["ok": .bool(status == "complete"), "status": .string(status), "docs_read": .integer(Int64(docsRead)),
          "docs_written": .integer(Int64(docsWritten)), "doc_write_failures": .integer(Int64(docWriteFailures)),
+         // CouchDB's name for the changes a run looked at (every change read, wanted or not).
+         "missing_checked": .integer(Int64(changesRead)),
          "attachments_downloaded": .integer(Int64(attachmentsDownloaded)),
          "attachment_bytes_downloaded": .integer(attachmentBytesDownloaded),
          "attachments_deferred": .integer(Int64(attachmentsDeferred)), "last_seq": .string(Self.token(lastSeq)),

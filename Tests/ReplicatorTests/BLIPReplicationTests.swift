@@ -125,6 +125,80 @@ import Testing
         #expect(try waitUntil(20) { try http.json("GET", "/guarded/from-here", headers: admin).status == 200 })
     }
 
+    /// A conflict pulled over `ws://` and resolved here (its losing branch removed, with `sofa rm
+    /// --rev` or `rm -r conflicts/REV` in the mount) is pushed to a server that takes only
+    /// revisions following its current one, whichever side's content won: the resolution goes as
+    /// a new revision on the server's branch, as Couchbase Lite's resolvers make it.
+    @Test func aConflictResolvedHereIsPushedWhicheverSideWon() throws {
+        let served = try made("agreed")
+        let server = try ServedDatabases([served])
+        let url = "ws://127.0.0.1:\(server.port)/agreed"
+        let http = try server.connect()
+        let ids = isRoot ? ["keep-mine", "keep-theirs", "in-mount"] : ["keep-mine", "keep-theirs"]
+        for id in ids { #expect(try http.json("PUT", "/agreed/\(id)", ["v": 0]).status == 201) }
+        let local = try made("resolver")
+        #expect(try sofa("pull", local, url).succeeded)
+        let db = try Database.open(at: local)
+        var theirs: [String: String] = [:], mine: [String: String] = [:]
+        for id in ids {
+            var draft = try db.newRevision(of: id)
+            draft.properties["v"] = "mine"
+            mine[id] = try db.save(draft).revID.description
+            let base = try #require(try http.json("GET", "/agreed/\(id)").json?["_rev"]?.stringValue)
+            theirs[id] = try #require(try http.json("PUT", "/agreed/\(id)?rev=\(base)", ["v": "theirs"]).json?["rev"]?.stringValue)
+        }
+        #expect(try sofa("pull", local, url).succeeded)
+        for id in ids { #expect(try db.revisionTree(of: id).leaves.filter { !$0.deleted }.count == 2, "\(id)") }
+
+        let loser = try sofa("rm", local, "keep-mine", "--rev", try #require(theirs["keep-mine"]))
+        #expect(loser.succeeded, "\(loser.stdout)\(loser.stderr)")
+        #expect(try sofa("rm", local, "keep-theirs", "--rev", try #require(mine["keep-theirs"])).succeeded)
+        if isRoot {
+            let mount = try MountedDatabase(local)
+            let branch = mount.path("docs/in-mount/conflicts/\(try #require(theirs["in-mount"]))")
+            #expect(FileManager.default.fileExists(atPath: branch))
+            #expect(try shell("rm -r '\(branch)'").succeeded)
+            mount.unmount()
+        }
+        let pushed = try sofa("push", local, url, "--json")
+        #expect(pushed.succeeded && pushed.stdout.contains("\"doc_write_failures\":0"), "\(pushed.stdout)\(pushed.stderr)")
+        for id in ids {
+            let answer = try http.json("GET", "/agreed/\(id)?conflicts=true").json
+            #expect(answer?["v"] == (id == "keep-theirs" ? "theirs" : "mine"), "\(id): \(String(describing: answer))")
+            #expect(answer?["_conflicts"] == nil, "\(id): \(String(describing: answer))")
+            #expect(try db.currentRevision(of: id)?.revID.description == answer?["_rev"]?.stringValue, "\(id)")
+            #expect(try db.revisionTree(of: id).leaves.filter { !$0.deleted }.count == 1, "\(id)")
+        }
+        // Nothing more to send; and Couchbase Lite pulls the documents without a conflict.
+        #expect(try sofa("push", local, url).stdout.contains("0 documents read"))
+        let app = directory.appending("agreed.cblite2")
+        #expect(try CouchbaseLite.pull(app, from: url).succeeded)
+        #expect(try CouchbaseLite.documents(app)["keep-mine"]?["v"] == "mine")
+        #expect(!(try CouchbaseLite.revisions(app, "keep-mine")).contains("Conflicted"))
+    }
+
+    /// A document `sofa push ws://` cannot send is named with the reason, as over `http://`; and a
+    /// database pulled over `http://` goes on from that checkpoint over `ws://` (one checkpoint).
+    @Test func refusalsSayWhyAndOneCheckpointServesHTTPAndWebSockets() throws {
+        let source = try Database.create(at: directory.appending("origin.sofa"))
+        var draft = try source.newRevision(of: "big")
+        try draft.setAttachment("big.bin", blob: source.blobs.write([UInt8](repeating: 7, count: 100_000)), contentType: "application/octet-stream")
+        _ = try source.save(draft)
+        for index in 0..<5 { _ = try source.put("small-\(index)", ["n": .integer(Int64(index))]) }
+        let target = try made("destination")
+        let server = try ServedDatabases([source.path, target])
+        let local = try made("laptop")
+        let overHTTP = try sofa("pull", local, "http://127.0.0.1:\(server.port)/origin", "--no-download-attachments")
+        #expect(overHTTP.succeeded && overHTTP.stdout.contains("6 documents read"), "\(overHTTP.stdout)\(overHTTP.stderr)")
+        let overWS = try sofa("pull", local, "ws://127.0.0.1:\(server.port)/origin", "--json")
+        #expect(overWS.succeeded && overWS.stdout.contains("\"missing_checked\":0"), "\(overWS.stdout)\(overWS.stderr)")
+
+        let pushed = try sofa("push", local, "ws://127.0.0.1:\(server.port)/destination", "--json")
+        #expect(pushed.stdout.contains("body_not_here") && pushed.stdout.contains("sofa download fetches it"), "\(pushed.stdout)\(pushed.stderr)")
+        #expect(try Database.open(at: target).currentRevision(of: "small-4") != nil)
+        #expect(try Database.open(at: target).currentRevision(of: "big") == nil)
+    }
+
     /// Bodies a pull leaves on a Couchbase Lite endpoint come when read, with `getAttachment`:
     /// `sofa download`, and a read through the mount.
     @Test func bodiesLeftOnTheServerComeWhenRead() throws {
