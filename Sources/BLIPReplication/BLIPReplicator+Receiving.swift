@@ -165,13 +165,15 @@ extension BLIPReplicator {
             }
         }
         for blob in unnamedBlobs where !db.blobs.contains(blob.key) {
-            // Its stand-in row is made as the revision is saved, from the blob itself.
+            // A body here gets its stand-in row as the revision is saved; one left on the server
+            // is named here, by its digest, which `getAttachment` fetches it by.
             let metadata = Attachment(name: blob.standInName, contentType: blob.contentType ?? MIMEType.fallback,
                                       length: blob.length ?? -1, digest: blob.key.digestString, blobKey: nil, revpos: read.revID.generation)
             if try await fetches(metadata) {
                 _ = try await fetched(digest: blob.key.digestString, docID: read.docID)
             } else {
                 pull.count { $0.bodiesDeferred += 1 }
+                attachments.append(metadata)
             }
         }
         return ReplicatedRevision(docID: read.docID, revID: read.revID, ancestors: read.history, deleted: read.deleted,

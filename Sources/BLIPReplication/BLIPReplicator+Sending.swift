@@ -73,14 +73,29 @@ extension BLIPReplicator {
                 }
             }
         }
-        // The revisions, a window of them at a time.
+        // The revisions wanted, read in one go (one trip to the storage pool, not one per revision).
+        let toRead = wanted.filter { !changes[$0.index].coverOnly }.map { changes[$0.index].change }
+        let read = try await pool.run { () -> [Int64: (Revision, [RevisionID])] in
+            var found: [Int64: (Revision, [RevisionID])] = [:]
+            for change in toRead {
+                do {
+                    let revision = try db.revision(change.revID, of: change.docID)
+                    found[change.sequence] = (revision, Array(try db.revisionTree(of: change.docID).history(of: change.revID).dropFirst()))
+                } catch SofaError.revisionNotFound, SofaError.documentNotFound {
+                    continue  // replaced since the changes were read: the newer change is sent too
+                }
+            }
+            return found
+        }
+        // Then sent, a window of them at a time.
         let historyLimit = maxHistory
         try await withThrowingTaskGroup(of: (Int, Outcome).self) { group in
             var next = 0
             func start() {
                 let (index, known) = wanted[next]
                 next += 1
-                group.addTask { (index, try await self.sendRevision(changes[index], known: known, maxHistory: historyLimit)) }
+                let loaded = read[changes[index].change.sequence]
+                group.addTask { (index, try await self.sendRevision(changes[index], loaded, known: known, maxHistory: historyLimit)) }
             }
             while next < wanted.count && next < BLIPTuning.revsInFlight { start() }
             while let (index, outcome) = try await group.next() {
@@ -101,7 +116,9 @@ extension BLIPReplicator {
         return entries
     }
 
-    private func sendRevision(_ offered: Offered, known: Set<String>, maxHistory: Int) async throws -> Outcome {
+    /// `loaded`: the revision and its ancestors (parent first), or nil when it is no longer here.
+    private func sendRevision(_ offered: Offered, _ loaded: (Revision, [RevisionID])?, known: Set<String>,
+                              maxHistory: Int) async throws -> Outcome {
         let change = offered.change
         let sequence = String(change.sequence)
         guard !offered.coverOnly else {
@@ -109,15 +126,6 @@ extension BLIPReplicator {
             await connection.send("norev", properties: [("id", change.docID), ("rev", change.revID.description), ("sequence", sequence),
                                                         ("error", "404"), ("reason", "a deletion: the pull asked for active documents only")])
             return .sent
-        }
-        let db = database
-        let loaded = try await pool.run { () -> (Revision, [RevisionID])? in
-            do {
-                let revision = try db.revision(change.revID, of: change.docID)
-                return (revision, Array(try db.revisionTree(of: change.docID).history(of: change.revID).dropFirst()))
-            } catch SofaError.revisionNotFound, SofaError.documentNotFound {
-                return nil  // replaced since the changes were read: the newer change is sent too
-            }
         }
         guard let (revision, ancestors) = loaded else {
             if isPassive {

@@ -227,8 +227,8 @@ extension Database {
     /// `revision`'s attachments with a stand-in row for every blob of its properties that has
     /// none: Couchbase Lite pushes a revision whose blobs did not change without `_attachments`
     /// (its has-attachments flag is not set), and any replica may do the same. The properties
-    /// decide what is a blob; the row names the blob's body here, or (not here) its digest,
-    /// to be fetched when read, so that compaction, copies and reads all see the body as used.
+    /// decide what is a blob; the row names the blob's body when it is here, so that
+    /// compaction, copies and reads all see the body as used.
     private func withStandIns(_ revision: ReplicatedRevision) -> [Attachment] {
         // Lenient: what a replica sent is kept as it came; a malformed blob is not a blob.
         guard let found = try? Blobs.find(in: revision.properties, docID: revision.docID, lenient: true), !found.isEmpty else {
@@ -244,11 +244,10 @@ extension Database {
                 row = Attachment(name: blob.standInName, contentType: blob.contentType ?? MIMEType.fallback, length: length,
                                  digest: blob.key.digestString, blobKey: blob.key, revpos: revision.revID.generation,
                                  contentAvailable: true)
-            } else if let length = blob.length {
-                row = Attachment(name: blob.standInName, contentType: blob.contentType ?? MIMEType.fallback, length: length,
-                                 digest: blob.key.digestString, blobKey: nil, revpos: revision.revID.generation)
             } else {
-                continue  // neither here nor described: nothing to fetch it by (compaction still keeps it, by its digest)
+                // Not here: a replicator that leaves it on its remote names it itself (only a
+                // remote that serves bodies by digest can send it later; CouchDB cannot).
+                continue
             }
             attachments.append(row)
             names.insert(row.name)
