@@ -139,6 +139,20 @@ public actor BLIPConnection {
         }
     }
 
+    /// The frames ready to write, at least one (waiting for it) and as many more as are ready,
+    /// up to about `maximumBytes`: written together, with one system call for many small
+    /// messages. Nil once the connection is closed.
+    public func nextFrames(upTo maximumBytes: Int) async -> [[UInt8]]? {
+        guard let first = await nextFrame() else { return nil }
+        var frames = [first]
+        var bytes = first.count
+        while bytes < maximumBytes, closedReason == nil, let frame = takeFrame() {
+            frames.append(frame)
+            bytes += frame.count
+        }
+        return frames
+    }
+
     private func wakeWriter() {
         guard let waiter = frameWaiter, let frame = takeFrame() else { return }
         frameWaiter = nil

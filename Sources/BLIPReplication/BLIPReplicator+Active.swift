@@ -56,10 +56,9 @@ extension BLIPReplicator {
     }
 
     private static func report(_ snapshot: PullTracker.Snapshot) -> Report {
-        let counts = snapshot.counts
-        return Report(checkpoint: snapshot.checkpoint, changesRead: counts.changesRead, revisionsRead: counts.revisionsReceived,
-                      revisionsWritten: counts.revisionsSaved, bodiesFetched: counts.bodiesFetched,
-                      bodyBytesFetched: counts.bodyBytesFetched, bodiesDeferred: counts.bodiesDeferred, failures: counts.failures)
+        var report = snapshot.counts
+        report.checkpoint = snapshot.checkpoint
+        return report
     }
 
     /// Pushes every change of this database after `since`: each proposed, sent if the server

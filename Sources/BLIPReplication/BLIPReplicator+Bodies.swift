@@ -43,18 +43,23 @@ extension BLIPReplicator {
     }
 
     /// Asks the other side for the body with `digest` (SHA-1) and stores it, checked against
-    /// it as it arrives. The half-written file is dropped if the connection ends first.
+    /// it as it arrives, not yet synced. The half-written file is dropped if the connection
+    /// ends first.
     func fetchBody(digest: String, docID: String) async throws -> StoredBlob {
         guard let key = BlobKey(digestString: digest) else {
             throw BLIPError.badRequest("\(docID): the digest \(digest) is not a SHA-1 digest (sha1-…), which is what Couchbase Lite sends")
         }
+        await bodyPermits.acquire()
+        defer { bodyPermits.release() }
         let writer = try database.blobs.makeWriter()
         // Whoever takes the writer out of `incoming` ends it: this fetch, or `close` (once).
         guard let token = incoming.register(writer) else { throw BLIPSyncError.closed("the replication stopped") }
         do {
             _ = try await request("getAttachment", [("digest", digest), ("docID", docID)], sink: WriterSink(writer))
             guard incoming.take(token) else { throw BLIPSyncError.closed("the replication stopped") }
-            return try writer.finish(expecting: key)
+            // Synced with the other bodies of its batch before the revision naming it is saved
+            // (`Inserter`), as a pull over HTTP syncs the bodies that came with its revisions.
+            return try writer.finish(expecting: key, durable: false)
         } catch {
             if incoming.take(token) { writer.cancel() }
             throw error
@@ -149,4 +154,36 @@ private final class ClosureSink: BLIPBodySink, @unchecked Sendable {
     init(_ received: @escaping @Sendable ([UInt8]) throws -> Void) { self.received = received }
 
     func write(_ bytes: [UInt8]) throws { try received(bytes) }
+}
+
+/// At most a number of holders at once; the others wait their turn, first come first served.
+final class Permits: Sendable {
+    private let state: Locked<(available: Int, waiting: [CheckedContinuation<Void, Never>])>
+
+    init(_ count: Int) { state = Locked((count, [])) }
+
+    func acquire() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { state -> Bool in
+                guard state.available > 0 else {
+                    state.waiting.append(continuation)
+                    return false
+                }
+                state.available -= 1
+                return true
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    func release() {
+        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard !state.waiting.isEmpty else {
+                state.available += 1
+                return nil
+            }
+            return state.waiting.removeFirst()
+        }
+        next?.resume()
+    }
 }

@@ -58,9 +58,16 @@ extension BLIPReplicator {
         }
         let db = database
         return try await pool.run {
-            try asked.map { sequence, id, rev in
-                guard let missing = try db.revsDiff([(id, [rev])]).first?.missing else { return (sequence, id, rev, .integer(0)) }
-                return (sequence, id, rev, .array(missing.possibleAncestors.map { .string($0.description) }))
+            // One question for the whole message (one snapshot); entries keep their own answers
+            // even when a document is listed twice.
+            let missing = try db.revsDiff(asked.map { ($0.1, [$0.2]) })
+            var byRevision: [String: MissingRevisions] = [:]
+            for (id, entry) in missing {
+                for rev in entry.missing { byRevision[id + "\u{0}" + rev.description] = entry }
+            }
+            return asked.map { sequence, id, rev in
+                guard let entry = byRevision[id + "\u{0}" + rev.description] else { return (sequence, id, rev, .integer(0)) }
+                return (sequence, id, rev, .array(entry.possibleAncestors.map { .string($0.description) }))
             }
         }
     }
@@ -105,12 +112,12 @@ extension BLIPReplicator {
             throw BLIPSyncError.protocolViolation("\(error)")
         }
         if case .passive(let passive) = role, passive.readOnly { throw BLIPError(code: 403, message: "this server is read-only") }
-        if !isPassive { pull.count { $0.revisionsReceived += 1 } }
+        if !isPassive { pull.count { $0.revisionsRead += 1 } }
         do {
-            let revision = try await withBodies(read)
-            _ = try await inserter.insert(revision, noConflicts: isPassive && message.flag("noconflicts"))
+            let (revision, bodies) = try await withBodies(read)
+            _ = try await inserter.insert(revision, noConflicts: isPassive && message.flag("noconflicts"), bodies: bodies)
             if !isPassive {
-                pull.count { $0.revisionsSaved += 1 }
+                pull.count { $0.revisionsWritten += 1 }
                 pull.done(read.docID, read.revID.description)
             }
             await connection.reply(to: message)
@@ -133,16 +140,18 @@ extension BLIPReplicator {
 
     /// The revision as the message names it, each body here: found here already, asked for,
     /// or (a client's pull whose rules leave it there) recorded as on the server.
-    private func withBodies(_ read: RevMessage) async throws -> ReplicatedRevision {
+    /// Returns it with the bodies received for it (not synced yet).
+    private func withBodies(_ read: RevMessage) async throws -> (ReplicatedRevision, [BlobKey]) {
         // A blob is a blob whatever `_attachments` says (Couchbase Lite leaves it out when a
         // revision keeps its blobs): its body is needed as much as an attachment's.
         let blobs = (try? Blobs.find(in: read.properties, docID: read.docID, lenient: true)) ?? []
         let named = Set(read.attachments.map(\.digest))
         let unnamedBlobs = blobs.filter { !named.contains($0.key.digestString) }
         guard !read.attachments.isEmpty || !unnamedBlobs.isEmpty else {
-            return ReplicatedRevision(docID: read.docID, revID: read.revID, ancestors: read.history, deleted: read.deleted,
-                                      properties: read.properties)
+            return (ReplicatedRevision(docID: read.docID, revID: read.revID, ancestors: read.history, deleted: read.deleted,
+                                       properties: read.properties), [])
         }
+        var received: [BlobKey] = []
         let db = database
         let ancestors = try await pool.run { try db.attachmentsForStubs(of: read.docID, ancestors: read.history) }
         var attachments: [Attachment] = []
@@ -154,6 +163,7 @@ extension BLIPReplicator {
                                               blobKey: here.blob.key, revpos: item.revpos, contentAvailable: true))
             } else if try await fetches(metadata) {
                 let blob = try await fetched(digest: item.digest, docID: read.docID)
+                received.append(blob.key)
                 attachments.append(Attachment(name: item.name, contentType: item.contentType, length: blob.length, digest: item.digest,
                                               blobKey: blob.key, revpos: item.revpos, contentAvailable: true))
             } else {
@@ -170,14 +180,14 @@ extension BLIPReplicator {
             let metadata = Attachment(name: blob.standInName, contentType: blob.contentType ?? MIMEType.fallback,
                                       length: blob.length ?? -1, digest: blob.key.digestString, blobKey: nil, revpos: read.revID.generation)
             if try await fetches(metadata) {
-                _ = try await fetched(digest: blob.key.digestString, docID: read.docID)
+                received.append(try await fetched(digest: blob.key.digestString, docID: read.docID).key)
             } else {
                 pull.count { $0.bodiesDeferred += 1 }
                 attachments.append(metadata)
             }
         }
-        return ReplicatedRevision(docID: read.docID, revID: read.revID, ancestors: read.history, deleted: read.deleted,
-                                  properties: read.properties, attachments: attachments)
+        return (ReplicatedRevision(docID: read.docID, revID: read.revID, ancestors: read.history, deleted: read.deleted,
+                                   properties: read.properties, attachments: attachments), received)
     }
 
     /// Whether this side fetches a body it lacks now: a server always (a pushed revision is

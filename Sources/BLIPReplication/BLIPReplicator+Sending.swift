@@ -23,7 +23,26 @@ extension BLIPReplicator {
 
     /// Offers `changes` (as a server: `changes`; as a client: `proposeChanges`) and sends each
     /// revision wanted; returns each change's outcome, in order.
-    func send(_ changes: [Offered]) async throws -> [Outcome] {
+    /// Revisions read already, by `Loaded.key(docID, revID)`, with their ancestors (parent first).
+    typealias Loaded = [String: (Revision, [RevisionID])]
+
+    static func key(_ docID: String, _ revID: RevisionID) -> String { docID + "\u{0}" + revID.description }
+
+    /// Reads the revisions of `changes` in one snapshot (one trip to the storage pool); those
+    /// replaced since the changes were read are not there (the newer change is sent too).
+    func load(_ changes: [Change]) async throws -> Loaded {
+        let db = database
+        return try await pool.run { () -> Loaded in
+            var found: Loaded = [:]
+            for (revision, ancestors) in try db.revisionsWithHistory(changes.map { ($0.docID, $0.revID) }) {
+                found[BLIPReplicator.key(revision.docID, revision.revID)] = (revision, ancestors)
+            }
+            return found
+        }
+    }
+
+    /// `preloaded`: the revisions of `changes`, read before they were offered (else read here).
+    func send(_ changes: [Offered], preloaded: Loaded? = nil) async throws -> [Outcome] {
         guard !changes.isEmpty else { return [] }
         let db = database
         let proposing = !isPassive
@@ -73,20 +92,9 @@ extension BLIPReplicator {
                 }
             }
         }
-        // The revisions wanted, read in one go (one trip to the storage pool, not one per revision).
-        let toRead = wanted.filter { !changes[$0.index].coverOnly }.map { changes[$0.index].change }
-        let read = try await pool.run { () -> [Int64: (Revision, [RevisionID])] in
-            var found: [Int64: (Revision, [RevisionID])] = [:]
-            for change in toRead {
-                do {
-                    let revision = try db.revision(change.revID, of: change.docID)
-                    found[change.sequence] = (revision, Array(try db.revisionTree(of: change.docID).history(of: change.revID).dropFirst()))
-                } catch SofaError.revisionNotFound, SofaError.documentNotFound {
-                    continue  // replaced since the changes were read: the newer change is sent too
-                }
-            }
-            return found
-        }
+        // The revisions wanted, read in one go (unless they were before the offer).
+        let read: Loaded
+        if let preloaded { read = preloaded } else { read = try await load(wanted.filter { !changes[$0.index].coverOnly }.map { changes[$0.index].change }) }
         // Then sent, a window of them at a time.
         let historyLimit = maxHistory
         try await withThrowingTaskGroup(of: (Int, Outcome).self) { group in
@@ -94,7 +102,7 @@ extension BLIPReplicator {
             func start() {
                 let (index, known) = wanted[next]
                 next += 1
-                let loaded = read[changes[index].change.sequence]
+                let loaded = read[BLIPReplicator.key(changes[index].change.docID, changes[index].change.revID)]
                 group.addTask { (index, try await self.sendRevision(changes[index], loaded, known: known, maxHistory: historyLimit)) }
             }
             while next < wanted.count && next < BLIPTuning.revsInFlight { start() }

@@ -90,7 +90,10 @@ extension BLIPReplicator {
                         filteredAtEnd = nil
                     }
                 }
-                let held = try await heldChange(in: offered, passive)
+                // Read before they are offered: the revisions go out as soon as the answer comes.
+                var loaded = try await load(offered.map(\.change))
+                let (held, fetched) = try await heldChange(in: offered, loaded, passive)
+                if fetched { loaded = try await load(offered.map(\.change)) }  // bodies fetched since are here, named by SHA-1
                 if let held {
                     offered = Array(offered.prefix { $0.change.sequence < held.change.sequence })
                     since = held.change.sequence - 1
@@ -104,8 +107,8 @@ extension BLIPReplicator {
                         inFlight -= 1
                     }
                     inFlight += 1
-                    let batch = offered
-                    group.addTask { _ = try await self.send(batch) }
+                    let (batch, preloaded) = (offered, loaded)
+                    group.addTask { _ = try await self.send(batch, preloaded: preloaded) }
                 }
                 if let held {
                     try await drain()
@@ -139,25 +142,29 @@ extension BLIPReplicator {
 
     /// The first change whose revision has a body that is not here and cannot be fetched now,
     /// with the reason; the bodies of the changes before it are here once this returns.
-    private func heldChange(in offered: [Offered], _ passive: Passive) async throws -> (change: Change, reason: String)? {
-        let db = database
+    /// `fetched`: some body was (or was tried to be) fetched.
+    private func heldChange(in offered: [Offered], _ loaded: Loaded, _ passive: Passive) async throws
+        -> (held: (change: Change, reason: String)?, fetched: Bool) {
+        let waiting = offered.compactMap { item -> (Change, [Attachment])? in
+            guard !item.change.deleted, let (revision, _) = loaded[BLIPReplicator.key(item.change.docID, item.change.revID)] else { return nil }
+            let absent = revision.attachments.filter { !$0.contentAvailable }
+            return absent.isEmpty ? nil : (item.change, absent)
+        }
+        guard !waiting.isEmpty else { return (nil, false) }
         let source = passive.bodySource
-        return try await pool.run { () -> (Change, String)? in
-            for item in offered where !item.change.deleted {
-                let revision: Revision
-                do { revision = try db.revision(item.change.revID, of: item.change.docID) } catch SofaError.revisionNotFound, SofaError.documentNotFound {
-                    continue  // replaced since: `send` says norev, and the newer change follows
-                }
-                for attachment in revision.attachments where !attachment.contentAvailable {
+        let held = try await pool.run { () -> (Change, String)? in
+            for (change, absent) in waiting {
+                for attachment in absent {
                     guard let source else {
-                        return (item.change, "the body of \(attachment.name) is not here, and this database knows no remote to fetch it from")
+                        return (change, "the body of \(attachment.name) is not here, and this database knows no remote to fetch it from")
                     }
-                    do { try source.fetch(attachment, docID: item.change.docID, revID: item.change.revID) } catch {
-                        return (item.change, "the body of \(attachment.name) cannot be fetched from the remote: \(error)")
+                    do { try source.fetch(attachment, docID: change.docID, revID: change.revID) } catch {
+                        return (change, "the body of \(attachment.name) cannot be fetched from the remote: \(error)")
                     }
                 }
             }
             return nil
         }
+        return (held.map { (change: $0.0, reason: $0.1) }, true)
     }
 }

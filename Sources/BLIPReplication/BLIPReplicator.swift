@@ -72,6 +72,7 @@ public final class BLIPReplicator: Sendable {
     let inserter: Inserter
     let pull: PullTracker
     let subscriptions = Locked<[Task<Void, Never>]>([])
+    let bodyPermits = Permits(BLIPTuning.bodiesInFlight)
 
     public init(database: Database, role: Role, pool: any BlockingPool, name: String, log: Logger,
                 replyError: (@Sendable (any Error) -> BLIPError)? = nil) {

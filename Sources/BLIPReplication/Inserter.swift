@@ -10,6 +10,7 @@ actor Inserter {
     private struct Job {
         let revision: ReplicatedRevision
         let noConflicts: Bool
+        let bodies: [BlobKey]
         let done: CheckedContinuation<Bool, any Error>
     }
 
@@ -25,9 +26,10 @@ actor Inserter {
 
     /// Saves `revision` with its history; false when it was here already. With `noConflicts`
     /// (a Couchbase Lite push), a revision that does not follow the current one is refused (409).
-    func insert(_ revision: ReplicatedRevision, noConflicts: Bool) async throws -> Bool {
+    /// `bodies`: the blobs received for it and not synced yet, made durable before it is saved.
+    func insert(_ revision: ReplicatedRevision, noConflicts: Bool, bodies: [BlobKey]) async throws -> Bool {
         try await withCheckedThrowingContinuation { continuation in
-            queue.append(Job(revision: revision, noConflicts: noConflicts, done: continuation))
+            queue.append(Job(revision: revision, noConflicts: noConflicts, bodies: bodies, done: continuation))
             if !draining {
                 draining = true
                 Task { await drain() }
@@ -40,10 +42,12 @@ actor Inserter {
             let jobs = Array(queue.prefix(BLIPTuning.insertionBatch))
             queue.removeFirst(jobs.count)
             let work = jobs.map { ($0.revision, $0.noConflicts) }
+            let bodies = jobs.flatMap(\.bodies)
             let db = database
             do {
                 let outcomes = try await pool.run { () -> [Result<Bool, any Error>] in
-                    try db.inBatch { batch in
+                    try db.blobs.sync(bodies)
+                    return try db.inBatch { batch in
                         work.map { revision, noConflicts in Result { try Inserter.insert(revision, noConflicts: noConflicts, in: batch) } }
                     }
                 }

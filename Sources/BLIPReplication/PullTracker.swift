@@ -18,15 +18,8 @@ final class PullTracker: Sendable {
         var state: EntryState
     }
 
-    struct Counts: Sendable {
-        public var changesRead = 0
-        public var revisionsReceived = 0
-        public var revisionsSaved = 0
-        public var bodiesFetched = 0
-        public var bodyBytesFetched: Int64 = 0
-        public var bodiesDeferred = 0
-        public var failures: [DocumentFailure] = []
-    }
+    /// What the pull did so far (its `checkpoint` is set by `snapshot`).
+    typealias Counts = BLIPReplicator.Report
 
     private struct State {
         /// `changes` messages in arrival order: nil entries until the message is read.

@@ -60,9 +60,11 @@ public enum WebSocketPump {
                     // Neither task throws: a task group waits for all of its tasks before a throw
                     // leaves it, and the writer waits on `blip`, which only `close` below wakes.
                     group.addTask {
-                        while let frame = await blip.nextFrame() {
+                        while let frames = await blip.nextFrames(upTo: BLIPTuning.writeBatchBytes) {
                             do {
-                                try await outbound.write(WebSocketFrame(fin: true, opcode: .binary, maskKey: mask(), data: ByteBuffer(bytes: frame)))
+                                try await outbound.write(contentsOf: frames.map {
+                                    WebSocketFrame(fin: true, opcode: .binary, maskKey: mask(), data: ByteBuffer(bytes: $0))
+                                })
                             } catch {
                                 return (false, "the connection failed: \(error)")
                             }

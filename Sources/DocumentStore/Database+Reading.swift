@@ -28,7 +28,21 @@ extension Database {
         }
     }
 
-    /// The document's revision tree.
+    /// Revisions with their ancestors (parent first), read in one snapshot: what a replication
+    /// sends for a batch of changes. A revision no longer here (replaced or compacted since the
+    /// changes were read) is left out.
+    public func revisionsWithHistory(_ wanted: [(docID: String, revID: RevisionID)]) throws
+        -> [(revision: Revision, ancestors: [RevisionID])] {
+        try read { connection in
+            try wanted.compactMap { docID, revID in
+                guard let row = try Database.documentRow(docID, in: connection),
+                      let revision = try loadRevision(docKey: row.key, docID: docID, revID: revID, in: connection) else { return nil }
+                let tree = try Database.loadTree(docKey: row.key, in: connection)
+                return (revision, Array(tree.history(of: revID).dropFirst()))
+            }
+        }
+    }
+
     /// The revision, or nil when the document or the revision is not there; other failures
     /// (a disk, SQLite) are thrown, never read as "missing".
     public func revisionIfPresent(_ revID: RevisionID, of id: String) throws -> Revision? {

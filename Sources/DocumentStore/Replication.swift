@@ -57,9 +57,15 @@ extension Database {
 
     /// CouchDB's `_revs_diff`: for each document, the revisions asked for that are not here.
     /// Documents with nothing missing are left out; the order asked in is kept.
+    /// Read in one snapshot.
     public func revsDiff(_ asked: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
+        try read { connection in try revsDiff(asked, in: connection) }
+    }
+
+    private func revsDiff(_ asked: [(id: String, revs: [RevisionID])], in connection: SQLiteConnection) throws
+        -> [(id: String, missing: MissingRevisions)] {
         try asked.compactMap { id, revs in
-            let tree = try revisionTreeIfAny(of: id)
+            let tree = try Database.documentRow(id, in: connection).map { try Database.loadTree(docKey: $0.key, in: connection) }
             let missing = revs.filter { !(tree?.contains($0) ?? false) }
             guard let highest = missing.map(\.generation).max() else { return nil }
             let ancestors = tree?.leaves.filter { $0.id.generation < highest }.map(\.id).sorted() ?? []

@@ -269,6 +269,31 @@ struct BLIPFrameTests {
         #expect(try waitUntil(10) { try FileManager.default.contentsOfDirectory(atPath: path + "/attachments/tmp").isEmpty })
     }
 
+    /// 200 Couchbase Lite replicators connected at once are each answered (the test process's
+    /// own descriptors allowing).
+    @Test func twoHundredConnectionsAtOnceAreEachAnswered() throws {
+        let (server, _) = try served()
+        var clients: [WebSocketClient] = []
+        for _ in 0..<200 { clients.append(try WebSocketClient(port: server.port, path: "/target/_blipsync")) }
+        for (index, client) in clients.enumerated() {
+            var writer = FrameWriter()
+            try client.send(writer.frame(number: 1, type: .request, flags: [],
+                                         data: messageData([("Profile", "getCheckpoint"), ("client", "phone-\(index)")])))
+        }
+        var answered = 0
+        for client in clients {
+            let reader = FrameReader()
+            while let frame = try client.receive() {
+                let events = try reader.read(frame.payload)
+                if case .message(let message)? = events.last {
+                    if message.error?.code == 404 { answered += 1 }
+                    break
+                }
+            }
+        }
+        #expect(answered == 200)
+    }
+
     /// A server that stops tells its sync clients so (1001), instead of holding them for its
     /// grace period and then cutting them off.
     @Test func aStoppingServerClosesItsSyncConnectionsWithAReason() throws {
