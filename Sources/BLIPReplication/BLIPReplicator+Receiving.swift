@@ -85,12 +85,12 @@ extension BLIPReplicator {
         }
         let db = database
         return try await pool.run {
-            try asked.map { id, rev, known -> JSONValue in
-                guard let tree = try db.revisionTreeIfAny(of: id) else { return .integer(0) }
+            let here = try db.treesAndCurrentRevisions(of: asked.map(\.0))
+            return asked.map { id, rev, known -> JSONValue in
+                guard let (tree, current, deleted) = here[id] else { return .integer(0) }
                 if tree.contains(rev) { return .integer(304) }
-                guard let current = try db.currentRevision(of: id) else { return .integer(0) }
-                if current.revID.description == known || (current.deleted && known.isEmpty) { return .integer(0) }
-                return conflictIncludesRev ? ["status": 409, "rev": .string(current.revID.description)] : .integer(409)
+                if current.description == known || (deleted && known.isEmpty) { return .integer(0) }
+                return conflictIncludesRev ? ["status": 409, "rev": .string(current.description)] : .integer(409)
             }
         }
     }

@@ -57,6 +57,19 @@ extension Database {
 
     /// CouchDB's `_revs_diff`: for each document, the revisions asked for that are not here.
     /// Documents with nothing missing are left out; the order asked in is kept.
+    /// For each document of `ids` that is here, its revision tree and current revision, read
+    /// in one snapshot: what a server answers a Couchbase Lite `proposeChanges` with.
+    public func treesAndCurrentRevisions(of ids: [String]) throws -> [String: (tree: RevisionTree, current: RevisionID, deleted: Bool)] {
+        try read { connection in
+            var found: [String: (tree: RevisionTree, current: RevisionID, deleted: Bool)] = [:]
+            for id in ids where found[id] == nil {
+                guard let row = try Database.documentRow(id, in: connection) else { continue }
+                found[id] = (try Database.loadTree(docKey: row.key, in: connection), row.current, row.deleted)
+            }
+            return found
+        }
+    }
+
     /// Read in one snapshot.
     public func revsDiff(_ asked: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
         try read { connection in try revsDiff(asked, in: connection) }

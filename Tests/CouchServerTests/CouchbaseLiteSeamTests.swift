@@ -9,11 +9,7 @@ import Testing
 @Suite(.serialized) struct CouchbaseLiteSeamTests {
     let directory = TemporaryDirectory()
 
-    func made(_ name: String) throws -> String {
-        let path = directory.appending("\(name).sofa")
-        #expect(try sofa("create", path).succeeded)
-        return path
-    }
+    func made(_ name: String) throws -> String { try directory.newDatabase(name) }
 
     func bytes(_ count: Int, _ seed: Int) -> [UInt8] {
         (0..<count).map { UInt8(truncatingIfNeeded: $0 &* (seed | 1) &+ $0 >> 9 &+ seed) }

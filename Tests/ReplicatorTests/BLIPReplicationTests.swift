@@ -10,11 +10,7 @@ import Testing
 @Suite(.serialized) struct BLIPReplicationTests {
     let directory = TemporaryDirectory()
 
-    func made(_ name: String) throws -> String {
-        let path = directory.appending("\(name).sofa")
-        #expect(try sofa("create", path).succeeded)
-        return path
-    }
+    func made(_ name: String) throws -> String { try directory.newDatabase(name) }
 
     @Test func pullAndPushOverBLIPCarryRevisionsHistoriesBodiesAndDeletions() throws {
         let source = try Database.create(at: directory.appending("source.sofa"))

@@ -17,6 +17,14 @@ public final class TemporaryDirectory: @unchecked Sendable {
 
     public func appending(_ name: String) -> String { "\(path)/\(name)" }
 
+    /// A new, empty database `NAME.sofa` here, made by the real `sofa create`; its path.
+    public func newDatabase(_ name: String) throws -> String {
+        let database = appending("\(name).sofa")
+        let made = try sofa("create", database)
+        guard made.succeeded else { throw SofaError.invalidArgument("sofa create \(database): \(made.stderr)") }
+        return database
+    }
+
     /// A new database in this directory.
     public func makeDatabase(_ name: String = "test.sofa", revsLimit: Int = Tuning.defaultRevsLimit) throws -> Database {
         try Database.create(at: appending(name), revsLimit: revsLimit)
