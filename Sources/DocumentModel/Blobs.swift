@@ -62,14 +62,16 @@ public enum Blobs {
                     }
                     return
                 }
-                for (key, member) in object { try visit(member, pointer + "/" + JSONPointer.escape(key)) }
+                for (key, member) in object where member.isContainer { try visit(member, pointer + "/" + JSONPointer.escape(key)) }
             case .array(let elements):
-                for (index, element) in elements.enumerated() { try visit(element, pointer + "/\(index)") }
+                for (index, element) in elements.enumerated() where element.isContainer { try visit(element, pointer + "/\(index)") }
             default:
                 return
             }
         }
-        for (key, value) in properties { try visit(value, "/" + JSONPointer.escape(key)) }
+        // Only objects and arrays are walked into (a pointer is made for them alone): most
+        // members are scalars, and every revision a replication saves is searched.
+        for (key, value) in properties where value.isContainer { try visit(value, "/" + JSONPointer.escape(key)) }
         return found
     }
 
@@ -218,5 +220,15 @@ public enum JSONPointer {
         guard !segment.isEmpty, segment.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
               segment == "0" || !segment.hasPrefix("0") else { return nil }
         return Int(segment)
+    }
+}
+
+extension JSONValue {
+    /// An object or an array: a value that may hold a blob.
+    fileprivate var isContainer: Bool {
+        switch self {
+        case .object, .array: true
+        default: false
+        }
     }
 }
