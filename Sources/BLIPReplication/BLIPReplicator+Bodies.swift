@@ -100,7 +100,6 @@ final class IncomingBodies: Sendable {
         open.forEach { $0.cancel() }
     }
 
-    var openCount: Int { writers.withLock { $0.open.count } }
 }
 
 /// A body arriving in a reply, into the blob store.

@@ -44,16 +44,16 @@ extension BLIPReplicator {
     /// `preloaded`: the revisions of `changes`, read before they were offered (else read here).
     func send(_ changes: [Offered], preloaded: Loaded? = nil) async throws -> [Outcome] {
         guard !changes.isEmpty else { return [] }
-        let db = database
         let proposing = !isPassive
+        // A client proposes each revision with its parent: the revisions are read first, once.
+        var preloaded = preloaded
+        if proposing, preloaded == nil { preloaded = try await load(changes.map(\.change)) }
         var outcomes = [Outcome](repeating: .notWanted, count: changes.count)
         // Which are wanted, and the revisions the other side says it has of each.
         var wanted: [(index: Int, known: Set<String>)] = []
         var maxHistory = Int.max
         if proposing {
-            let parents = try await pool.run {
-                try changes.map { try db.revisionTree(of: $0.change.docID).history(of: $0.change.revID).dropFirst().first }
-            }
+            let parents = changes.map { preloaded?[BLIPReplicator.key($0.change.docID, $0.change.revID)]?.1.first }
             let items: [JSONValue] = zip(changes, parents).map { offered, parent in
                 var item: [JSONValue] = [.string(offered.change.docID), .string(offered.change.revID.description)]
                 if let parent { item.append(.string(parent.description)) }
