@@ -286,11 +286,18 @@ import TestSupport
         #expect(!FileManager.default.fileExists(atPath: rejected), "a good save clears the rejected text")
         #expect(try generation(db, "doc") == start + 1)
         try display.press("ctrl+q", in: window)
+        // The next editor starts once this one has gone, as a user's would.
+        #expect(waitUntil(60) { properties.hasEnded }, "Mousepad did not quit: \((try? display.visibleTitles()) ?? [])")
 
         // An attachment edited and saved: one revision, no conflict.
         let note = try display.start(["/usr/bin/mousepad", mount.path("docs/doc/attachments/note.txt")])
         defer { note.kill(); _ = note.wait() }
-        let noteWindow = try #require(try display.window(named: "note\\.txt - Mousepad"))
+        let found = try display.window(named: "note\\.txt - Mousepad")
+        let windows = found == nil ? try display.visibleTitles() : []
+        let noteWindow = try #require(found, """
+            no Mousepad window for note.txt; running: \(!note.hasEnded), windows: \(windows), \
+            its errors: \(note.errorOutput)
+            """)
         try display.press("ctrl+End", in: noteWindow)
         try display.type("second line", in: noteWindow)
         try display.press("ctrl+s", in: noteWindow)

@@ -64,6 +64,12 @@ public final class VirtualDisplay: @unchecked Sendable {
         return nil
     }
 
+    /// The titles of the visible windows, for a failure's message.
+    public func visibleTitles() throws -> [String] {
+        let ids = try xdotool("search --onlyvisible --name ''").stdout.split(separator: "\n")
+        return try ids.map { try title(of: String($0)) }
+    }
+
     public func title(of window: String) throws -> String {
         try xdotool("getwindowname \(window)").stdout.trimmingCharacters(in: .newlines)
     }

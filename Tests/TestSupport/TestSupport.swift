@@ -134,6 +134,13 @@ public final class ChildProcess: @unchecked Sendable {
 
     public func kill(_ signal: Int32 = SIGKILL) { Glibc.kill(pid, signal) }
 
+    /// Whether the process has ended (it may not be collected yet).
+    public var hasEnded: Bool {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return true }
+        return stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).hasPrefix("Z")
+    }
+
     /// What the process wrote to standard error so far.
     public var errorOutput: String { (try? String(contentsOfFile: errorPath, encoding: .utf8)) ?? "" }
 
