@@ -25,7 +25,7 @@ extension DocumentFileSystem {
         var base: Revision
         var staged: [String: StagedAttachment] = [:]
         /// The folders their names make.
-        var folders: Set<String> = []
+        var folders = FolderIndex()
         var first: Double
         var last: Double
         /// Identifies the one timer that checks this burst.
@@ -119,7 +119,7 @@ extension DocumentFileSystem {
             // In place: a copy of the burst would copy its staged files, each time one more.
             if let replacing, bursts[id]!.staged[replacing.name]?.seq == replacing.seq { bursts[id]!.staged[replacing.name] = nil }
             if (bursts[id]!.staged[staged.name]?.seq ?? 0) < staged.seq { bursts[id]!.staged[staged.name] = staged }
-            for folder in DocumentCache.Entry.folders(of: staged.name) { bursts[id]!.folders.insert(folder) }
+            bursts[id]!.folders.insert(folderOf: staged.name)
             bursts[id]!.last = now
             return isNew ? bursts[id]!.timer : nil
         }
@@ -265,6 +265,6 @@ extension DocumentFileSystem {
     /// Whether staged files of document `id` lie in `folder` (asked under the lock: handing out
     /// the burst's sets would make the next close copy them whole).
     func hasStagedFolder(_ folder: String, in id: String) -> Bool {
-        withState { bursts[id]?.folders.contains(folder) ?? false }
+        withState { bursts[id]?.folders.holds(folder) ?? false }
     }
 }

@@ -23,7 +23,7 @@ final class DocumentCache: @unchecked Sendable {
         /// Times and modes given to its files and folders (`Database.localAttributes`), by row name.
         private(set) var local: [String: LocalAttributes]
         /// The folders that have a row there (made with mkdir, or given a time or mode).
-        private(set) var recordedFolders: Set<String> = []
+        private(set) var recordedFolders = FolderIndex()
         /// The revision's attachments by name, and every folder their names make
         /// (`a/b/c` makes `a` and `a/b`): a lookup in a folder of 10,000 files costs what
         /// one in a folder of ten does.

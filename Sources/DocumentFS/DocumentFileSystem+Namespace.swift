@@ -20,7 +20,7 @@ extension DocumentFileSystem {
             try AttachmentName.validate(folder)
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             if try attributesIfPresent(of: path) != nil { throw MountError.exists(path) }
-            _ = withState { keptFolders.insert(FolderKey(docID: id, folder: folder)) }
+            keptFolders.insert(folder, in: id)
             // Recorded, so that the empty folder is there at the next mount too.
             let row = LocalAttributes.folderName(folder)
             let local = try database.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
@@ -56,10 +56,8 @@ extension DocumentFileSystem {
             guard scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
             // Empty: if it cannot go, it lists nothing, and the document folder goes all the same.
             try? FileManager.default.removeItem(atPath: scratch)
-            withState {
-                removals[id] = nil
-                keptFolders = keptFolders.filter { $0.docID != id }
-            }
+            withState { removals[id] = nil }
+            keptFolders.removeAll(in: id)
         case .attachment(let id, let folder):
             guard let revision = try liveRevision(id) else {
                 guard isDirectory(scratchDirectory(id)) else { throw MountError.notFound(path) }
@@ -69,18 +67,16 @@ extension DocumentFileSystem {
             guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
             func within(_ name: String) -> Bool { Node.lies(name, below: folder) }
             let recorded = try cached(id).recordedFolders
-            let holdsFolders = withState { keptFolders.contains { $0.docID == id && within($0.folder) && $0.folder != folder } }
-                || recorded.contains { $0 != folder && within($0) }
+            // (Any folder below it holds a member below it, or is one: its children say.)
+            let holdsFolders = !keptFolders.children(of: folder, in: id).isEmpty || !recorded.children(of: folder).isEmpty
             let holdsPending = pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { within($0.name) } == true }
             let scratch = folder.isEmpty ? Node.attachmentsDirectoryName : folder == Node.blobsFolder ? Node.blobsDirectoryName : nil
             guard !attachments.contains(where: { within($0.name) }), !holdsFolders, !holdsPending,
                   scratch.map({ scratchIsEmpty(scratchPath(id, $0)) }) ?? true else {
                 throw MountError.notEmpty(path)
             }
-            withState {
-                keptFolders.remove(FolderKey(docID: id, folder: folder))
-                folderChanges[FolderKey(docID: id, folder: folder)] = nil
-            }
+            keptFolders.remove(folder, in: id)
+            keptFolders.forgetChange(folder, in: id)
             try forgetLocalAttributes(of: LocalAttributes.folderName(folder), in: id)
             noteEntryChange(folder, in: id)
         case .conflict(let id, let rev):
@@ -113,14 +109,9 @@ extension DocumentFileSystem {
     /// Keeps the folders that held `names` visible until they are removed with rmdir,
     /// as a real directory stays when its last file goes.
     func keepFolders(of names: [String], in id: String) {
-        withState {
-            for name in names {
-                var parts = name.split(separator: "/", omittingEmptySubsequences: false).dropLast()
-                while !parts.isEmpty {
-                    keptFolders.insert(FolderKey(docID: id, folder: parts.joined(separator: "/")))
-                    parts = parts.dropLast()
-                }
-            }
+        for name in names {
+            let folder = DocumentCache.Entry.parent(of: name)
+            if !folder.isEmpty { keptFolders.insertWithParents(folder, in: id) }
         }
     }
 

@@ -104,11 +104,13 @@ extension DocumentFileSystem {
                 (given.modified, given.accessed) = (FileTime(info.st_mtim).nanoseconds, FileTime(info.st_atim).nanoseconds)
                 given.mode = UInt32(info.st_mode & 0o7777)
             }
-            let blob = try database.blobs.adopt(fileAt: file, keepingOriginal: true)
+            // Into a busy document (rsync, unzip) it is likely staged: its body is synced by the fold, as a closed file's.
+            let durable = !mayStage(toID)
+            let blob = try database.blobs.adopt(fileAt: file, keepingOriginal: true, durable: durable)
             let live = try liveRevision(toID)
             let existing = live == nil ? nil : try visibleAttachment(name, in: toID)
             _ = try saveAttachment(toID, name, blob: blob, contentType: existing?.contentType ?? MIMEType.forFileName(name),
-                                   base: live?.revID, seen: existing?.digest, given: given)
+                                   base: live?.revID, seen: existing?.digest, given: given, synced: durable)
             noteEntryChange(name, in: toID)
             Glibc.unlink(file)
         case let (.properties(id), .scratch(toID, relative)):
@@ -165,13 +167,7 @@ extension DocumentFileSystem {
         let prefix = fromName + "/"
         if sourceKind == .directory {
             // Folders made with mkdir move with it.
-            withState {
-                keptFolders.remove(FolderKey(docID: toID, folder: toName))  // the empty folder it replaces
-                for key in keptFolders where key.docID == fromID && (key.folder == fromName || key.folder.hasPrefix(prefix)) {
-                    keptFolders.remove(key)
-                    keptFolders.insert(FolderKey(docID: toID, folder: toName + key.folder.dropFirst(fromName.count)))
-                }
-            }
+            keptFolders.move(fromName, in: fromID, to: toName, in: toID)
         }
         if fromID == toID, sourceKind == .regularFile, try restageIfStaged(fromID, fromName, as: toName) {
             noteEntryChange(fromName, in: fromID)

@@ -194,7 +194,7 @@ extension DocumentFileSystem {
                             burst.staged[file.name] = nil
                         }
                         if burst.staged.isEmpty { bursts[id] = nil } else {
-                            burst.folders = Set(burst.staged.keys.flatMap(DocumentCache.Entry.folders(of:)))
+                            burst.folders = FolderIndex(holding: burst.staged.keys)
                             bursts[id] = burst
                         }
                     }

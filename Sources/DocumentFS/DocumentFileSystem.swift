@@ -42,10 +42,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     /// Documents whose removal (`rm -r`) is under way. Guarded by `stateLock`.
     var removals: [String: Removal] = [:]
-    /// Attachment folders that exist whatever they hold: made with mkdir, or left by the
-    /// removal of their last attachment, as on disk. They go with rmdir (or their document).
-    /// Guarded by `stateLock`.
-    var keptFolders: Set<FolderKey> = []
+    /// Attachment folders that exist whatever they hold (made with mkdir, or left by the
+    /// removal of their last attachment, as on disk), and when each folder's entries changed.
+    let keptFolders = KeptFolders()
     /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
     var openedDigests: [String: String] = [:]
     /// Each status file open now: the bytes of its latest open, and how many opens there are.
@@ -77,9 +76,6 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var setAside: [String: [String: SetAside]] = [:]
     /// Files staged per document (Bursts.swift). Guarded by `stateLock`.
     var bursts: [String: Burst] = [:]
-    /// When an entry was last made, removed or renamed in each attachment folder (POSIX: its
-    /// mtime), since this mount began or a time was given to the folder. Guarded by `stateLock`.
-    var folderChanges: [FolderKey: FileTime] = [:]
     /// When each document last saved an attachment (a close, a move into it). Guarded by `stateLock`.
     var recentSaves: [String: Double] = [:]
     /// Bodies of staged files not synced to disk yet: the fold that saves them syncs them
@@ -104,11 +100,6 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         /// The body set aside: a save by another process meanwhile is not removed.
         let digest: String
         let since: Date
-    }
-
-    struct FolderKey: Hashable {
-        let docID: String
-        let folder: String
     }
 
     /// Where bodies that are not here come from (the replicator's downloader), if anywhere.
@@ -285,7 +276,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         // Made with mkdir, or given a time or mode: it stays, empty, across mounts.
         if try cached(docID).local[LocalAttributes.folderName(folder)] != nil { return true }
         if pendingFiles(inDocument: docID).contains(where: { ($0 as? AttachmentWriteHandle)?.name.hasPrefix(prefix) == true }) { return true }
-        return withState { keptFolders.contains(FolderKey(docID: docID, folder: folder)) }
+        return keptFolders.contains(folder, in: docID)
     }
 
     /// Whether a document folder lists `blobs/`: when the document has blob properties, or
@@ -295,7 +286,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         let id = revision.docID
         return revision.attachments.contains { Blobs.isStandInName($0.name) }
             || pendingFiles(inDocument: id).contains { ($0 as? AttachmentWriteHandle).map { Blobs.isStandInName($0.name) } == true }
-            || withState { keptFolders.contains { $0.docID == id && Blobs.isStandInName($0.folder) } }
+            || keptFolders.contains(in: id, where: Blobs.isStandInName)
     }
 
     func conflictRevision(_ id: String, _ rev: String) throws -> Revision? {
@@ -513,8 +504,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             // Attachments, files being written, and folders made with mkdir (a folder of its own).
             var names = attachments.map { ($0.name, Optional($0), false) }
             names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil, false) } }
-            names += withState { keptFolders.filter { $0.docID == id }.map { ($0.folder, nil, true) } }
-            names += try cached(id).recordedFolders.map { ($0, nil, true) }
+            names += keptFolders.folders(in: id).map { ($0, nil, true) }
+            names += try cached(id).recordedFolders.members.map { ($0, nil, true) }
             let prefix = folder.isEmpty ? "" : folder + "/"
             for (name, attachment, isFolder) in names where Node.lies(name, below: folder) {
                 let components = FileNames.attachmentComponents(String(name.dropFirst(prefix.count)))

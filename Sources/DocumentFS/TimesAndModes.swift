@@ -39,7 +39,7 @@ extension DocumentFileSystem {
     func folderAttributes(_ folder: String, in id: String, writable: Bool = true) throws -> FileAttributes {
         let entry = try cached(id)
         let local = entry.local[LocalAttributes.folderName(folder)]
-        let changed = withState { folderChanges[FolderKey(docID: id, folder: folder)] }
+        let changed = keptFolders.changed(folder, in: id)
         var attributes = directory(entry.revision?.savedAt.timeIntervalSince1970 ?? mountTime, writable: writable)
         if let changed {
             attributes.modified = changed
@@ -62,19 +62,14 @@ extension DocumentFileSystem {
     /// being written, and folders made with mkdir.
     private func subfolders(of folder: String, in id: String, entry: DocumentCache.Entry) throws -> Set<String> {
         var found = entry.subfolders[folder] ?? []
-        func add(_ name: String) {
-            for candidate in DocumentCache.Entry.folders(of: name) where DocumentCache.Entry.parent(of: candidate) == folder {
+        found.formUnion(withState { bursts[id]?.folders.children(of: folder) ?? [] })
+        found.formUnion(keptFolders.children(of: folder, in: id))
+        found.formUnion(entry.recordedFolders.children(of: folder))
+        for case let pending as AttachmentWriteHandle in pendingFiles(inDocument: id) {
+            for candidate in DocumentCache.Entry.folders(of: pending.name) where DocumentCache.Entry.parent(of: candidate) == folder {
                 found.insert(candidate)
             }
         }
-        withState {
-            for staged in bursts[id]?.folders ?? [] where DocumentCache.Entry.parent(of: staged) == folder { found.insert(staged) }
-            for key in keptFolders where key.docID == id {
-                add(key.folder + "/")
-            }
-        }
-        for case let pending as AttachmentWriteHandle in pendingFiles(inDocument: id) { add(pending.name) }
-        for recorded in entry.recordedFolders { add(recorded + "/") }
         return found
     }
 
@@ -82,7 +77,7 @@ extension DocumentFileSystem {
     /// mtime; the kernel asks for its attributes again).
     func noteEntryChange(_ name: String, in id: String) {
         let now = FileTime.now
-        withState { folderChanges[FolderKey(docID: id, folder: DocumentCache.Entry.parent(of: name))] = now }
+        keptFolders.noteChange(DocumentCache.Entry.parent(of: name), in: id, at: now)
     }
 
     // MARK: - utimensat, chmod
@@ -109,7 +104,7 @@ extension DocumentFileSystem {
         if kind == .directory {
             let row = LocalAttributes.folderName(name)
             // A folder given only an atime keeps the mtime it shows (read first: the state lock comes before the database's).
-            let changed = withState { folderChanges.removeValue(forKey: FolderKey(docID: id, folder: name)) }
+            let changed = keptFolders.forgetChange(name, in: id)
             let local = try database.updateLocalAttributes(docID: id, name: row) { attributes in
                 if let modified = newModified ?? changed?.nanoseconds { attributes.modified = modified }
                 if let newAccessed { attributes.accessed = newAccessed }

@@ -303,9 +303,11 @@ public final class BlobStore: Sendable {
     ///
     /// In an encrypted store, a file in the sealed format (a scratch file of this store) is
     /// adopted as it is; any other is plaintext, and is sealed into a new blob.
-    public func adopt(fileAt path: String, keepingOriginal: Bool = false) throws -> StoredBlob {
+    /// Not `durable`: neither the body nor its name is synced (`sync(_:)` does it before a
+    /// revision refers to it).
+    public func adopt(fileAt path: String, keepingOriginal: Bool = false, durable: Bool = true) throws -> StoredBlob {
         if isSealed, !BlobStore.isSealedFile(path) {
-            let blob = try write(contentsOf: path)
+            let blob = try write(contentsOf: path, durable: durable)
             if !keepingOriginal { unlink(path) }
             return blob
         }
@@ -326,7 +328,7 @@ public final class BlobStore: Sendable {
             throw error
         }
         let key = BlobKey(digest: digest.finalize())
-        try install(fd, at: path, as: key)
+        try install(fd, at: path, as: key, durable: durable)
         return StoredBlob(key: key, length: length)
     }
 
