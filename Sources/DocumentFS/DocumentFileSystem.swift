@@ -241,8 +241,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         return attributes
     }
 
-    public func path(ofNumber number: UInt64) -> String? {
-        guard let part = DocumentPart(number: number), let id = try? database.documentID(storageKey: part.key) else { return nil }
+    public func path(ofNumber number: UInt64) throws -> String? {
+        guard let part = DocumentPart(number: number), let id = try database.documentID(storageKey: part.key) else { return nil }
         return part.path(id)
     }
 

@@ -219,8 +219,9 @@ public protocol FileSystem: AnyObject, Sendable {
     func failed(_ operation: String, path: String, errno: Int32, reason: String)
 
     /// The path of the node given `number` in its attributes (`FileAttributes.number`); nil
-    /// when there is none (the kernel is then told ENOENT).
-    func path(ofNumber number: UInt64) -> String?
+    /// when there is none (the kernel is then told ENOENT). Throws when it cannot be told (a
+    /// database error): the program is told EIO, never that the file is not there.
+    func path(ofNumber number: UInt64) throws -> String?
     /// The number the node at `path` is given, also when it no longer exists: how the mount
     /// finds the kernel's inode of a numbered node that moves or changes behind its back.
     func number(ofPath path: String) -> UInt64?
@@ -237,7 +238,7 @@ extension FileSystem {
     public func failed(_ operation: String, path: String, errno: Int32, reason: String) {}
 
     /// A file system that numbers no node.
-    public func path(ofNumber number: UInt64) -> String? { nil }
+    public func path(ofNumber number: UInt64) throws -> String? { nil }
     public func number(ofPath path: String) -> UInt64? { nil }
     public func numberedChildren(of path: String) -> [(name: String, number: UInt64)] { [] }
 }

@@ -207,7 +207,7 @@ final class Box: @unchecked Sendable {
     init(fileSystem: any FileSystem, configuration: FuseMount.Configuration) {
         self.fileSystem = fileSystem
         self.configuration = configuration
-        table = InodeTable(pathOfNumber: { fileSystem.path(ofNumber: $0) }, numberOfPath: { fileSystem.number(ofPath: $0) },
+        table = InodeTable(pathOfNumber: { try fileSystem.path(ofNumber: $0) }, numberOfPath: { fileSystem.number(ofPath: $0) },
                            numberedChildren: { fileSystem.numberedChildren(of: $0) })
         passthrough = Passthrough(enabled: configuration.passthrough)
     }
@@ -223,7 +223,7 @@ final class Box: @unchecked Sendable {
 
     /// The path of `ino`, or ENOENT.
     func path(_ ino: fuse_ino_t) throws -> String {
-        guard let path = table.path(ino) else { throw FileSystemError(ENOENT) }
+        guard let path = try table.path(ino) else { throw FileSystemError(ENOENT) }
         return path
     }
 
@@ -231,7 +231,7 @@ final class Box: @unchecked Sendable {
     /// NAME_MAX (255 bytes), as on any Linux file system (FUSE itself passes up to 1,024).
     func path(_ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?) throws -> String {
         if let name, strlen(name) > Int(NAME_MAX) { throw FileSystemError(ENAMETOOLONG) }
-        guard let path = table.path(parent, string(name)) else { throw FileSystemError(ENOENT) }
+        guard let path = try table.path(parent, string(name)) else { throw FileSystemError(ENOENT) }
         return path
     }
 
@@ -428,7 +428,7 @@ extension FuseMount {
                 let attributes: FileAttributes
                 if let info {
                     attributes = try fs.attributes(ofHandle: info.pointee.fh)
-                } else if let path = box.table.path(ino) {
+                } else if let path = try box.table.path(ino) {
                     attributes = try fs.attributes(of: path)
                 } else if let handle = box.openHandle(of: ino) {
                     // Unlinked while open: what the open file holds, with no name left.
@@ -444,7 +444,7 @@ extension FuseMount {
         ops.setattr = { request, ino, attributes, toSet, info in
             answer(request, "setattr", ino) { box, fs in
                 let set = UInt32(bitPattern: toSet)
-                let path = box.table.path(ino)
+                let path = try box.table.path(ino)
                 guard path != nil || info != nil else { throw FileSystemError(ENOENT) }
                 if set & UInt32(FUSE_SET_ATTR_SIZE) != 0 {
                     try fs.truncate(path ?? "", to: Int64(attributes!.pointee.st_size), handle: info?.pointee.fh)
@@ -610,7 +610,7 @@ extension FuseMount {
         }
         ops.statfs = { request, ino in
             answer(request, nil, ino, query: "statfs") { box, fs in
-                var result = try fs.statistics(of: box.table.path(ino) ?? "/")
+                var result = try fs.statistics(of: try box.table.path(ino) ?? "/")
                 fuse_reply_statfs(request, &result)
             }
         }

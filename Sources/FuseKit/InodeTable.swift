@@ -31,7 +31,7 @@ final class InodeTable: @unchecked Sendable {
     private let lock = NSLock()
     /// The path of a numbered node, and the number of a path (`FileSystem.path(ofNumber:)`,
     /// `FileSystem.number(ofPath:)`). Called without `lock` held.
-    private let pathOfNumber: @Sendable (UInt64) -> String?
+    private let pathOfNumber: @Sendable (UInt64) throws -> String?
     private let numberOfPath: @Sendable (String) -> UInt64?
     private let numberedChildren: @Sendable (String) -> [(name: String, number: UInt64)]
     private var nodes: [fuse_ino_t: Node] = [InodeTable.root: Node(parent: 0, name: "", lookups: 1)]
@@ -39,7 +39,7 @@ final class InodeTable: @unchecked Sendable {
     private var children: [fuse_ino_t: [String: fuse_ino_t]] = [:]
     private var next: fuse_ino_t = 2
 
-    init(pathOfNumber: @escaping @Sendable (UInt64) -> String? = { _ in nil },
+    init(pathOfNumber: @escaping @Sendable (UInt64) throws -> String? = { _ in nil },
          numberOfPath: @escaping @Sendable (String) -> UInt64? = { _ in nil },
          numberedChildren: @escaping @Sendable (String) -> [(name: String, number: UInt64)] = { _ in [] }) {
         self.pathOfNumber = pathOfNumber
@@ -47,8 +47,9 @@ final class InodeTable: @unchecked Sendable {
         self.numberedChildren = numberedChildren
     }
 
-    /// The path of `ino`; nil for a node that has none any more (or is unknown).
-    func path(_ ino: fuse_ino_t) -> String? {
+    /// The path of `ino`; nil for a node that has none any more (or is unknown). Throws what
+    /// the file system throws when it cannot tell a numbered node's path.
+    func path(_ ino: fuse_ino_t) throws -> String? {
         // The names up to the root, or up to a numbered node, whose path the file system gives.
         var names: [String] = []
         let top: fuse_ino_t? = lock.withLock {
@@ -66,15 +67,15 @@ final class InodeTable: @unchecked Sendable {
         if top == InodeTable.root {
             base = ""
         } else {
-            guard let path = pathOfNumber(top - InodeTable.numbered) else { return nil }
+            guard let path = try pathOfNumber(top - InodeTable.numbered) else { return nil }
             base = path
         }
         return names.isEmpty ? (base.isEmpty ? "/" : base) : base + "/" + names.reversed().joined(separator: "/")
     }
 
     /// The path of `name` in the directory `parent`.
-    func path(_ parent: fuse_ino_t, _ name: String) -> String? {
-        path(parent).map { $0 == "/" ? "/" + name : $0 + "/" + name }
+    func path(_ parent: fuse_ino_t, _ name: String) throws -> String? {
+        try path(parent).map { $0 == "/" ? "/" + name : $0 + "/" + name }
     }
 
     /// Counts one lookup of `name` in `parent` and returns its number: the node's, else the

@@ -113,6 +113,28 @@ extension MountFailureTests {
 }
 
 extension MountFailureTests {
+    /// The kernel holds a document folder by its number (the document's storage key), and finds
+    /// its path again from it for every call made inside it: a shell's working folder, an open
+    /// folder. A database that cannot tell the path answers EIO with its reason, not "No such
+    /// file", which a program (rsync --delete, a sync client) would take for a removal.
+    @Test func aFolderHeldByItsNumberIsAnIOErrorWhenTheDatabaseCannotSayWhereItIs() throws {
+        let db = try directory.makeDatabase()
+        try db.put("a", ["n": 1])
+        let mount = try MountedDatabase(db.path)
+        let file = "\(db.path)/db.sqlite3"
+        let inside = try shell("""
+            cd '\(mount.path("docs/a"))' && sqlite3 '\(file)' 'ALTER TABLE docs RENAME TO docs_away' && cat properties.json
+            """)
+        #expect(try shell("sqlite3 '\(file)' 'ALTER TABLE docs_away RENAME TO docs'").succeeded)
+        #expect(!inside.succeeded)
+        #expect(inside.stderr.contains("Input/output error") && !inside.stderr.contains("No such file"), "\(inside.stderr)")
+        #expect(try sh("cd '\(mount.path("docs/a"))' && cat properties.json").contains("\"n\": 1"))
+        let log = mount.unmount().stderr
+        #expect(log.contains("no such table: docs"), "the log says why: \(log.suffix(2000))")
+    }
+}
+
+extension MountFailureTests {
     /// A mount table longer than a page (as on most desktops: snaps, containers, systemd):
     /// Foundation read only the first 4 KiB of /proc/self/mountinfo, so the mount just made was
     /// not found when it came after that: `sofa mount` could not arm its guard or see a mount
