@@ -88,7 +88,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     var ownSaves: [String: RevisionID] = [:]
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
-    /// Guards the state above. Lock order: 2 (after a handle's lock, before the database's).
+    /// Guards the state above. Lock order (docs/internals.md, Locks): 2, after a handle's lock, before the database's.
     private let stateLock = NSLock()
 
     struct Removal {

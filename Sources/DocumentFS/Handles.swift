@@ -4,8 +4,8 @@ import Foundation
 import FuseKit
 
 /// An open file of the mount. Subclasses hold the state of one kind of file;
-/// `lock` guards it. Lock order: a handle's lock (1) is taken before the file
-/// system's `stateLock` (2), which is taken before the database's locks (3).
+/// `lock` guards it. Lock order (docs/internals.md, Locks): a handle's lock (1) is taken
+/// before the file system's `stateLock` (2), which is taken before the database's (3, 4).
 class Handle: @unchecked Sendable {
     let lock = NSLock()
     /// The mount path it was opened at (for logs and for `getattr` of written files); a file
