@@ -54,7 +54,7 @@ extension DocumentFileSystem {
             return try openForReading(attachment, docID: id, path: path, caller: caller)
         case .statusFile(let name):
             guard let bytes = try statusFile(name) else { throw MountError.notFound(path) }
-            withState { openStatusFiles[name] = (bytes, (openStatusFiles[name]?.opens ?? 0) + 1) }
+            status.opened(name, bytes: bytes)
             return OpenFile(handle: handles.add(StatusFileHandle(path: path, name: name, bytes: bytes)), directIO: true)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }

@@ -37,7 +37,7 @@ extension DocumentFileSystem {
         let file = queryFile(name)
         let info = try queryFileStatus(name, path: path)
         let stamp = [Int64(info.st_ino), Int64(info.st_size), Int64(info.st_mtim.tv_sec), Int64(info.st_mtim.tv_nsec)]
-        if let known = withState({ savedQueries[name] }), known.stamp == stamp { return known }
+        if let known = derived.savedQueries[name], known.stamp == stamp { return known }
         let shown = Node.queriesDirectoryName + "/" + name + QueryNode.fileExtension
         var query: MangoQuery
         let written: Bool
@@ -60,10 +60,7 @@ extension DocumentFileSystem {
         query.fields = ["_id"]
         let saved = SavedQuery(stamp: stamp, query: query, limit: written ? query.limit : Int.max, skip: query.skip,
                                modified: FileTime(info.st_mtim).seconds)
-        withState {
-            if savedQueries.count >= Tuning.viewListingCursors { savedQueries.removeAll() }
-            savedQueries[name] = saved
-        }
+        derived.savedQueries[name] = saved
         return saved
     }
 
@@ -122,14 +119,11 @@ extension DocumentFileSystem {
             // Cut by a limit or a skip: among the results the listing gives, read once for each
             // state of the database (`ls -l` looks up every name).
             let sequence = try database.lastSequence
-            if let known = withState({ queryMembers[name] }), known.stamp == saved.stamp, known.sequence == sequence {
+            if let known = derived.queryMembers[name], known.stamp == saved.stamp, known.sequence == sequence {
                 return known.members.contains(docID)
             }
             let members = try allResults(saved, path: path)
-            withState {
-                if queryMembers.count >= Tuning.viewListingCursors { queryMembers.removeAll() }
-                queryMembers[name] = (saved.stamp, sequence, members)
-            }
+            derived.queryMembers[name] = (saved.stamp, sequence, members)
             return members.contains(docID)
         }
         // Otherwise the selector decides, on the document read by its id.

@@ -99,12 +99,7 @@ extension DocumentFileSystem {
     func release(_ handle: Handle) {
         guard let descriptor = handle as? WriterDescriptor else {
             handle.lock.withLock { handle.close() }
-            if let status = handle as? StatusFileHandle {
-                withState {
-                    guard let open = openStatusFiles[status.name] else { return }
-                    openStatusFiles[status.name] = open.opens > 1 ? (open.bytes, open.opens - 1) : nil
-                }
-            }
+            if let file = handle as? StatusFileHandle { status.closed(file.name) }
             return
         }
         releaseUse(of: descriptor.file)

@@ -29,17 +29,14 @@ extension DocumentFileSystem {
     func openView(_ design: String, _ name: String, path: String) throws -> OpenView {
         let sequence = try database.lastSequence
         let known = ViewKey(design: design, view: name)
-        if let open = withState({ openViews[known] }), open.sequence == sequence { return open }
+        if let open = derived.openViews[known], open.sequence == sequence { return open }
         guard let definition = try viewDefinition(design), let position = definition.position(of: name) else {
             throw MountError.notFound(path)
         }
         let state = try database.updateViewIndex(definition)
         let open = OpenView(definition: definition, view: definition.views[position], position: position,
                             indexID: state.id, sequence: state.sequence)
-        withState {
-            if openViews.count >= Tuning.viewListingCursors { openViews.removeAll() }
-            openViews[known] = open
-        }
+        derived.openViews[known] = open
         return open
     }
 
@@ -197,7 +194,7 @@ extension DocumentFileSystem {
         var mark: [UInt8]?
         var next = ListingPosition.first
         if position >= ListingPosition.first {
-            if let cursor = withState({ viewListings[path] }), cursor.position == position {
+            if let cursor = derived.viewListings[path], cursor.position == position {
                 (mark, next) = (cursor.mark, position + 1)
             }
         }
@@ -216,10 +213,7 @@ extension DocumentFileSystem {
     }
 
     private func remember(_ path: String, _ cursor: ViewListingCursor) {
-        withState {
-            if viewListings.count >= Tuning.viewListingCursors && viewListings[path] == nil { viewListings.removeAll() }
-            viewListings[path] = cursor
-        }
+        derived.viewListings[path] = cursor
     }
 
     // MARK: - Reduce files
@@ -230,16 +224,13 @@ extension DocumentFileSystem {
         guard case .reduce(let design, let name, let keyName) = node else { throw MountError.notFound(path) }
         let view = try openView(design, name, path: path)
         guard let source = view.view.reduce else { throw MountError.notFound(path) }
-        if let cached = withState({ reducedFiles[path] }), cached.sequence == view.sequence { return cached.bytes }
+        if let cached = derived.reducedFiles[path], cached.sequence == view.sequence { return cached.bytes }
         var range = ViewRange()
         if let keyName { range = .key(try key(keyName, in: view, path: path), descending: false) }
         let rows = try database.viewRows(index: view.indexID, view: view.position, range: range, skip: 0, limit: Int.max,
                                          countingOffset: false).rows
         let bytes = Array(try ViewReduce.reduce(source, rows).prettyPrinted().utf8)
-        withState {
-            if reducedFiles.count >= Tuning.viewListingCursors { reducedFiles.removeAll() }
-            reducedFiles[path] = (view.sequence, bytes)
-        }
+        derived.reducedFiles[path] = (view.sequence, bytes)
         return bytes
     }
 }

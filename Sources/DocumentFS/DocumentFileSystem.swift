@@ -47,27 +47,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     let keptFolders = KeptFolders()
     /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
     var openedDigests: [String: String] = [:]
-    /// Each status file open now: the bytes of its latest open, and how many opens there are.
-    /// Its size is theirs while open: `fstat` of an open file asks by path (the kernel sends
-    /// no handle), and a new rendering could differ from what the open reads, so a reader
-    /// sizing its read by `fstat` (Foundation's `Data(contentsOf:)`) would cut it off.
-    var openStatusFiles: [String: (bytes: [UInt8], opens: Int)] = [:]
-    /// The last failures answered to programs (newest last, at most `Tuning.recentFailures`),
-    /// shown in `.sofa/status.json` with their reasons. Guarded by `stateLock`.
-    var recentFailures: [JSONValue] = []
-    /// Where the listing of each view folder read last stopped, to go on from there through the
-    /// index (`DocumentFileSystem+Views.swift`). Guarded by `stateLock`.
-    var viewListings: [String: ViewListingCursor] = [:]
-    /// Views as last opened, valid while the database's sequence is theirs. Guarded by `stateLock`.
-    var openViews: [ViewKey: OpenView] = [:]
-    /// `_reduce.json` files as last computed, by path, with the index sequence they reflect.
-    /// Guarded by `stateLock`.
-    var reducedFiles: [String: (sequence: Int64, bytes: [UInt8])] = [:]
-    /// Saved queries as last read, by name (`DocumentFileSystem+Queries.swift`). Guarded by `stateLock`.
-    var savedQueries: [String: SavedQuery] = [:]
-    /// The results of saved queries cut by a limit or a skip, by name, with the query file and
-    /// the database sequence they reflect. Guarded by `stateLock`.
-    var queryMembers: [String: (stamp: [Int64], sequence: Int64, members: Set<String>)] = [:]
+    /// The status files open now, and the failures last answered to programs.
+    let status = StatusFiles()
+    /// What the mount remembers of `views/` and `queries/` between calls.
+    let derived = DerivedFolders()
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
     var pendingFiles: [String: WriteHandle] = [:]
     /// Attachments renamed to a scratch name in their own document, by document id and name:
@@ -327,7 +310,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .root, .docs: return directory(mountTime)
         case .statusDirectory: return directory(mountTime, writable: false)
         case .statusFile(let name):
-            guard let bytes = try withState({ openStatusFiles[name]?.bytes }) ?? statusFile(name) else { throw MountError.notFound(path) }
+            guard let bytes = try status.openBytes(name) ?? statusFile(name) else { throw MountError.notFound(path) }
             var attributes = file(Int64(bytes.count), Date().timeIntervalSince1970, writable: false)
             attributes.volatile = true
             return attributes
@@ -591,7 +574,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             "downloads": [],
         ]
         for (key, value) in statusProvider?() ?? [:] { status[key] = value }
-        status["recent_errors"] = .array(withState { recentFailures })
+        status["recent_errors"] = .array(self.status.recentFailures)
         return Array(JSONValue.object(status).prettyPrinted().utf8)
     }
 
@@ -604,10 +587,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             "operation": .string(operation), "path": .string(path),
             "error": .string(String(cString: strerror(code))), "reason": .string(reason),
         ]
-        withState {
-            recentFailures.append(entry)
-            if recentFailures.count > Tuning.recentFailures { recentFailures.removeFirst(recentFailures.count - Tuning.recentFailures) }
-        }
+        status.noteFailure(entry)
         onFailure?(operation, path, code, reason)
     }
 
