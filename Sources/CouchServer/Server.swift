@@ -71,6 +71,8 @@ public final class CouchServer: @unchecked Sendable {
     let passwords = Passwords()
     let uuid = UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
     let pool: NIOThreadPool
+    /// The index updates `update=lazy` queries leave behind.
+    let lazyViewUpdates = LazyViewUpdates()
     /// The continuous replications clients started.
     let replications = ReplicationJobs()
     /// The port listened on, once `start()` bound it.

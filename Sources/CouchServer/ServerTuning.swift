@@ -54,6 +54,11 @@ enum ServerTuning {
     /// arrive from the remote (seconds) before it fails.
     static let deferredReadTimeout: Double = 30
 
+    /// Index updates that `update=lazy` view queries leave behind, run at once (each index has
+    /// at most one; `LazyViewUpdates`). Two: a second database's index is not held up by a long
+    /// first one, and a burst of queries takes at most two cores from the requests.
+    static let lazyViewUpdaters = 2
+
     /// Bytes of an attachment body sent per write to the client.
     static let bodyPiece = 256 * 1024
 }

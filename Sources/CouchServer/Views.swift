@@ -177,7 +177,8 @@ extension CouchServer {
             case "false": return try db.viewIndexState(definition)
             case "lazy":
                 let state = try db.viewIndexState(definition)
-                Thread.detachNewThread { _ = try? db.updateViewIndex(definition) }  // a failure shows at the next query
+                // A failure shows at the next query that updates the index.
+                self.lazyViewUpdates.request("\(db.path)\u{0}\(definition.signature)") { _ = try? db.updateViewIndex(definition) }
                 return state
             default: return try db.updateViewIndex(definition)
             }

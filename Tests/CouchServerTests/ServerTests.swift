@@ -785,3 +785,50 @@ extension ServerTests {
         #expect(try again.json("GET", "/db/_all_docs").json?["total_rows"] == 4)
     }
 }
+
+/// `update=lazy` answers from the index as it is and updates it afterwards. A burst of such
+/// queries used to start a thread each (300 queries: 313 threads), all but one waiting for the
+/// index's lock; now each index has at most one update running and one more asked for.
+@Suite struct LazyViewUpdateTests {
+    let directory = TemporaryDirectory()
+
+    @Test func aBurstOfLazyQueriesStartsNoThreadEachAndTheIndexCatchesUp() throws {
+        let db = try directory.makeDatabase("db.sofa")
+        try db.inBatch { batch in
+            for n in 0..<2_000 {
+                var draft = try db.newRevision(of: String(format: "doc-%04d", n))
+                draft.properties["n"] = .integer(Int64(n))
+                try batch.save(draft)
+            }
+        }
+        let server = try ServedDatabases([db.path])
+        let http = try server.connect()
+        // A map function with some work in it, so that an update takes a while.
+        let map = "function (d) { var s = 0; for (var i = 0; i < 20000; i++) { s += i; } emit(d.n, s); }"
+        #expect(try http.json("PUT", "/db/_design/v", ["views": ["n": ["map": .string(map)]]]).status == 201)
+        func threads() -> Int {
+            let status = (try? String(contentsOfFile: "/proc/\(server.process.pid)/status", encoding: .utf8)) ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("Threads:") } ?? ""
+            return Int(line.split(separator: "\t").last ?? "") ?? 0
+        }
+        #expect(try http.json("GET", "/db/_all_docs?limit=1").status == 200)
+        let before = threads()
+        // 60 lazy queries at once while the index is built, and the server's threads counted meanwhile.
+        let url = "http://127.0.0.1:\(server.port)/db/_design/v/_view/n?update=lazy&limit=1"
+        let burst = try ChildProcess(["/bin/sh", "-c", "seq 60 | xargs -P 60 -I{} curl -s -o /dev/null -w '%{http_code}\\n' '\(url)'"])
+        var peak = before
+        while !burst.hasEnded {
+            peak = max(peak, threads())
+            usleep(5_000)
+        }
+        let codes = burst.wait().stdout.split(separator: "\n")
+        #expect(codes.count == 60 && codes.allSatisfy { $0 == "200" }, "\(codes)")
+        #expect(peak - before <= 16, "threads before the burst: \(before), at its peak: \(peak)")
+        func rows() throws -> JSONValue? { try http.json("GET", "/db/_design/v/_view/n?update=false&limit=0").json?["total_rows"] }
+        #expect(try waitUntil(120) { try rows() == 2_000 }, "the index caught up after the lazy queries: \((try? rows()) ?? nil)")
+        // Saved after: the next lazy query's update takes them in.
+        for n in 0..<10 { #expect(try http.json("PUT", "/db/late-\(n)", ["n": .integer(Int64(5_000 + n))]).status == 201) }
+        #expect(try http.json("GET", "/db/_design/v/_view/n?update=lazy&limit=0").json?["total_rows"] == 2_000, "answered before the update")
+        #expect(try waitUntil(120) { try rows() == 2_010 }, "\((try? rows()) ?? nil)")
+    }
+}
