@@ -84,7 +84,7 @@ extension DocumentFileSystem {
         guard Tuning.burstQuietWindow > 0, !Blobs.isStandInName(name) else { return nil }
         let busy = withState { () -> Bool in
             let busy = isBusy(id, at: now)
-            if recentSaves.count > 10_000 { recentSaves = recentSaves.filter { now - $0.value < Tuning.burstQuietWindow } }
+            if recentSaves.count > Tuning.mountRecentSaves { recentSaves = recentSaves.filter { now - $0.value < Tuning.burstQuietWindow } }
             recentSaves[id] = now
             return busy
         }

@@ -92,7 +92,7 @@ final class DocumentCache: @unchecked Sendable {
     /// predate the change the forget announced).
     private var forgets: UInt64 = 0
     private let lock = NSLock()
-    static let capacity = 20_000
+    static let capacity = Tuning.mountDocumentCache
 
     func entry(_ id: String, load: () throws -> Entry) rethrows -> Entry {
         lock.lock()

@@ -186,7 +186,7 @@ extension DocumentFileSystem {
                     // What the mount showed is what the revision holds: nothing for the watcher to undo.
                     if clashes.isEmpty, drafts.count == 1, !drafts[0].allowConflict {
                         ownSaves[id] = saved[0].revID
-                        if ownSaves.count > 10_000 { ownSaves.removeAll() }
+                        if ownSaves.count > Tuning.mountRecentSaves { ownSaves.removeAll() }
                     }
                     if !drafts.isEmpty { removals[id] = nil }
                     if var burst = bursts[id] {

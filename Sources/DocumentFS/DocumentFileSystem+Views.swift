@@ -131,14 +131,14 @@ extension DocumentFileSystem {
             var designs: [DirectoryEntry] = []
             var after = DocumentID.designPrefix
             while true {
-                let page = try database.documents(after: after, limit: 64)
+                let page = try database.documents(after: after, limit: Tuning.documentListingPage)
                 for summary in page where summary.docID.hasPrefix(DocumentID.designPrefix) {
                     let design = String(summary.docID.dropFirst(DocumentID.designPrefix.count))
                     if try viewDefinition(design) != nil {
                         designs.append(named(FileNames.escape(design), attributes: viewFolder(modified)))
                     }
                 }
-                guard page.count == 64, let last = page.last, last.docID.hasPrefix(DocumentID.designPrefix) else { break }
+                guard page.count == Tuning.documentListingPage, let last = page.last, last.docID.hasPrefix(DocumentID.designPrefix) else { break }
                 after = last.docID
             }
             try addNamed(designs, after: position, add: add)

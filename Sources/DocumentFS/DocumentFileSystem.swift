@@ -97,7 +97,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// Told of every failure `failed` records (the mount command's desktop notifications).
     public var onFailure: (@Sendable (_ operation: String, _ path: String, _ errno: Int32, _ reason: String) -> Void)?
 
-    public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = 30,
+    public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = Tuning.mountFetchTimeout,
                 browsing: BrowsingPolicy = BrowsingPolicy()) throws {
         self.browsing = browsing
         self.database = database
@@ -422,14 +422,14 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         if node == .docs, position < ListingPosition.firstName {
             var after = ListingPosition.documentKey(after: position)
             while true {
-                let page = try database.documentsInStorageOrder(afterKey: after, limit: 64)
+                let page = try database.documentsInStorageOrder(afterKey: after, limit: Tuning.documentListingPage)
                 for document in page {
                     let entry = DirectoryEntry(name: FileNames.escape(document.docID), attributes: documentFolder(document),
                                                position: ListingPosition.document(key: document.key))
                     guard add(entry) else { return }
                     after = document.key
                 }
-                if page.count < 64 { break }
+                if page.count < Tuning.documentListingPage { break }
             }
         }
         for entry in try listEntries(node, path: path).sorted(by: { $0.position < $1.position }) where entry.position > position {

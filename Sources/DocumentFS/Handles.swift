@@ -165,7 +165,7 @@ final class PropertiesWriteHandle: WriteHandle, @unchecked Sendable {
     var buffer: [UInt8]
     /// The properties shown when this file began (nil: unknown), then those it saved.
     var seenProperties: JSONObject?
-    static let maximumSize = 64 << 20
+    static let maximumSize = Tuning.mountPropertiesSize
 
     init(path: String, docID: String, base: RevisionID?, initial: [UInt8]) {
         buffer = initial

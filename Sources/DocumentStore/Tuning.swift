@@ -90,4 +90,28 @@ public enum Tuning {
     /// one folder at a time); past it, they are forgotten together and a listing that goes on
     /// reads from its start again.
     public static let viewListingCursors = 256
+
+    /// Documents read from SQLite at once while listing `docs/` (or the design documents for
+    /// `views/`): a page answers about one readdir call's worth of entries (the kernel asks for
+    /// 4 KiB of names at a time), so a listing stopped early read little more than it showed.
+    public static let documentListingPage = 64
+
+    /// Documents whose folder the mount keeps in memory (`DocumentCache`); past it the cache is
+    /// emptied and filled again. An entry of a small document is about a kilobyte: 20,000 hold
+    /// what `ls -lR` of a large database touches without growing the mount by more than ~20 MB.
+    public static let mountDocumentCache = 20_000
+
+    /// Documents whose last save time or last own revision the mount remembers (for bursts and
+    /// for passing over its own changes); past it, those older than the burst window are
+    /// dropped (or all, for own saves: the worst case is one reload of a cached document).
+    public static let mountRecentSaves = 10_000
+
+    /// The largest properties.json the mount accepts (bytes): it is held in memory while
+    /// written, and CouchDB's own `max_document_size` is 8 MB.
+    public static let mountPropertiesSize = 64 << 20
+
+    /// How long a read waits for bytes of a body being downloaded before EIO (seconds), unless
+    /// `sofa mount --fetch-timeout` says otherwise: a server that answers nothing for this long
+    /// is taken as gone, and the program reading is told rather than hung.
+    public static let mountFetchTimeout = 30.0
 }

@@ -3,7 +3,7 @@ import DocumentStore
 import Foundation
 
 /// `sofa-bench folders`: folders of many small files copied into a mount (`cp -r`, `tar x`,
-/// `rsync -a`), beside the same into a plain folder on the same disk followed by `sync`; into
+/// `rsync -a`, and into one document `unzip` and `git clone`), beside the same into a plain folder on the same disk followed by `sync`; into
 /// one document, and spread over documents; the SQLite file afterwards, with no compaction.
 func folderBenchmark(_ options: Options) throws {
     let work = try makeWorkFolder("folders", options)
@@ -38,6 +38,12 @@ func folderBenchmark(_ options: Options) throws {
             try Data(bytes).write(to: URL(fileURLWithPath: "\(folder)/f\(i).\(text ? "txt" : "bin")"))
         }
         _ = try timeShell("tar cf \(root).tar -C \(root) .")
+        // The same tree as a zip file and as a git repository (one commit), for unzip and git clone.
+        _ = try timeShell("cd \(root) && zip -qr \(root).zip .")
+        _ = try timeShell("""
+            git init -q \(root).repo && cp -r \(root)/. \(root).repo && cd \(root).repo && git add -A \
+            && git -c user.name=bench -c user.email=bench@example.com commit -qm tree
+            """)
         return root
     }
 
@@ -119,7 +125,8 @@ func folderBenchmark(_ options: Options) throws {
         return try timeShell("\(job("\(mountPoint)/\(into)")) && sync")
     }
 
-    /// `cp -r`, `tar x` and `rsync -a` (then again: what it sends) of `tree` into `into`; the `cp -r` time.
+    /// `cp -r`, `tar x` and `rsync -a` (then again: what it sends) of `tree` into `into`, and
+    /// into one document `unzip` and `git clone`; the `cp -r` time.
     func copyAll(_ tree: String, files: Int, into: String, _ what: String) throws -> Double {
         // Into docs/, cp -r runs per document: `cp -r` of DOC/attachments/ into docs/ fails, as every
         // document folder has attachments/ from its mkdir and cp makes it without looking (EEXIST).
@@ -130,6 +137,13 @@ func folderBenchmark(_ options: Options) throws {
         try compare("tar x, \(files) files, \(what)", files: files, job: { "tar xf \(tree).tar -C \($0)" }, into: into)
         try compare("rsync -a, \(files) files, \(what)", files: files, job: { "rsync -a \(tree)/ \($0)/" }, into: into,
                     again: { "rsync -a --stats \(tree)/ \($0)/" })
+        if into != "docs" {
+            // unzip writes each file in place; git clone writes its objects under .git/ (scratch
+            // files in a mount: hidden names are local) through temporary names, then checks out.
+            try compare("unzip, \(files) files, \(what)", files: files, job: { "unzip -q \(tree).zip -d \($0)" }, into: into)
+            try compare("git clone, \(files) files, \(what)", files: files,
+                        job: { "git clone -q --no-hardlinks file://\(tree).repo \($0)" }, into: into)
+        }
         return time
     }
 

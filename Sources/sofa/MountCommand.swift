@@ -26,7 +26,7 @@ struct Mount: SofaCommand {
     @Option(help: "Fetch bodies that are not here from this database URL (default: where the database last pulled from).")
     var remote: String?
     @OptionGroup var connection: ConnectionOptions
-    @Option(help: "Seconds a read waits for a body being downloaded before failing with EIO.") var fetchTimeout = 30.0
+    @Option(help: "Seconds a read waits for a body being downloaded before failing with EIO.") var fetchTimeout = Tuning.mountFetchTimeout
     @Option(help: ArgumentHelp(
         "Thumbnailers (what file managers start to draw icons) fetch bodies that are not here only up to this size (e.g. 512K, 4M; 0: never; all: any).",
         valueName: "size"))
