@@ -40,7 +40,7 @@ extension DocumentFileSystem {
     /// saved now, else by the fold.
     func saveAttachment(_ id: String, _ name: String, blob: StoredBlob, contentType: String, base: RevisionID?,
                         seen: String?, given: LocalAttributes, synced: Bool = true) throws -> RevisionID? {
-        if !synced { withState { _ = unsyncedBodies.insert(blob.key) } }
+        if !synced { ledger.noteUnsynced(blob.key) }
         if let staged = try stageIfBusy(id, name, blob: blob, contentType: contentType, seen: seen, given: given) {
             return staged
         }
@@ -57,22 +57,15 @@ extension DocumentFileSystem {
     /// Whether a file closed in document `id` now would likely be staged (it saved something
     /// less than the quiet window ago).
     func mayStage(_ id: String) -> Bool {
-        let now = Date().timeIntervalSince1970
-        return Tuning.burstQuietWindow > 0 && withState { isBusy(id, at: now) }
-    }
-
-    /// Whether document `id` has a burst, or saved an attachment less than the quiet window
-    /// before `now`. Caller holds the state lock.
-    private func isBusy(_ id: String, at now: Double) -> Bool {
-        bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow
+        Tuning.burstQuietWindow > 0 && ledger.isBusy(id, now: Date().timeIntervalSince1970)
     }
 
     /// Syncs those of `keys` stored without their fsync, before a revision refers to them.
     func syncBodies(_ keys: some Collection<BlobKey>) throws {
-        let unsynced = withState { keys.filter { unsyncedBodies.contains($0) } }
+        let unsynced = ledger.unsynced(among: keys)
         guard !unsynced.isEmpty else { return }
         try database.blobs.sync(Set(unsynced))
-        withState { unsyncedBodies.subtract(unsynced) }
+        ledger.noteSynced(unsynced)
     }
 
     /// Stages the attachment when its document saved something less than the quiet window ago;
@@ -82,13 +75,7 @@ extension DocumentFileSystem {
                              given: LocalAttributes) throws -> RevisionID? {
         let now = Date().timeIntervalSince1970
         guard Tuning.burstQuietWindow > 0, !Blobs.isStandInName(name) else { return nil }
-        let busy = withState { () -> Bool in
-            let busy = isBusy(id, at: now)
-            if recentSaves.count > Tuning.mountRecentSaves { recentSaves = recentSaves.filter { now - $0.value < Tuning.burstQuietWindow } }
-            recentSaves[id] = now
-            return busy
-        }
-        guard busy else { return nil }
+        guard ledger.noteSave(id, at: now) else { return nil }
         let entry = try cached(id)
         guard let live = entry.revision, removal(id) == nil else { return nil }
         // Written from something other than what is shown now: the commit decides (merge or conflict).
@@ -112,17 +99,7 @@ extension DocumentFileSystem {
     /// Adds a staged file to its document's burst (begun now if there is none: the first file,
     /// or one staged while the burst before it was folded), in place of `replacing`.
     private func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment? = nil) {
-        let now = Date().timeIntervalSince1970
-        let timer = withState { () -> Int? in
-            let isNew = bursts[id] == nil
-            if isNew { bursts[id] = Burst(base: live, first: now, last: now, timer: 1) }
-            // In place: a copy of the burst would copy its staged files, each time one more.
-            if let replacing, bursts[id]!.staged[replacing.name]?.seq == replacing.seq { bursts[id]!.staged[replacing.name] = nil }
-            if (bursts[id]!.staged[staged.name]?.seq ?? 0) < staged.seq { bursts[id]!.staged[staged.name] = staged }
-            bursts[id]!.folders.insert(folderOf: staged.name)
-            bursts[id]!.last = now
-            return isNew ? bursts[id]!.timer : nil
-        }
+        let timer = ledger.track(staged, in: id, base: live, replacing: replacing, at: Date().timeIntervalSince1970)
         if let timer { scheduleBurstCheck(id, timer: timer, after: Tuning.burstQuietWindow) }
     }
 
@@ -130,7 +107,7 @@ extension DocumentFileSystem {
     /// editor's backup dance) is staged under its new name: no revision for the rename. False
     /// when the file is not only staged (it is in the revision too), or was folded meanwhile.
     func restageIfStaged(_ id: String, _ fromName: String, as toName: String) throws -> Bool {
-        guard let staged = withState({ bursts[id]?.staged[fromName] }), removal(id) == nil else { return false }
+        guard let staged = ledger.staged(fromName, in: id), removal(id) == nil else { return false }
         let entry = try cached(id)
         guard let live = entry.revision, entry.byName[fromName] == nil, !Blobs.isStandInName(toName) else { return false }
         let moved: StagedAttachment
@@ -156,11 +133,7 @@ extension DocumentFileSystem {
     /// Folds the burst when it is due; otherwise waits until it is.
     private func checkBurst(_ id: String, timer: Int) {
         let now = Date().timeIntervalSince1970
-        let due = withState { () -> Double? in
-            guard let burst = bursts[id], burst.timer == timer else { return nil }  // folded meanwhile, or another timer's
-            return min(burst.last + Tuning.burstQuietWindow, burst.first + Tuning.burstLongestDelay)
-        }
-        guard let due else { return }
+        guard let due = ledger.due(id, timer: timer) else { return }  // folded meanwhile, or another timer's
         if now < due {
             scheduleBurstCheck(id, timer: timer, after: due - now)
             return
@@ -173,26 +146,20 @@ extension DocumentFileSystem {
             retry = Tuning.burstRetryDelay
         }
         // Files staged while it folded start a burst of their own.
-        let next = withState { () -> Int? in
-            guard var burst = bursts[id], burst.timer == timer else { return nil }
-            burst.first = Date().timeIntervalSince1970
-            burst.timer += 1
-            bursts[id] = burst
-            return burst.timer
-        }
+        let next = ledger.restart(id, timer: timer, at: Date().timeIntervalSince1970)
         if let next { scheduleBurstCheck(id, timer: next, after: max(retry, Tuning.burstQuietWindow)) }
     }
 
     /// Saves the staged files of a document as one revision (with every other change waiting
     /// for it: removals under way, set-aside files).
     func foldBurst(_ id: String) throws {
-        guard withState({ bursts[id] != nil }) else { return }
+        guard ledger.hasBurst(id) else { return }
         _ = try commitChanges(id, base: nil, change: nil, seen: .unknown) { _ in }
     }
 
     /// Folds every burst (the mount is ending).
     public func foldAllBursts() {
-        for id in withState({ Array(bursts.keys) }) {
+        for id in ledger.documentsWithBursts {
             do { try foldBurst(id) } catch {
                 log.error("docs/\(FileNames.escape(id)): files written in a burst were not saved as a revision: \(error); they stay staged and are saved at the next mount")
             }
@@ -236,15 +203,10 @@ extension DocumentFileSystem {
                 try database.save(branch, allowConflict: true, unstaging: files.map(\.seq))
                 continue
             }
-            let now = Date().timeIntervalSince1970
-            withState {
-                var burst = Burst(base: live, first: now, last: now)
-                for file in files.sorted(by: { $0.seq < $1.seq }) { burst.staged[file.name] = file }
-                bursts[id] = burst
-            }
+            ledger.adopt(files, in: id, base: live, at: Date().timeIntervalSince1970)
             try foldBurst(id)
             // Older stagings of the same names (replaced by later ones) go too.
-            let left = Set(files.map(\.seq)).subtracting(withState { Set((bursts[id]?.staged.values.map(\.seq)) ?? []) })
+            let left = Set(files.map(\.seq)).subtracting((ledger.stagedFiles(in: id)?.values.map(\.seq)) ?? [])
             try database.save(nil, unstaging: Array(left))
             log.notice("docs/\(FileNames.escape(id)): saved \(files.count) file(s) a mount that stopped had written")
         }
@@ -255,7 +217,8 @@ extension DocumentFileSystem {
     /// An attachment as the mount shows it: staged, or in the current revision, unless it is
     /// being removed or was set aside.
     func visibleAttachment(_ name: String, in id: String) throws -> Attachment? {
-        let (removal, aside, staged) = withState { (removals[id], setAside[id], bursts[id]?.staged[name]) }
+        let (removal, aside) = withState { (removals[id], setAside[id]) }
+        let staged = ledger.staged(name, in: id)
         if removal?.attachments.contains(name) == true { return nil }
         if let staged { return staged.attachment }
         guard let attachment = try cached(id).byName[name], aside?[name] == nil else { return nil }
@@ -265,6 +228,6 @@ extension DocumentFileSystem {
     /// Whether staged files of document `id` lie in `folder` (asked under the lock: handing out
     /// the burst's sets would make the next close copy them whole).
     func hasStagedFolder(_ folder: String, in id: String) -> Bool {
-        withState { bursts[id]?.folders.holds(folder) ?? false }
+        ledger.holdsFolder(folder, in: id)
     }
 }

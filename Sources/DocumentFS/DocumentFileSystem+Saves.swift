@@ -124,7 +124,7 @@ extension DocumentFileSystem {
     func commitChanges(_ id: String, base: RevisionID?, change: Change?, seen: Seen,
                        _ apply: (inout RevisionDraft) throws -> Void) throws -> Revision? {
         for _ in 0..<8 {
-            let burst = withState { bursts[id] }
+            let burst = ledger.burst(id)
             let staged = (burst?.staged.values).map(Array.init) ?? []
             let current = try database.currentRevision(of: id)
             let live = current.flatMap { $0.deleted ? nil : $0 }
@@ -182,23 +182,10 @@ extension DocumentFileSystem {
                     log.warning("docs/\(FileNames.escape(id)): changed since it was written; saved as conflicting revision \(saved[index].revID)")
                 }
                 endSetAside(aside.keys, of: id)
-                withState {
-                    // What the mount showed is what the revision holds: nothing for the watcher to undo.
-                    if clashes.isEmpty, drafts.count == 1, !drafts[0].allowConflict {
-                        ownSaves[id] = saved[0].revID
-                        if ownSaves.count > Tuning.mountRecentSaves { ownSaves.removeAll() }
-                    }
-                    if !drafts.isEmpty { removals[id] = nil }
-                    if var burst = bursts[id] {
-                        for file in staged where burst.staged[file.name]?.seq == file.seq {
-                            burst.staged[file.name] = nil
-                        }
-                        if burst.staged.isEmpty { bursts[id] = nil } else {
-                            burst.folders = FolderIndex(holding: burst.staged.keys)
-                            bursts[id] = burst
-                        }
-                    }
-                }
+                // What the mount showed is what the revision holds: nothing for the watcher to undo.
+                let own = clashes.isEmpty && drafts.count == 1 && !drafts[0].allowConflict ? saved[0].revID : nil
+                ledger.saved(staged, in: id, own: own)
+                if !drafts.isEmpty { withState { removals[id] = nil } }
                 if changeDraft != nil { return saved[drafts.firstIndex { $0.allowConflict }!] }
                 if liveDraft != nil, let first = drafts.firstIndex(where: { !$0.allowConflict }) { return saved[first] }
                 return live

@@ -57,18 +57,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// hidden at once, removed from the document with its next save or after
     /// `Tuning.setAsideGrace` (see `setAside(_:_:)`). Guarded by `stateLock`.
     var setAside: [String: [String: SetAside]] = [:]
-    /// Files staged per document (Bursts.swift). Guarded by `stateLock`.
-    var bursts: [String: Burst] = [:]
-    /// When each document last saved an attachment (a close, a move into it). Guarded by `stateLock`.
-    var recentSaves: [String: Double] = [:]
-    /// Bodies of staged files not synced to disk yet: the fold that saves them syncs them
-    /// first (a power loss can cost the files of the last window, never a revision's body).
-    /// Guarded by `stateLock`.
-    var unsyncedBodies: Set<BlobKey> = []
-    /// The revision each document's last save here made current: the change watcher passes
-    /// over the changes the kernel saw made (a fold would otherwise drop every name it holds
-    /// of a document being filled, and this cache reload its whole list). Guarded by `stateLock`.
-    var ownSaves: [String: RevisionID] = [:]
+    /// Staged files per document (Bursts.swift), recent saves, unsynced bodies, own saves.
+    let ledger = SaveLedger()
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
     /// Guards the state above. Lock order (docs/internals.md, Locks): 2, after a handle's lock, before the database's.
@@ -149,13 +139,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         try cached(id).revision
     }
 
-    /// Whether a change is one this mount made (see `ownSaves`); each is recognised once.
+    /// Whether a change is one this mount made (`SaveLedger.takeOwnSave`); each is recognised once.
     public func madeHere(_ change: DocumentStore.Change) -> Bool {
-        withState {
-            guard ownSaves[change.docID] == change.revID else { return false }
-            ownSaves[change.docID] = nil
-            return true
-        }
+        ledger.takeOwnSave(change)
     }
 
     /// Forgets what is cached about a document that changed (saved here, or seen by the watcher).
@@ -175,7 +161,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// Attachments visible in the folder of a live revision, with the document's staged files
     /// (Bursts.swift), in name order.
     func visibleAttachments(_ revision: Revision) -> [Attachment] {
-        let (removal, aside, staged) = withState { (removals[revision.docID], setAside[revision.docID], bursts[revision.docID]?.staged) }
+        let (removal, aside) = withState { (removals[revision.docID], setAside[revision.docID]) }
+        let staged = ledger.stagedFiles(in: revision.docID)
         var attachments = revision.attachments
         if let staged, !staged.isEmpty {
             attachments = attachments.filter { staged[$0.name] == nil } + staged.values.map(\.attachment)

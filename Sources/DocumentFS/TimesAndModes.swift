@@ -62,7 +62,7 @@ extension DocumentFileSystem {
     /// being written, and folders made with mkdir.
     private func subfolders(of folder: String, in id: String, entry: DocumentCache.Entry) throws -> Set<String> {
         var found = entry.subfolders[folder] ?? []
-        found.formUnion(withState { bursts[id]?.folders.children(of: folder) ?? [] })
+        found.formUnion(ledger.childFolders(of: folder, in: id))
         found.formUnion(keptFolders.children(of: folder, in: id))
         found.formUnion(entry.recordedFolders.children(of: folder))
         for case let pending as AttachmentWriteHandle in pendingFiles(inDocument: id) {

@@ -1,0 +1,174 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// What the mount has saved and is about to save: the staged files of each busy document
+/// (its burst, see `Bursts.swift` for the rules), when each document last saved an attachment,
+/// the bodies of staged files not synced to disk yet, and the revision each document's last
+/// save here made current. A part with its own state and lock (a leaf: nothing is called while
+/// it is held, and what it hands out are copies).
+///
+/// Invariants:
+/// - A document has a burst only while it has staged files, or while a fold of it is under way
+///   (the fold takes out exactly the files it saved; files staged meanwhile stay).
+/// - A burst's `folders` are the folders its staged files' names make.
+/// - A burst's `timer` is the one scheduled check that may fold it; a check with another
+///   number does nothing.
+/// - A body is in `unsynced` from its staging until a fold syncs it; a revision never refers
+///   to a body still in it.
+/// - An own save is recognised once (`takeOwnSave`): the change watcher then passes over it.
+final class SaveLedger: @unchecked Sendable {
+    private var bursts: [String: DocumentFileSystem.Burst] = [:]
+    private var recentSaves: [String: Double] = [:]
+    private var unsynced: Set<BlobKey> = []
+    private var ownSaves: [String: RevisionID] = [:]
+    private let lock = NSLock()
+
+    // MARK: Saves and bursts
+
+    /// Document `id` saves an attachment at `now`: whether it was busy (a burst, or a save less
+    /// than the quiet window before).
+    func noteSave(_ id: String, at now: Double) -> Bool {
+        lock.withLock {
+            let busy = isBusy(id, at: now)
+            if recentSaves.count > Tuning.mountRecentSaves {
+                recentSaves = recentSaves.filter { now - $0.value < Tuning.burstQuietWindow }
+            }
+            recentSaves[id] = now
+            return busy
+        }
+    }
+
+    /// Whether a file closed in document `id` at `now` would be staged.
+    func isBusy(_ id: String, now: Double) -> Bool {
+        lock.withLock { isBusy(id, at: now) }
+    }
+
+    private func isBusy(_ id: String, at now: Double) -> Bool {
+        bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow
+    }
+
+    /// Adds a staged file to document `id`'s burst, begun now from `live` if there is none, in
+    /// place of `replacing`. Returns the new burst's timer, to schedule its first check.
+    func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment?, at now: Double) -> Int? {
+        lock.withLock {
+            let isNew = bursts[id] == nil
+            if isNew { bursts[id] = DocumentFileSystem.Burst(base: live, first: now, last: now, timer: 1) }
+            // In place: a copy of the burst would copy its staged files, each time one more.
+            if let replacing, bursts[id]!.staged[replacing.name]?.seq == replacing.seq { bursts[id]!.staged[replacing.name] = nil }
+            if (bursts[id]!.staged[staged.name]?.seq ?? 0) < staged.seq { bursts[id]!.staged[staged.name] = staged }
+            bursts[id]!.folders.insert(folderOf: staged.name)
+            bursts[id]!.last = now
+            return isNew ? bursts[id]!.timer : nil
+        }
+    }
+
+    /// A burst of files that a stopped mount had staged, to be folded now.
+    func adopt(_ files: [StagedAttachment], in id: String, base live: Revision, at now: Double) {
+        lock.withLock {
+            var burst = DocumentFileSystem.Burst(base: live, first: now, last: now)
+            for file in files.sorted(by: { $0.seq < $1.seq }) { burst.staged[file.name] = file }
+            burst.folders = FolderIndex(holding: burst.staged.keys)
+            bursts[id] = burst
+        }
+    }
+
+    func burst(_ id: String) -> DocumentFileSystem.Burst? {
+        lock.withLock { bursts[id] }
+    }
+
+    func hasBurst(_ id: String) -> Bool {
+        lock.withLock { bursts[id] != nil }
+    }
+
+    var documentsWithBursts: [String] {
+        lock.withLock { Array(bursts.keys) }
+    }
+
+    /// The staged file at `name` in document `id`.
+    func staged(_ name: String, in id: String) -> StagedAttachment? {
+        lock.withLock { bursts[id]?.staged[name] }
+    }
+
+    /// The staged files of document `id`, by name.
+    func stagedFiles(in id: String) -> [String: StagedAttachment]? {
+        lock.withLock { bursts[id]?.staged }
+    }
+
+    /// Whether staged files of document `id` lie in `folder`.
+    func holdsFolder(_ folder: String, in id: String) -> Bool {
+        lock.withLock { bursts[id]?.folders.holds(folder) ?? false }
+    }
+
+    /// The folders directly in `folder` that staged files of document `id` make.
+    func childFolders(of folder: String, in id: String) -> [String] {
+        lock.withLock { bursts[id]?.folders.children(of: folder) ?? [] }
+    }
+
+    /// When the burst that check `timer` watches is due (nil: folded meanwhile, or another
+    /// check's).
+    func due(_ id: String, timer: Int) -> Double? {
+        lock.withLock {
+            guard let burst = bursts[id], burst.timer == timer else { return nil }
+            return min(burst.last + Tuning.burstQuietWindow, burst.first + Tuning.burstLongestDelay)
+        }
+    }
+
+    /// After check `timer` folded (or failed to): files staged meanwhile start a burst of their
+    /// own, checked by the returned timer (nil: nothing left, or another check's).
+    func restart(_ id: String, timer: Int, at now: Double) -> Int? {
+        lock.withLock {
+            guard var burst = bursts[id], burst.timer == timer else { return nil }
+            burst.first = now
+            burst.timer += 1
+            bursts[id] = burst
+            return burst.timer
+        }
+    }
+
+    /// A fold (or another save of the document) saved `folded`: they leave the burst, which
+    /// ends when nothing is left in it. `own` is the revision the save made current, when the
+    /// mount showed exactly what it holds.
+    func saved(_ folded: [StagedAttachment], in id: String, own: RevisionID?) {
+        lock.withLock {
+            if let own {
+                ownSaves[id] = own
+                if ownSaves.count > Tuning.mountRecentSaves { ownSaves.removeAll() }
+            }
+            guard var burst = bursts[id] else { return }
+            for file in folded where burst.staged[file.name]?.seq == file.seq { burst.staged[file.name] = nil }
+            if burst.staged.isEmpty {
+                bursts[id] = nil
+            } else {
+                burst.folders = FolderIndex(holding: burst.staged.keys)
+                bursts[id] = burst
+            }
+        }
+    }
+
+    // MARK: Bodies not synced yet
+
+    func noteUnsynced(_ key: BlobKey) {
+        lock.withLock { _ = unsynced.insert(key) }
+    }
+
+    /// Those of `keys` stored without their fsync.
+    func unsynced(among keys: some Collection<BlobKey>) -> [BlobKey] {
+        lock.withLock { keys.filter { unsynced.contains($0) } }
+    }
+
+    func noteSynced(_ keys: [BlobKey]) {
+        lock.withLock { unsynced.subtract(keys) }
+    }
+
+    // MARK: Own saves
+
+    /// Whether `change` is the one this mount's last save of its document made; recognised once.
+    func takeOwnSave(_ change: DocumentStore.Change) -> Bool {
+        lock.withLock {
+            guard ownSaves[change.docID] == change.revID else { return false }
+            ownSaves[change.docID] = nil
+            return true
+        }
+    }
+}
