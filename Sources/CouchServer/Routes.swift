@@ -569,13 +569,14 @@ struct ListingQuery {
         case .POST: keys = try await request.body.json(limit: ServerTuning.jsonBody)["keys"]?.arrayValue?.compactMap(\.stringValue)
         default: throw HTTPError.methodNotAllowed
         }
-        includeDocs = request.flag("include_docs")
-        conflicts = request.flag("conflicts")
-        descending = request.flag("descending")
+        // CouchDB reads these as a view's (`true`/`True`…, else 400), not as a document's.
+        includeDocs = try request.booleanQuery("include_docs") ?? false
+        conflicts = try request.booleanQuery("conflicts") ?? false
+        descending = try request.booleanQuery("descending") ?? false
         limit = try request.intQuery("limit") ?? Int.max
         skip = try request.intQuery("skip") ?? 0
         startKey = try (request.jsonQuery("startkey") ?? request.jsonQuery("start_key"))?.stringValue
         endKey = try (request.jsonQuery("endkey") ?? request.jsonQuery("end_key"))?.stringValue
-        inclusiveEnd = request.flag("inclusive_end", default: true)
+        inclusiveEnd = try request.booleanQuery("inclusive_end") ?? true
     }
 }

@@ -492,10 +492,26 @@ struct Request {
 
     func query(_ name: String) -> String? { target.query[name] }
 
-    /// A boolean query parameter (`true`/`false`).
+    /// A boolean query parameter as CouchDB reads a document's or a feed's: `true` sets it,
+    /// anything else leaves it unset.
     func flag(_ name: String, default value: Bool = false) -> Bool {
         guard let text = target.query[name] else { return value }
         return text == "true"
+    }
+
+    /// A boolean query parameter as CouchDB reads a view's or `_all_docs`' (`parse_boolean`):
+    /// `true` or `false` in any case; anything else is a 400.
+    func booleanQuery(_ name: String) throws -> Bool? {
+        guard let text = target.query[name] else { return nil }
+        return try Request.parseBoolean(text)
+    }
+
+    static func parseBoolean(_ text: String) throws -> Bool {
+        switch text.lowercased() {
+        case "true": return true
+        case "false": return false
+        default: throw HTTPError(.badRequest, "query_parse_error", "Invalid boolean parameter: \"\(text)\"")
+        }
     }
 
     /// A JSON-valued query parameter (`open_revs=["1-a"]`, `startkey="x"`).

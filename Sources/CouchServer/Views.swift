@@ -39,11 +39,7 @@ struct ViewQuery {
         }
         func boolean(_ name: String) throws -> Bool? {
             guard let given = text(name) else { return nil }
-            switch given {
-            case "true": return true
-            case "false": return false
-            default: throw HTTPError(.badRequest, "query_parse_error", "Invalid boolean parameter: \"\(given)\"")
-            }
+            return try Request.parseBoolean(given)
         }
         func integer(_ name: String) throws -> Int? {
             guard let given = text(name) else { return nil }
