@@ -118,7 +118,7 @@ extension CouchServer {
             do {
                 var draft: RevisionDraft
                 if let rev {
-                    draft = try db.newRevision(of: id, from: rev)
+                    draft = try db.newRevision(of: id, editing: rev)
                 } else if try db.document(withID: id) == nil {
                     draft = try db.newRevision(of: id)
                 } else {

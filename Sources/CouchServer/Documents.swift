@@ -388,7 +388,7 @@ extension CouchServer {
 
     /// A draft for a normal save (`new_edits=true`).
     private func draft(for document: IncomingDocument, id: String, db: Database, received: [String: ReceivedBody]) throws -> RevisionDraft {
-        var draft = try document.rev.map { try db.newRevision(of: id, from: $0) } ?? db.newDocument(id)
+        var draft = try document.rev.map { try db.newRevision(of: id, editing: $0) } ?? db.newDocument(id)
         try draft.take(document, received: received)
         return draft
     }
@@ -425,7 +425,14 @@ extension CouchServer {
         if DocumentID.isDesign(id), try await blocking({ try db.currentRevision(of: id)?.revID }) != rev { throw HTTPError.conflict }
         try requireAdmin(ifDesign: id, db)
         let deleted = try await blocking { () -> Revision in
-            do { return try db.deleteDocument(id, revID: rev) } catch SofaError.conflict { throw HTTPError.conflict }
+            do {
+                return try db.deleteDocument(id, revID: rev)
+            } catch SofaError.conflict {
+                throw HTTPError.conflict
+            } catch SofaError.documentNotFound {
+                // As CouchDB: a deleted document says so, whatever revision was named.
+                throw try db.currentRevision(of: id)?.deleted == true ? HTTPError(.notFound, "not_found", "deleted") : HTTPError.notFound
+            }
         }
         try await request.response.sendJSON(.ok, ["ok": true, "id": .string(id), "rev": .string(deleted.revID.description)],
                                              headers: ["ETag": "\"\(deleted.revID)\""])

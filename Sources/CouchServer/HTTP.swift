@@ -37,6 +37,7 @@ struct HTTPError: Error, CustomStringConvertible {
     static let notFound = HTTPError(.notFound, "not_found", "missing")
     static let databaseNotFound = HTTPError(.notFound, "not_found", "Database does not exist.")
     static let methodNotAllowed = HTTPError(.methodNotAllowed, "method_not_allowed", "Only the methods listed in Allow are supported.")
+    static let onlyPOST = HTTPError(.methodNotAllowed, "method_not_allowed", "Only POST allowed")
     static let invalidJSON = HTTPError(.badRequest, "bad_request", "invalid UTF-8 JSON")
     static let conflict = HTTPError(.conflict, "conflict", "Document update conflict.")
     static let unauthorized = HTTPError(.unauthorized, "unauthorized", "You are not authorized to access this db.")

@@ -153,12 +153,24 @@ extension CouchServer {
         case _ where CouchServer.unimplementedDatabaseEndpoints.contains(rest[0]):
             throw HTTPError.notImplemented(rest[0])
         case "_view_cleanup":
+            guard request.method == .POST else { throw HTTPError.onlyPOST }
             try requireWritable(request)
             _ = try await blocking { try db.cleanUpViewIndexes() }
             try await request.response.sendJSON(.accepted, ["ok": true])
         case "_compact":
+            // As CouchDB: POST with a JSON content type; `_compact/DDOC` names a design document
+            // that exists (its view indexes have no space of their own to give back here).
+            guard request.method == .POST else { throw HTTPError.onlyPOST }
+            guard request.headers.mediaType == "application/json" else {
+                throw HTTPError(.unsupportedMediaType, "bad_content_type", "Content-Type must be application/json")
+            }
             try requireWritable(request)
-            _ = try await blocking { try db.compact() }
+            if rest.count > 1, !rest[1].isEmpty {
+                let design = "_design/" + rest[1]
+                guard try await blocking({ try db.document(withID: design) }) != nil else { throw HTTPError(.notFound, "not_found", "missing") }
+            } else {
+                _ = try await blocking { try db.compact() }
+            }
             try await request.response.sendJSON(.accepted, ["ok": true])
         case "_find": try await find(request, db)
         case "_explain": try await explain(request, db, name: name)

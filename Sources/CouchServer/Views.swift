@@ -168,6 +168,23 @@ extension CouchServer {
         if !reducing, query.group || query.groupLevel != nil, view.reduce == nil {
             throw HTTPError(.badRequest, "query_parse_error", "Invalid use of grouping on a map view.")
         }
+        // As CouchDB's `validate_args`: a reduce over several given keys needs a group, and a key
+        // range that runs against the order asked for can match nothing. (CouchDB reads one key
+        // in `keys` as `key`, so neither rule stops it.)
+        if reducing, let keys = query.keys, keys.count > 1, !query.group || query.groupLevel != nil {
+            throw HTTPError(.badRequest, "query_parse_error", "Multi-key fetches for reduce views must use `group=true`")
+        }
+        if (query.keys?.count ?? 1) == 1, let start = query.range.startKey, let end = query.range.endKey {
+            let order = Collation.compare(start, end)
+            if !query.range.descending, order > 0 {
+                throw HTTPError(.badRequest, "query_parse_error",
+                                "No rows can match your key range, reverse your start_key and end_key or set descending=true")
+            }
+            if query.range.descending, order < 0 {
+                throw HTTPError(.badRequest, "query_parse_error",
+                                "No rows can match your key range, reverse your start_key and end_key or set descending=false")
+            }
+        }
         let state: (id: Int64, sequence: Int64)? = try await blocking {
             switch query.update {
             case "false": return try db.viewIndexState(definition)

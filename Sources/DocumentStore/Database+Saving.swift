@@ -28,6 +28,15 @@ extension Database {
         return RevisionDraft(docID: id, parent: revID, properties: base.properties, attachments: base.attachments, blobs: blobs)
     }
 
+    /// A draft that edits `revID` as CouchDB's interactive writes do (a PUT or `_bulk_docs` with
+    /// `_rev`): a deleted revision cannot be edited, as CouchDB answers 409 (a deleted document
+    /// is made again without a `_rev`, continuing from its tombstone).
+    public func newRevision(of id: String, editing revID: RevisionID) throws -> RevisionDraft {
+        let base = try revision(revID, of: id)
+        guard !base.deleted else { throw SofaError.conflict(docID: id, revID: revID.description, current: revID.description) }
+        return RevisionDraft(docID: id, parent: revID, properties: base.properties, attachments: base.attachments, blobs: blobs)
+    }
+
     /// Saves a draft as a new revision.
     ///
     /// If the draft's parent is no longer the current revision, this throws
