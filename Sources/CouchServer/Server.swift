@@ -583,13 +583,36 @@ final class DatabaseRegistry: @unchecked Sendable {
         self.paths = databases
         self.directory = directory
         self.newDatabaseKey = newDatabaseKey
-        if let directory, FileManager.default.fileExists(atPath: directory) {
-            for entry in try FileManager.default.contentsOfDirectory(atPath: directory) where entry.hasSuffix(".sofa") {
-                let name = DatabaseRegistry.name(ofFolder: String(entry.dropLast(5)))
-                // A folder whose name CouchDB would refuse as a database name is not served.
-                if paths[name] == nil, (try? DatabaseRegistry.validate(name)) != nil { paths[name] = "\(directory)/\(entry)" }
-            }
+        if directory != nil { _ = lookInDirectory() }
+    }
+
+    /// Adds the databases in `directory` that are not served yet: those there at the start, and
+    /// those another process made since (`sofa create`, a `sofa pull` or `sofa copy` into a new
+    /// database). Under `lock`, or from `init`. Returns the names added.
+    private func lookInDirectory() -> [String] {
+        guard let directory, let entries = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
+        var added: [String] = []
+        for entry in entries where entry.hasSuffix(".sofa") {
+            let name = DatabaseRegistry.name(ofFolder: String(entry.dropLast(5)))
+            // A folder whose name CouchDB would refuse as a database name is not served, nor
+            // one still being made (no SQLite file yet).
+            guard paths[name] == nil, (try? DatabaseRegistry.validate(name)) != nil,
+                  FileManager.default.fileExists(atPath: "\(directory)/\(entry)/db.sqlite3") else { continue }
+            paths[name] = "\(directory)/\(entry)"
+            added.append(name)
         }
+        return added
+    }
+
+    /// The path of database `name` in `directory`, if another process made it there since the
+    /// last look. Under `lock`.
+    private func lookInDirectory(for name: String) -> String? {
+        guard let directory, (try? DatabaseRegistry.validate(name)) != nil else { return nil }
+        let path = "\(directory)/\(DatabaseRegistry.folder(of: name)).sofa"
+        guard FileManager.default.fileExists(atPath: path + "/db.sqlite3") else { return nil }
+        paths[name] = path
+        updates.record(name, .created)
+        return path
     }
 
     /// CouchDB's rule for database names (at most 238 characters, as CouchDB's); `_users` and
@@ -609,14 +632,22 @@ final class DatabaseRegistry: @unchecked Sendable {
     static func folder(of name: String) -> String { name.replacingOccurrences(of: "/", with: "%2F") }
     static func name(ofFolder folder: String) -> String { folder.replacingOccurrences(of: "%2F", with: "/") }
 
-    var names: [String] { lock.withLock { paths.keys.sorted() } }
+    var names: [String] {
+        let (names, added) = lock.withLock { () -> ([String], [String]) in
+            let added = lookInDirectory()
+            for name in added { updates.record(name, .created) }
+            return (paths.keys.sorted(), added)
+        }
+        if !added.isEmpty { namesChanged.publish() }
+        return names
+    }
 
-    func path(of name: String) -> String? { lock.withLock { paths[name] } }
+    func path(of name: String) -> String? { lock.withLock { paths[name] ?? lookInDirectory(for: name) } }
 
     func database(_ name: String) throws -> Database {
         try lock.withLock {
             if let database = open[name] { return database }
-            guard let path = paths[name] else { throw HTTPError.databaseNotFound }
+            guard let path = paths[name] ?? lookInDirectory(for: name) else { throw HTTPError.databaseNotFound }
             let database = try Database.open(at: path)
             open[name] = database
             updates.follow(database, as: name)
@@ -627,7 +658,7 @@ final class DatabaseRegistry: @unchecked Sendable {
     func create(_ name: String) throws -> Database {
         try DatabaseRegistry.validate(name)
         return try lock.withLock {
-            if paths[name] != nil { throw SofaError.databaseExists(path: name) }
+            if paths[name] != nil || lookInDirectory(for: name) != nil { throw SofaError.databaseExists(path: name) }
             guard let directory else {
                 throw HTTPError(.forbidden, "forbidden", "this server was started without a directory for new databases")
             }

@@ -1,4 +1,5 @@
 import DocumentModel
+import DocumentStore
 import Foundation
 import Testing
 import TestSupport
@@ -40,6 +41,27 @@ import TestSupport
         #expect(rows(try http.request("GET", "/_db_updates?since=now")).isEmpty)
         #expect(try http.request("GET", "/_db_updates?feed=sideways").status == 400)
         #expect(try http.request("GET", "/_db_updates?since=banana").status == 400)
+    }
+
+    /// Databases made in the served directory by other commands after `sofa serve` started
+    /// are served at once: by name, in `_all_dbs`, and a PUT of their name is 412. They used to
+    /// be 404 until a restart.
+    @Test func databasesMadeInTheDirectoryByOtherCommandsAreServed() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let http = try server.connect()
+        #expect(try http.json("GET", "/_all_dbs").json == [])
+        #expect(try sofa("create", directory.appending("made.sofa")).succeeded)
+        let db = try Database.open(at: directory.appending("made.sofa"))
+        try db.put("doc", ["n": 1])
+        #expect(try http.json("GET", "/made/doc").json?["n"] == 1, "served by name")
+        #expect(try sofa("create", directory.appending("listed.sofa")).succeeded)
+        #expect(try http.json("GET", "/_all_dbs").json == ["listed", "made"])
+        #expect(try http.json("PUT", "/listed").status == 412)
+        #expect(rows(try http.request("GET", "/_db_updates")).contains(Row(name: "listed", type: "created")))
+        // A folder that is not a database yet is not served.
+        try FileManager.default.createDirectory(atPath: directory.appending("half.sofa"), withIntermediateDirectories: false)
+        #expect(try http.json("GET", "/half").status == 404)
+        #expect(try http.json("GET", "/_all_dbs").json == ["listed", "made"])
     }
 
     private func seqs(_ answer: HTTPResponse) -> [String] {
