@@ -72,6 +72,10 @@ struct Serve: SofaCommand {
         if databases.isEmpty && directory == nil {
             throw ValidationError("give at least one database, or --directory")
         }
+        // (A port past 65535 used to be cut to 16 bits: --port 70000 served on 4464.)
+        guard (0...65535).contains(port) else {
+            throw ValidationError("--port \(port) is not a TCP port: give 1–65535, or 0 for a free one")
+        }
     }
 
     func execute() throws {

@@ -151,6 +151,16 @@ import TestSupport
         #expect(!second.stderr.contains("errno"), "no system-call internals: \(second.stderr)")
     }
 
+    /// A port past 65535 is refused by name (it was cut to 16 bits: 70000 served on 4464).
+    @Test func aPortThatIsNoTCPPortIsRefused() throws {
+        let db = try create()
+        for port in ["70000", "99999", "-1"] {
+            let served = try sofa("serve", db, "--port=\(port)")
+            #expect(served.status == 64 || served.status == 1, "\(port): \(served.status) \(served.stderr)")
+            #expect(served.stderr.contains("is not a TCP port"), "\(port): \(served.stderr)")
+        }
+    }
+
     @Test func pushToAMissingDatabaseSuggestsCreatingIt() throws {
         let db = try create()
         #expect(try sofa("put", db, "doc", "{}").succeeded)
