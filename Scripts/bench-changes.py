@@ -7,6 +7,8 @@ One database, mounted with --sync --continuous to a second database served by `s
   time from its answer (the commit) until properties.json in the mount reads the new value;
 - a save in the synced mount on the wire: the time from close() of a new properties.json
   until the remote's continuous _changes feed lists the document;
+- another process's commit answered to a longpoll `_changes` on the local server;
+- a `_replicator` document until its copy holds the source's documents;
 - idle wake-ups: context switches per second of the mount and of each server over a quiet
   stretch (every thread's, from /proc/PID/task/*/status).
 Prints one JSON object.
@@ -36,8 +38,8 @@ def start(*arguments, log):
     return process
 
 
-def serve(database, log):
-    process = start("serve", database, "--port", "0", log=log)
+def serve(database, log, *extra):
+    process = start("serve", database, "--port", "0", *extra, log=log)
     for _ in range(200):
         found = re.search(r"127\.0\.0\.1:(\d+)", open(os.path.join(work, log)).read())
         if found:
@@ -162,6 +164,47 @@ try:
     # Ended from this side, so that the server's feed ends too before the idle stretch.
     feed.sock.shutdown(socket.SHUT_RDWR)
     feed.close()
+
+    # Another process's commit, answered to a longpoll on the local server.
+    longpoll = []
+    since = call(local_port, "GET", f"/{local_name}")["update_seq"]
+    for n in range(rounds):
+        waiting = http.client.HTTPConnection("127.0.0.1", local_port, timeout=60)
+        waiting.request("GET", f"/{local_name}/_changes?feed=longpoll&since={since}&timeout=20000")
+        time.sleep(0.1)  # the server waits now
+        subprocess.run([sofa, "put", local, f"poll-{n}", json.dumps({"n": n})], check=True, capture_output=True)
+        committed = time.monotonic()
+        answer = json.loads(waiting.getresponse().read())
+        longpoll.append((time.monotonic() - committed) * 1000)
+        since = answer["last_seq"]
+        waiting.close()
+    result["foreign_change_to_longpoll_ms"] = {"p50": round(percentile(longpoll, 0.5), 2),
+                                               "p90": round(percentile(longpoll, 0.9), 2),
+                                               "max": round(max(longpoll), 2)}
+
+    # A _replicator document, until its copy holds the source's document.
+    jobs = os.path.join(work, "jobs")
+    os.makedirs(jobs)
+    jobs_server, jobs_port = serve(remote, "jobs.log", "--directory", jobs)
+    call(jobs_port, "PUT", "/_replicator")
+    jobs_latency = []
+    for n in range(min(rounds, 10)):
+        call(jobs_port, "PUT", f"/_replicator/job-{n}", {"source": remote_name, "target": f"copy-{n}", "create_target": True})
+        made = time.monotonic()
+        deadline = made + 60
+        while time.monotonic() < deadline:
+            try:
+                if call(jobs_port, "GET", f"/copy-{n}")["doc_count"] > 0:
+                    break
+            except SystemExit:
+                pass  # not made yet
+            time.sleep(0.001)
+        else:
+            raise SystemExit(f"job-{n} never copied")
+        jobs_latency.append((time.monotonic() - made) * 1000)
+    result["replicator_document_to_copy_ms"] = {"p50": round(percentile(jobs_latency, 0.5), 2),
+                                                "max": round(max(jobs_latency), 2)}
+    jobs_server.terminate()
 
     # Idle: nothing happens for a while.
     time.sleep(3)

@@ -85,10 +85,10 @@ import TestSupport
         }
         usleep(300_000)
         #expect(try http.json("PUT", "/first/doc", [:]).status == 201)
-        #expect(done.wait(timeout: .now() + 10) == .success)
-        let (response, seconds) = answer.withLock { $0 }
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        // Ended by the write, not by its timeout (which answers no rows).
+        let (response, _) = answer.withLock { $0 }
         #expect(response.map(rows) == [Row(name: "first", type: "updated")], "\(response?.text ?? "none")")
-        #expect(seconds < 5, "the longpoll ended \(seconds) s after it started, not at the write")
 
         let continuous = try http.request("GET", "/_db_updates?feed=continuous&timeout=300")
         let lines = continuous.text.split(separator: "\n").map(String.init)

@@ -113,25 +113,21 @@ import TestSupport
         #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
     }
 
-    @Test func changesFromAnotherProcessShowWithinASecond() throws {
+    /// (How soon is `Scripts/bench changes`' to measure: a bound on time here fails on a busy machine.)
+    @Test func changesFromAnotherProcessShowInTheMount() throws {
         let mount = try MountedDatabase(db.path)
         let file = mount.path("docs/doc/properties.json")
         #expect(try sh("cat \(file)").contains("\"hi\""))
         #expect(try sofa("put", db.path, "doc", #"{"greeting":"live"}"#).succeeded)
         #expect(try sofa("put", db.path, "other", #"{"new":true}"#).succeeded)
-        let start = Date()
-        let seen = try waitUntil(3) { try sh("cat \(file)") == "{\n  \"greeting\": \"live\"\n}\n" }
-        let elapsed = Date().timeIntervalSince(start)
-        #expect(seen && elapsed <= 1.5, "seen: \(seen), after \(elapsed) s")
-        #expect(try waitUntil(3) { try sh("ls \(mount.path("docs"))").contains("other") })
+        #expect(try waitUntil(30) { try sh("cat \(file)") == "{\n  \"greeting\": \"live\"\n}\n" })
+        #expect(try waitUntil(30) { try sh("ls \(mount.path("docs"))").contains("other") })
 
-        // A removal too: `stat` of the removed attachment, which the kernel held, fails within a second.
+        // A removal too: `stat` of the removed attachment, which the kernel held, fails.
         let kept = mount.path("docs/doc/attachments/keep.txt")
         #expect(try sh("stat -c %s \(kept)") == "4\n")
         #expect(try sofa("detach", db.path, "doc", "keep.txt").succeeded)
-        let removedAt = Date()
-        let gone = try waitUntil(3) { !FileManager.default.fileExists(atPath: kept) }
-        #expect(gone && Date().timeIntervalSince(removedAt) <= 1.5, "gone: \(gone) after \(Date().timeIntervalSince(removedAt)) s")
+        #expect(waitUntil(30) { !FileManager.default.fileExists(atPath: kept) })
     }
 
     @Test func unchangedFoldersAreListedFromTheKernelsCache() throws {

@@ -6,44 +6,36 @@ import TestSupport
 
 /// Each consumer of a database's change stream reacts to a commit as it happens, where each
 /// used to poll: the mount every 200 ms, a continuous push every 500 ms, `_changes` every
-/// 100 ms for other processes' writes, `_replicator` every 250 ms. Each test takes the median
-/// of nine changes and bounds it well under what the old interval gave (a poller's median is
-/// about half its interval, plus the work), so a return to polling fails it. Under
-/// ThreadSanitizer (everything ~10× slower, every suite at once) the bounds only catch a hang.
+/// 100 ms for other processes' writes, `_replicator` every 250 ms. Each test makes nine changes
+/// and waits for each to arrive (a missed wake-up fails it after 30 s). How fast they arrive is
+/// measured by `Scripts/bench changes` (a return to polling shows there), never asserted here:
+/// a busy machine makes any bound on time wrong (#51).
 @Suite struct ChangeStreamConsumerTests {
     let directory = TemporaryDirectory()
 
-    /// The median of nine latencies, each from `change()` returning until `arrived()` holds.
-    private func medianLatency(_ change: (Int) throws -> Void, arrived: (Int) throws -> Bool) throws -> Double {
-        var latencies: [Double] = []
+    /// Nine changes, each followed by a wait until `arrived()` holds; throws when one never does.
+    private func eachArrives(_ change: (Int) throws -> Void, arrived: (Int) throws -> Bool) throws {
         for n in 0..<9 {
             try change(n)
-            let changed = Date()
-            let deadline = changed.addingTimeInterval(30)
+            let deadline = Date().addingTimeInterval(30)
             while try !arrived(n) {
                 guard Date() < deadline else { throw SofaError.invalidArgument("change \(n) never arrived") }
                 usleep(500)
             }
-            latencies.append(Date().timeIntervalSince(changed))
-            usleep(100_000)
         }
-        return latencies.sorted()[4]
     }
-
-    private func bound(_ seconds: Double) -> Double { underThreadSanitizer ? seconds * 20 : seconds }
 
     @Test func theMountShowsAnotherProcesssChangeAsItCommits() throws {
         let db = try directory.makeDatabase()
         try db.put("doc", ["n": -1])
         let mount = try MountedDatabase(db.path)
         let file = mount.path("docs/doc/properties.json")
-        let median = try medianLatency({ n in
+        try eachArrives({ n in
             _ = try String(contentsOfFile: file, encoding: .utf8)  // the kernel holds it now
             #expect(try sofa("put", db.path, "doc", "{\"n\":\(n)}").succeeded)
         }, arrived: { n in
             (try? String(contentsOfFile: file, encoding: .utf8))?.contains("\"n\": \(n)\n") == true
         })
-        #expect(median < bound(0.05), "median \(median) s from the CLI's commit to the mount (a 200 ms poll gives ~0.1 s)")
     }
 
     @Test func aLongpollAnswersAnotherProcesssChangeAsItCommits() throws {
@@ -52,7 +44,7 @@ import TestSupport
         let server = try ServedDatabases([path])
         var http: HTTPConnection?
         var since = "0"
-        let median = try medianLatency({ n in
+        try eachArrives({ n in
             let connection = try server.connect()
             try connection.send("GET /feed/_changes?feed=longpoll&since=\(since)&timeout=20000 HTTP/1.1\r\nHost: x\r\n\r\n")
             usleep(100_000)  // the server is waiting now
@@ -67,7 +59,6 @@ import TestSupport
             since = answer.json?["last_seq"]?.stringValue ?? since
             return true
         })
-        #expect(median < bound(0.03), "median \(median) s from the CLI's commit to the longpoll's answer (a 100 ms poll gives ~0.05 s)")
     }
 
     @Test func aContinuousPushSendsAChangeAsItCommits() throws {
@@ -81,12 +72,11 @@ import TestSupport
             recordSanitizerReports(replication.wait(), from: "sofa push")
         }
         let http = try server.connect()
-        let median = try medianLatency({ n in
+        try eachArrives({ n in
             try local.put("doc-\(n)", ["n": .integer(Int64(n))])
         }, arrived: { n in
             try http.json("GET", "/remote/doc-\(n)").status == 200
         })
-        #expect(median < bound(0.15), "median \(median) s from a local commit to the remote having it (a 500 ms poll gives ~0.25 s)")
     }
 
     @Test func replicatorDocumentsStartAsTheyAreSaved() throws {
@@ -96,13 +86,12 @@ import TestSupport
         let http = try server.connect()
         #expect(try http.json("PUT", "/_replicator").status == 201)
         #expect(try http.json("PUT", "/source/doc", ["n": 1]).status == 201)
-        let median = try medianLatency({ n in
+        try eachArrives({ n in
             let made = try http.json("PUT", "/_replicator/job-\(n)", ["source": "source", "target": .string("copy-\(n)"),
                                                                        "create_target": true])
             #expect(made.status == 201)
         }, arrived: { n in
             try http.json("GET", "/copy-\(n)/doc").status == 200
         })
-        #expect(median < bound(0.15), "median \(median) s from a _replicator document to its copy (a 250 ms poll gives ~0.125 s + the replication)")
     }
 }

@@ -161,13 +161,11 @@ extension CouchDBInteropTests {
             done.signal()
         }
         usleep(500_000)
-        let started = Date()
         #expect(try target.json("GET", "/loops").status == 200)
-        #expect(Date().timeIntervalSince(started) < 2, "the server answered other requests while the function ran")
-        #expect(done.wait(timeout: .now() + 30) == .success)
-        let (response, seconds) = answer.withLock { $0 }
+        #expect(answer.withLock { $0.0 } == nil, "the server answered another request while the function ran")
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        let (response, _) = answer.withLock { $0 }
         #expect(response?.status == 500 && response?.json?["error"] == "os_process_error", "\(response?.text ?? "none")")
-        #expect(seconds >= 4 && seconds < 20, "\(seconds) s")
         let good = try target.json("GET", "/loops/_design/good/_view/n")
         #expect(good.status == 200 && good.json?["rows"]?[0]?["key"] == 1, "\(good.text)")
     }
