@@ -90,9 +90,12 @@ for database in (local, remote):
 result = {}
 try:
     remote_server, remote_port = serve(remote, "remote.log")
-    remote_name = call(remote_port, "GET", "/_all_dbs")[0]
+    # By name: a server also serves the other databases of its database's folder (both are in work).
+    remote_name = "remote"
+    call(remote_port, "GET", f"/{remote_name}")
     local_server, local_port = serve(local, "local.log")
-    local_name = call(local_port, "GET", "/_all_dbs")[0]
+    local_name = "local"
+    call(local_port, "GET", f"/{local_name}")
     mount = start("mount", "-f", local, mountpoint, "--remote", f"http://127.0.0.1:{remote_port}/{remote_name}",
                   "--sync", "--continuous", log="mount.log")
     for _ in range(200):
@@ -200,7 +203,7 @@ try:
                 pass  # not made yet
             time.sleep(0.001)
         else:
-            raise SystemExit(f"job-{n} never copied")
+            raise SystemExit(f"job-{n} never copied: {call(jobs_port, 'GET', f'/_replicator/job-{n}')}")
         jobs_latency.append((time.monotonic() - made) * 1000)
     result["replicator_document_to_copy_ms"] = {"p50": round(percentile(jobs_latency, 0.5), 2),
                                                 "max": round(max(jobs_latency), 2)}
