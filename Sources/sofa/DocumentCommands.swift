@@ -121,9 +121,29 @@ struct List: SofaCommand {
         if json { Output.write(STDOUT_FILENO, first ? "]\n" : "\n]\n") }
     }
 
-    /// An id as one line: as it is, or as a JSON string when it holds a control character.
+    /// An id as one line: as it is, or as a JSON string when it holds a character that would
+    /// act on a terminal or end a line for some reader: C0 and C1 controls (U+009B is an 8-bit
+    /// escape sequence, U+0085 a line end), DEL, U+2028 and U+2029, and the marks that reorder
+    /// text (bidi overrides and isolates, which can make one id look like another). In the JSON
+    /// string those are `\uXXXX`, which JSON allows for any character.
     static func printable(_ id: String) -> String {
-        id.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F } ? JSONValue.string(id).jsonString() : id
+        guard id.unicodeScalars.contains(where: isUnprintable) else { return id }
+        var quoted = ""
+        for scalar in JSONValue.string(id).jsonString().unicodeScalars {
+            if isUnprintable(scalar) {
+                quoted += String(format: "\\u%04x", scalar.value)
+            } else {
+                quoted.unicodeScalars.append(scalar)
+            }
+        }
+        return quoted
+    }
+
+    private static func isUnprintable(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.value {
+        case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: true
+        default: false
+        }
     }
 }
 

@@ -95,6 +95,22 @@ import TestSupport
         #expect(try sofa("ls", path).stdout == "\"two\\nlines\"\n")
     }
 
+    /// C1 controls (U+009B drives a terminal, U+0085 ends a line), U+2028 and bidi overrides are
+    /// written as `\uXXXX` in a JSON string, as C0 controls are: one id, one line, read back whole.
+    @Test func anIdWithC1ControlsLineSeparatorsOrBidiMarksIsListedAsJSON() throws {
+        let path = try create()
+        let ids = ["csi\u{9B}31m", "next\u{85}line", "para\u{2028}graph", "evil\u{202E}txt.exe", "plain"]
+        for id in ids { try Database.open(at: path).put(id, [:]) }
+        let lines = try sofa("ls", path).stdout.split(separator: "\n", omittingEmptySubsequences: false).dropLast()
+        #expect(lines.count == ids.count, "\(lines)")
+        for line in lines {
+            #expect(!line.unicodeScalars.contains { (0x80...0x9F).contains($0.value) || [0x2028, 0x202E].contains($0.value) },
+                    "printed raw: \(line.debugDescription)")
+        }
+        let read = lines.map { line in line.hasPrefix("\"") ? (try? JSONParser.parse(Array(line.utf8)))?.stringValue ?? "?" : String(line) }
+        #expect(Set(read) == Set(ids), "\(lines)")
+    }
+
     @Test func attachingTheSameBytesAgainSavesNothing() throws {
         let db = try create()
         let file = directory.appending("note.txt")
