@@ -84,7 +84,7 @@ extension CouchServer {
             running.job.cancel()
             return try await request.response.sendJSON(.ok, ["ok": true, "_local_id": .string(id)])
         }
-        let job = try await startReplication(body, using: replicator)
+        let job = try await startReplication(body, requester: CouchServer.user, using: replicator)
         if continuous {
             if !replications.add(id, .init(job: job, source: redacted(source), target: redacted(target), started: Date())) {
                 job.cancel()  // the same replication runs already: one is enough, as in CouchDB
@@ -136,25 +136,40 @@ extension CouchServer {
 
     /// Starts the replication a `_replicate` body or a `_replicator` document describes: one
     /// side must be a database of this server.
-    func startReplication(_ body: JSONObject, using replicator: @Sendable (ReplicationRequest) throws -> any ReplicationJob) async throws
-        -> any ReplicationJob {
+    ///
+    /// A side of this server is used directly, as the user its URL names (its password checked
+    /// as a request's would be; no credentials: anonymous), or for a bare name as `requester`
+    /// (`_replicate`'s user; nil for a `_replicator` job, whose writer was checked). A URL of
+    /// this server on the other side goes over HTTP with its own credentials, never the
+    /// server's. As CouchDB: wrong credentials are 500 `replication_auth_error`, a user who may
+    /// not use the database 401.
+    func startReplication(_ body: JSONObject, requester: UserContext? = nil,
+                          using replicator: @Sendable (ReplicationRequest) throws -> any ReplicationJob) async throws -> any ReplicationJob {
         let source = try CouchServer.endpoint("source", body), target = try CouchServer.endpoint("target", body)
         let direction: ReplicationRequest.Direction
-        let localName: String, remote: String
+        let localName: String, remote: String, local: String
         if let name = localDatabaseName(source) {
             direction = .push
-            localName = name
-            remote = localDatabaseName(target).map { selfURL($0) } ?? target
+            (localName, local) = (name, source)
+            if let targetName = localDatabaseName(target), !target.contains("://") {
+                // A bare name: as the requester, who must be allowed there too.
+                try await checkAccess(as: requester, to: targetName, through: target, creating: false)
+                remote = selfURL(targetName)
+            } else {
+                remote = target
+            }
         } else if let name = localDatabaseName(target) {
             direction = .pull
-            localName = name
+            (localName, local) = (name, target)
             remote = source
         } else {
             throw HTTPError.badRequest("Sofa replicates between one of the databases it serves and a URL; neither \(source) nor \(target) is served here")
         }
         let createTarget = body["create_target"]?.boolValue ?? false
         if direction == .pull, configuration.readOnly { throw HTTPError.readOnly }
-        if direction == .pull, createTarget, !registry.names.contains(localName) {
+        let creating = direction == .pull && createTarget && !registry.names.contains(localName)
+        try await checkAccess(as: requester, to: localName, through: local, creating: creating)
+        if creating {
             _ = try await blocking { try self.registry.create(localName) }
         }
         let database = try await self.database(localName)
@@ -194,6 +209,39 @@ extension CouchServer {
                      "info": .object(entry.job.progress), "history": []])
         }
         try await request.response.sendJSON(.ok, ["total_rows": .integer(Int64(jobs.count)), "offset": 0, "jobs": .array(jobs)])
+    }
+
+    /// Refuses, as CouchDB does, a replication whose side `endpoint` (database `name` of this
+    /// server) acts as a user who may not read and write it, or make it.
+    private func checkAccess(as requester: UserContext?, to name: String, through endpoint: String, creating: Bool) async throws {
+        guard requiresAuthentication else { return }
+        let user: UserContext
+        var shown = endpoint
+        if endpoint.contains("://"), var url = URLComponents(string: endpoint) {
+            if let given = url.user {
+                let (name, password) = (given.removingPercentEncoding ?? given, url.password?.removingPercentEncoding ?? "")
+                guard let known = try await authenticate(name: name, password: password) else {
+                    throw HTTPError(.internalServerError, "replication_auth_error",
+                                    "{session_request_unauthorized,\"http://127.0.0.1:\(boundPort ?? configuration.port)/_session\",\"\(name)\"}")
+                }
+                user = known
+            } else {
+                user = .anonymous
+            }
+            (url.user, url.password) = (nil, nil)
+            shown = (url.string ?? endpoint) + (url.path.hasSuffix("/") ? "" : "/")
+        } else {
+            guard let requester else { return }
+            user = requester
+        }
+        let allowed: Bool
+        if creating || user.isServerAdmin {
+            allowed = user.isServerAdmin
+        } else {
+            let database = try await self.database(name)
+            allowed = try await blocking { SecurityObject(try database.securityObject).isMember(user) }
+        }
+        guard allowed else { throw HTTPError(.unauthorized, "unauthorized", "unauthorized to access or create database \(shown)") }
     }
 
     /// The served database an endpoint names: a bare name, or a URL of this server.

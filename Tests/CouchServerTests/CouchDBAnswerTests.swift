@@ -103,6 +103,44 @@ import TestSupport
         }
     }
 
+    /// `_replicate` between databases of the server itself uses the credentials each URL gives,
+    /// as CouchDB does: a wrong password is 500 `replication_auth_error`, none on an admins-only
+    /// database 401, and nothing is copied; the right ones copy. (Sofa used to copy whatever the
+    /// URL said, as the server's admin.)
+    @Test func replicationsWithinTheServerUseTheCredentialsTheirURLsGive() throws {
+        let couch = LiveCouchDB.shared
+        let passwordFile = directory.appending("password")
+        try "secret".write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        let server = try ServedDatabases(["--directory", directory.path, "--user", "admin", "--password-file", passwordFile])
+        let sofa = try server.connect()
+        let admin = [("Authorization", "Basic " + Data("admin:secret".utf8).base64EncodedString())]
+        let source = try couch.newDatabase("auth-src")
+        #expect(try sofa.json("PUT", "/\(source)", headers: admin).status == 201)
+        for n in 0..<3 {
+            #expect(try couch.request("PUT", "/\(source)/doc-\(n)", ["n": .integer(Int64(n))]).status == 201)
+            #expect(try sofa.json("PUT", "/\(source)/doc-\(n)", ["n": .integer(Int64(n))], headers: admin).status == 201)
+        }
+        func url(_ port: Int, _ credentials: String, _ name: String) -> String { "http://\(credentials)127.0.0.1:\(port)/\(name)" }
+        for (label, credentials) in [("wrong", "admin:wrong@"), ("none", ""), ("right", "admin:secret@")] {
+            let target = "auth-copy-\(label)-\(UUID().uuidString.prefix(6).lowercased())"
+            func body(_ port: Int) -> JSONValue {
+                ["source": .string(url(port, credentials, source)), "target": .string(url(port, "admin:secret@", target)), "create_target": true]
+            }
+            let theirs = try couch.request("POST", "/_replicate", body(couch.port))
+            let ours = try sofa.json("POST", "/_replicate", body(server.port), headers: admin)
+            #expect(ours.status == theirs.status, "\(label): Sofa \(ours.status) \(ours.text), CouchDB \(theirs.status) \(theirs.text)")
+            #expect(ours.json?["error"] == theirs.json?["error"], "\(label): Sofa \(ours.text), CouchDB \(theirs.text)")
+            if theirs.status != 200 {
+                let reason = { (answer: HTTPResponse, port: Int) in answer.json?["reason"]?.stringValue?.replacingOccurrences(of: ":\(port)/", with: ":PORT/") }
+                #expect(reason(ours, server.port) == reason(theirs, couch.port), "\(label)")
+            }
+            let copied = try sofa.json("GET", "/\(target)", headers: admin)
+            let theirCopy = try couch.request("GET", "/\(target)")
+            #expect(copied.status == theirCopy.status, "\(label): the copy is \(copied.status) here, \(theirCopy.status) there")
+            #expect(copied.json?["doc_count"] == theirCopy.json?["doc_count"], "\(label)")
+        }
+    }
+
     /// The rows, without what differs by design between two servers (sequences, error refs).
     static func comparable(_ answer: JSONValue?) -> JSONValue? {
         guard case .object(var object)? = answer else { return answer }
