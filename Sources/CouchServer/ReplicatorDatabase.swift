@@ -11,6 +11,8 @@ import Foundation
 /// listed by `/_active_tasks` and `/_scheduler/jobs`, every one by `/_scheduler/docs`.
 extension CouchServer {
     static let replicatorDatabase = "_replicator"
+    /// CouchDB's third system database, made by its setup (and by client suites' fixtures).
+    static let globalChangesDatabase = "_global_changes"
 
     /// Follows `_replicator`'s changes until the task is cancelled (when the server stops):
     /// woken by its commits, and by databases being created or deleted while it is absent.

@@ -54,10 +54,9 @@ extension CouchServer {
             case "docs" where segments.count == 2: try await schedulerDocs(request)
             default: throw HTTPError.notImplemented("/_scheduler/\(segments.dropFirst().joined(separator: "/")) (only jobs and docs)")
             }
-        case "_global_changes":
-            // CouchDB's system database Sofa does not have.
-            throw HTTPError(.notFound, "not_found", "Database does not exist.")
-        case CouchServer.usersDatabase, CouchServer.replicatorDatabase:
+        case CouchServer.usersDatabase, CouchServer.replicatorDatabase, CouchServer.globalChangesDatabase:
+            // (`_global_changes` is made as CouchDB's setup makes it, a database like any other:
+            // `_db_updates` answers from the server's own record with or without it.)
             try await routeDatabase(request, name: first, rest: Array(segments.dropFirst()))
         case _ where CouchServer.unimplementedServerEndpoints.contains(first):
             throw HTTPError.notImplemented("/\(first)")

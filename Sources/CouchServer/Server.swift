@@ -618,7 +618,7 @@ final class DatabaseRegistry: @unchecked Sendable {
     /// CouchDB's rule for database names (at most 238 characters, as CouchDB's); `_users` and
     /// `_replicator` are the system databases Sofa has.
     static func validate(_ name: String) throws {
-        if name == CouchServer.usersDatabase || name == CouchServer.replicatorDatabase { return }
+        if [CouchServer.usersDatabase, CouchServer.replicatorDatabase, CouchServer.globalChangesDatabase].contains(name) { return }
         let allowed = Set("abcdefghijklmnopqrstuvwxyz0123456789_$()+-/")
         guard let first = name.first, first.isLetter, first.isLowercase, first.isASCII, name.allSatisfy(allowed.contains),
               name.utf8.count <= 238 else {

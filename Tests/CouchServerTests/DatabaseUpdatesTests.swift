@@ -64,6 +64,22 @@ import TestSupport
         #expect(try http.json("GET", "/_all_dbs").json == ["listed", "made"])
     }
 
+    /// `_global_changes`, CouchDB's third system database, is made as its setup (and client
+    /// suites' fixtures) make it: PUT 201, then 412; listed; deleted. (It was 404 for every method.)
+    @Test func globalChangesIsADatabaseThatCanBeMade() throws {
+        let server = try ServedDatabases(["--directory", directory.path])
+        let http = try server.connect()
+        #expect(try http.json("GET", "/_global_changes").status == 404)
+        #expect(try http.json("PUT", "/_global_changes").json == ["ok": true])
+        #expect(try http.json("PUT", "/_global_changes").status == 412)
+        #expect(try http.json("GET", "/_global_changes").json?["db_name"] == "_global_changes")
+        #expect(try http.json("GET", "/_all_dbs").json == ["_global_changes"])
+        #expect(try http.json("GET", "/_db_updates").status == 200)
+        #expect(try http.json("PUT", "/_other").json?["error"] == "illegal_database_name")
+        #expect(try http.json("DELETE", "/_global_changes").status == 200)
+        #expect(try http.json("GET", "/_global_changes").status == 404)
+    }
+
     private func seqs(_ answer: HTTPResponse) -> [String] {
         (answer.json?["results"]?.arrayValue ?? []).compactMap { $0["seq"]?.stringValue }
     }
