@@ -1,4 +1,5 @@
 import DocumentModel
+import Foundation
 
 /// An attachment body that has arrived (inline or as a MIME part) and is in the blob store.
 public struct ReceivedBody: Sendable {
@@ -29,7 +30,9 @@ public struct MissingStub: Error, CustomStringConvertible, Sendable {
 
 extension Database {
     /// Stores the bodies a document carries inline (`data`, decoded already), checked against
-    /// their `sha1-` digests; an `md5-` digest may describe another form (CouchDB's gzip), so the
+    /// their digests. An `md5-` digest of these bytes, or of CouchDB's gzip of them (what CouchDB
+    /// shows for text), is kept as the digest they were given: a copy of a copy of CouchDB's
+    /// documents shows CouchDB's digests. Any other `md5-` digest cannot be checked here, so the
     /// received digest is then the stored bytes' own.
     public func storeInlineBodies(of document: IncomingDocument) throws -> [String: ReceivedBody] {
         var received: [String: ReceivedBody] = [:]
@@ -38,9 +41,21 @@ extension Database {
             let claimed = attachment.digest
             let sink = try IncomingBody(blobs: blobs, gzip: false)
             try sink.write(bytes)
-            let sha1Claim = claimed?.hasPrefix("md5-") == true ? nil : claimed
-            let result = try sink.finish(claimedDigest: sha1Claim)
-            let digest = claimed?.hasPrefix("md5-") == true ? result.digest : result.blob.key.digestString
+            let checkable: String?
+            if let claimed, claimed.hasPrefix("md5-") {
+                let own = "md5-" + Data(MessageDigest.hash(.md5, bytes)).base64EncodedString()
+                checkable = claimed == own ? claimed : nil
+            } else {
+                checkable = claimed
+            }
+            let result = try sink.finish(claimedDigest: checkable)
+            var digest = result.digest
+            if let claimed, claimed.hasPrefix("md5-"), checkable == nil,
+               let given = CouchAttachmentMD5.md5(ofDigest: claimed),
+               try CouchAttachmentMD5.md5(of: result.blob.key, contentType: attachment.contentType ?? MIMEType.forFileName(attachment.name),
+                                          in: blobs) == given {
+                digest = claimed
+            }
             received[attachment.name] = ReceivedBody(blob: result.blob, digest: digest)
         }
         return received

@@ -99,6 +99,9 @@ final class PiecewiseUpload: UploadSource {
                 var meta = JSONObject()
                 meta["content_type"] = entry["content_type"]
                 meta["revpos"] = entry["revpos"]
+                // CouchDB's kind of digest goes along, so that a copy shows the digest it was given
+                // (CouchDB recomputes its own and ignores it; Sofa keeps it when it names these bytes).
+                if let digest = entry["digest"]?.stringValue, digest.hasPrefix("md5-") { meta["digest"] = .string(digest) }
                 text += Array(JSONValue.object(meta).serialized().dropLast()) + Array(#","data":""#.utf8)
                 pieces.append(.bytes(text))
                 text = []

@@ -382,6 +382,32 @@ import TestSupport
         expectSame(try describe(port: couch.port, source), try describe(port: couch.port, copy), "read through the mount, pushed")
     }
 
+    /// A copy of a copy keeps the digests it was given: CouchDB's scenario pulled into one Sofa
+    /// database (`md5-` digests, of the bytes as stored), then pushed to another through `sofa
+    /// serve` (inline bodies in `_bulk_docs`), shows the same digests on every attachment.
+    /// (They came out as Sofa's `sha1-`, 500 of 500 in one `_replicate`.)
+    @Test func aCopyOfACopyKeepsTheDigestsItWasGiven() throws {
+        let source = try couch.newDatabase("digests")
+        try makeScenario(source)
+        let first = directory.appending("first.sofa"), second = directory.appending("second.sofa")
+        #expect(try sofa("create", first).succeeded && sofa("create", second).succeeded)
+        #expect(try sofa("pull", first, couch.url(source)).succeeded)
+        let server = try ServedDatabases([second])
+        #expect(try sofa("push", first, "http://127.0.0.1:\(server.port)/second").succeeded)
+        let original = try Database.open(at: first), copy = try Database.open(at: second)
+        var compared = 0
+        for summary in try original.documents() {
+            guard let given = try original.document(withID: summary.docID) else { continue }
+            for attachment in given.attachments {
+                #expect(attachment.digest.hasPrefix("md5-"), "\(summary.docID)/\(attachment.name): \(attachment.digest)")
+                #expect(try copy.document(withID: summary.docID)?.attachment(named: attachment.name)?.digest == attachment.digest,
+                        "\(summary.docID)/\(attachment.name)")
+                compared += 1
+            }
+        }
+        #expect(compared >= 5)
+    }
+
     @Test func aPurgedBodyThatCouchDBGzipsIsFetchedAgainByCouchDBsDigest() throws {
         let source = try couch.newDatabase("purged")
         try makeScenario(source)
