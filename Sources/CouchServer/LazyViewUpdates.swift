@@ -64,9 +64,4 @@ final class LazyViewUpdates: @unchecked Sendable {
             }
         }
     }
-
-    /// How many indexes are being updated or wait for a run.
-    var pending: Int {
-        lock.withLock { running.count + waiting.count }
-    }
 }

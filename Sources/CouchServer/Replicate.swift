@@ -167,7 +167,7 @@ extension CouchServer {
         }
         let createTarget = body["create_target"]?.boolValue ?? false
         if direction == .pull, configuration.readOnly { throw HTTPError.readOnly }
-        let creating = direction == .pull && createTarget && !registry.names.contains(localName)
+        let creating = direction == .pull && createTarget && registry.path(of: localName) == nil
         try await checkAccess(as: requester, to: localName, through: local, creating: creating)
         if creating {
             _ = try await blocking { try self.registry.create(localName) }
@@ -234,10 +234,9 @@ extension CouchServer {
             guard let requester else { return }
             user = requester
         }
-        let allowed: Bool
-        if creating || user.isServerAdmin {
-            allowed = user.isServerAdmin
-        } else {
+        // Making a database is the server admin's; using one, its members'.
+        var allowed = user.isServerAdmin
+        if !allowed, !creating {
             let database = try await self.database(name)
             allowed = try await blocking { SecurityObject(try database.securityObject).isMember(user) }
         }

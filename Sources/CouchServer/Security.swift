@@ -93,7 +93,7 @@ extension CouchServer {
 
     /// `org.couchdb.user:NAME` of `_users`, when there is one and it is a user.
     func userDocument(_ name: String) throws -> JSONObject? {
-        guard registry.names.contains(CouchServer.usersDatabase) else { return nil }
+        guard registry.path(of: CouchServer.usersDatabase) != nil else { return nil }
         let db = try registry.database(CouchServer.usersDatabase)
         guard let revision = try db.document(withID: CouchServer.userPrefix + name), !revision.deleted,
               revision.properties["type"]?.stringValue == "user" else { return nil }

@@ -583,35 +583,31 @@ final class DatabaseRegistry: @unchecked Sendable {
         self.paths = databases
         self.directory = directory
         self.newDatabaseKey = newDatabaseKey
-        if directory != nil { _ = lookInDirectory() }
+        lookInDirectory(announcing: false)
     }
 
     /// Adds the databases in `directory` that are not served yet: those there at the start, and
     /// those another process made since (`sofa create`, a `sofa pull` or `sofa copy` into a new
-    /// database). Under `lock`, or from `init`. Returns the names added.
-    private func lookInDirectory() -> [String] {
-        guard let directory, let entries = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
-        var added: [String] = []
+    /// database). Under `lock`, or from `init` (which announces nothing: they were there).
+    private func lookInDirectory(announcing: Bool = true) {
+        guard let directory, let entries = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
         for entry in entries where entry.hasSuffix(".sofa") {
-            let name = DatabaseRegistry.name(ofFolder: String(entry.dropLast(5)))
-            // A folder whose name CouchDB would refuse as a database name is not served, nor
-            // one still being made (no SQLite file yet).
-            guard paths[name] == nil, (try? DatabaseRegistry.validate(name)) != nil,
-                  FileManager.default.fileExists(atPath: "\(directory)/\(entry)/db.sqlite3") else { continue }
-            paths[name] = "\(directory)/\(entry)"
-            added.append(name)
+            _ = serveIfMade(DatabaseRegistry.name(ofFolder: String(entry.dropLast(5))), announcing: announcing)
         }
-        return added
     }
 
-    /// The path of database `name` in `directory`, if another process made it there since the
-    /// last look. Under `lock`.
-    private func lookInDirectory(for name: String) -> String? {
-        guard let directory, (try? DatabaseRegistry.validate(name)) != nil else { return nil }
+    /// The path of database `name` in `directory`, served from now on, if it is there and not
+    /// served yet: a folder whose name CouchDB would refuse is not, nor one still being made (no
+    /// SQLite file yet). `_db_updates` and the `_replicator` watcher are told. Under `lock`.
+    private func serveIfMade(_ name: String, announcing: Bool = true) -> String? {
+        guard paths[name] == nil, let directory, (try? DatabaseRegistry.validate(name)) != nil else { return nil }
         let path = "\(directory)/\(DatabaseRegistry.folder(of: name)).sofa"
         guard FileManager.default.fileExists(atPath: path + "/db.sqlite3") else { return nil }
         paths[name] = path
-        updates.record(name, .created)
+        if announcing {
+            updates.record(name, .created)
+            namesChanged.publish()
+        }
         return path
     }
 
@@ -632,22 +628,20 @@ final class DatabaseRegistry: @unchecked Sendable {
     static func folder(of name: String) -> String { name.replacingOccurrences(of: "/", with: "%2F") }
     static func name(ofFolder folder: String) -> String { folder.replacingOccurrences(of: "%2F", with: "/") }
 
+    /// Every database served, the directory looked through again (`_all_dbs`).
     var names: [String] {
-        let (names, added) = lock.withLock { () -> ([String], [String]) in
-            let added = lookInDirectory()
-            for name in added { updates.record(name, .created) }
-            return (paths.keys.sorted(), added)
+        lock.withLock {
+            lookInDirectory()
+            return paths.keys.sorted()
         }
-        if !added.isEmpty { namesChanged.publish() }
-        return names
     }
 
-    func path(of name: String) -> String? { lock.withLock { paths[name] ?? lookInDirectory(for: name) } }
+    func path(of name: String) -> String? { lock.withLock { paths[name] ?? serveIfMade(name) } }
 
     func database(_ name: String) throws -> Database {
         try lock.withLock {
             if let database = open[name] { return database }
-            guard let path = paths[name] ?? lookInDirectory(for: name) else { throw HTTPError.databaseNotFound }
+            guard let path = paths[name] ?? serveIfMade(name) else { throw HTTPError.databaseNotFound }
             let database = try Database.open(at: path)
             open[name] = database
             updates.follow(database, as: name)
@@ -658,7 +652,7 @@ final class DatabaseRegistry: @unchecked Sendable {
     func create(_ name: String) throws -> Database {
         try DatabaseRegistry.validate(name)
         return try lock.withLock {
-            if paths[name] != nil || lookInDirectory(for: name) != nil { throw SofaError.databaseExists(path: name) }
+            if paths[name] != nil || serveIfMade(name) != nil { throw SofaError.databaseExists(path: name) }
             guard let directory else {
                 throw HTTPError(.forbidden, "forbidden", "this server was started without a directory for new databases")
             }

@@ -225,8 +225,7 @@ extension DocumentFileSystem {
         return attachment
     }
 
-    /// Whether staged files of document `id` lie in `folder` (asked under the lock: handing out
-    /// the burst's sets would make the next close copy them whole).
+    /// Whether staged files of document `id` lie in `folder`.
     func hasStagedFolder(_ folder: String, in id: String) -> Bool {
         ledger.holdsFolder(folder, in: id)
     }

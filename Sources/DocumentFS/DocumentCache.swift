@@ -28,9 +28,7 @@ final class DocumentCache: @unchecked Sendable {
         /// (`a/b/c` makes `a` and `a/b`): a lookup in a folder of 10,000 files costs what
         /// one in a folder of ten does.
         let byName: [String: Attachment]
-        let folders: Set<String>
-        /// The folders in each folder ("" is attachments/), for link counts.
-        let subfolders: [String: Set<String>]
+        let folders: FolderIndex
 
         init(revision: Revision?, key: Int64? = nil, rendered: [UInt8], hasConflicts: Bool, revisionTimes: [String: Double] = [:],
              local: [String: LocalAttributes] = [:]) {
@@ -43,12 +41,7 @@ final class DocumentCache: @unchecked Sendable {
             for row in local.keys { if let folder = Entry.folder(ofRow: row) { recordedFolders.insert(folder) } }
             let attachments = revision?.attachments ?? []
             byName = Dictionary(attachments.map { ($0.name, $0) }, uniquingKeysWith: { $1 })
-            var folders = Set<String>()
-            for attachment in attachments { folders.formUnion(Entry.folders(of: attachment.name)) }
-            self.folders = folders
-            var subfolders: [String: Set<String>] = [:]
-            for folder in folders { subfolders[Entry.parent(of: folder), default: []].insert(folder) }
-            self.subfolders = subfolders
+            folders = FolderIndex(holding: attachments.map(\.name))
         }
 
         /// Changes the row of a file or folder (in place, after the database's).

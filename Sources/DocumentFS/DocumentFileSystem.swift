@@ -238,7 +238,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     func isFolder(_ folder: String, docID: String) throws -> Bool {
         if folder.isEmpty || folder == Node.blobsFolder { return true }
         let prefix = folder + "/"
-        if try cached(docID).folders.contains(folder) {
+        if try cached(docID).folders.holds(folder) {
             // (A folder whose every file is being removed or set aside shows while they go.)
             return true
         }

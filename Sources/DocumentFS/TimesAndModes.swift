@@ -61,7 +61,7 @@ extension DocumentFileSystem {
     /// The folders directly in `folder`: those the document's names make, staged files', files
     /// being written, and folders made with mkdir.
     private func subfolders(of folder: String, in id: String, entry: DocumentCache.Entry) throws -> Set<String> {
-        var found = entry.subfolders[folder] ?? []
+        var found = Set(entry.folders.children(of: folder))
         found.formUnion(ledger.childFolders(of: folder, in: id))
         found.formUnion(keptFolders.children(of: folder, in: id))
         found.formUnion(entry.recordedFolders.children(of: folder))

@@ -24,8 +24,7 @@ extension Database {
 
     /// A draft on top of a specific revision (which may be stale; see `save(_:allowConflict:)`).
     public func newRevision(of id: String, from revID: RevisionID) throws -> RevisionDraft {
-        let base = try revision(revID, of: id)
-        return RevisionDraft(docID: id, parent: revID, properties: base.properties, attachments: base.attachments, blobs: blobs)
+        draft(on: try revision(revID, of: id))
     }
 
     /// A draft that edits `revID` as CouchDB's interactive writes do (a PUT or `_bulk_docs` with
@@ -34,7 +33,11 @@ extension Database {
     public func newRevision(of id: String, editing revID: RevisionID) throws -> RevisionDraft {
         let base = try revision(revID, of: id)
         guard !base.deleted else { throw SofaError.conflict(docID: id, revID: revID.description, current: revID.description) }
-        return RevisionDraft(docID: id, parent: revID, properties: base.properties, attachments: base.attachments, blobs: blobs)
+        return draft(on: base)
+    }
+
+    private func draft(on base: Revision) -> RevisionDraft {
+        RevisionDraft(docID: base.docID, parent: base.revID, properties: base.properties, attachments: base.attachments, blobs: blobs)
     }
 
     /// Saves a draft as a new revision.
