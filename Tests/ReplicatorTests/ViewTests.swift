@@ -118,7 +118,9 @@ extension CouchDBInteropTests {
         brief("refused ddoc made nothing", try target.json("GET", "/\(db)/_design/f"))
         // A write, seen by the next query (and not by update=false), then the views replaced.
         #expect(try target.json("PUT", "/\(db)/late", ["type": "apple", "n": 100]).status == 201)
-        record("stale", try get("update=false&group=true"))
+        // Its rows are compared by status only: CouchDB's background indexer may take the write
+        // in before the query on a busy machine (Sofa's update=false is LazyViewUpdateTests').
+        brief("stale", try get("update=false&group=true"))
         record("fresh", try get("group=true"))
         let rev = try #require(try target.json("GET", "/\(db)/_design/v").json?["_rev"]?.stringValue)
         #expect(try target.json("PUT", "/\(db)/_design/v", ["_rev": .string(rev), "views": [
