@@ -197,6 +197,10 @@ public final class Database: @unchecked Sendable {
         guard info.st_mode & S_IFMT == S_IFDIR else { throw SofaError.notADatabase(path: path, reason: "it is not a directory") }
         let file = "\(path)/\(databaseFileName)"
         guard access(file, F_OK) == 0 else { throw SofaError.notADatabase(path: path, reason: "it has no \(databaseFileName)") }
+        if CouchbaseLiteDatabase.isCouchbaseLite(at: path) {
+            throw SofaError.notADatabase(path: path, reason: "it is a Couchbase Lite database: `sofa info|ls|cat|revs` read it in place, "
+                + "and `sofa cp \(path) NEW.sofa` copies it into a Sofa database (which mounts, serves and syncs)")
+        }
         var fileSystem = statvfs()
         var wal = stat()
         // Immutable mode ignores the WAL, so it is only safe when all commits are in the main file.

@@ -44,11 +44,12 @@ final class SQLiteConnection: @unchecked Sendable {
     /// Opens `path`. `immutable` opens it read-only without locks or a WAL index,
     /// for databases on read-only media (a WAL database cannot be opened otherwise there).
     /// `sealed`: the file's pages are sealed with that key (a new file is made so).
-    init(path: String, create: Bool, immutable: Bool = false, sealed: SealedPages? = nil) throws {
+    /// `readOnly` opens it read-only with locks as usual (another program may be writing it).
+    init(path: String, create: Bool, immutable: Bool = false, readOnly: Bool = false, sealed: SealedPages? = nil) throws {
         var handle: OpaquePointer?
         // URIs always: `sofa encrypt`/`decrypt` attach the other form of a database by a URI that
         // names its VFS (a plain path is a plain path all the same).
-        var flags = (immutable ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_URI
+        var flags = (immutable || readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_URI
         if create { flags |= SQLITE_OPEN_CREATE }
         flags |= SQLITE_OPEN_NOMUTEX
         let name = immutable ? "file:" + path.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed)! + "?immutable=1" : path

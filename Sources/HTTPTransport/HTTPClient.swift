@@ -37,7 +37,20 @@ public struct RemoteDatabase: Sendable, CustomStringConvertible {
         url = components.string!
     }
 
-    public var description: String { url }
+    /// A database file on this machine (a Couchbase Lite `NAME.cblite2`), read in place:
+    /// `file://` and its absolute path, so that its replications have ids of their own.
+    public init(file path: String) {
+        let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+        var trimmed = absolute
+        while trimmed.count > 1, trimmed.hasSuffix("/") { trimmed.removeLast() }
+        url = "file://" + trimmed
+        (user, password) = (nil, nil)
+    }
+
+    /// A database file on this machine (`init(file:)`), its path.
+    public var filePath: String? { url.hasPrefix("file://") ? String(url.dropFirst(7)) : nil }
+
+    public var description: String { filePath ?? url }
 
     /// A Couchbase Lite endpoint (`ws://`, `wss://`): Sync Gateway's or `sofa serve`'s
     /// `_blipsync`, spoken with BLIP rather than CouchDB's HTTP API.

@@ -196,6 +196,7 @@ public final class Replicator {
 
     public func run() throws -> ReplicationResult {
         if remote.isBLIP { return try runOverBLIP() }
+        if let file = remote.filePath { return try runFromFile(file) }
         try client.logIn()
         var (status, info) = try client.json("GET", "", allow: direction == .push ? [404] : [])
         if status == 404 && !createTarget {
@@ -238,6 +239,16 @@ public final class Replicator {
                                  readAhead: ReadAheadPeers(changes: LocalPeer(database), source: readingLocal, target: try readingRemote(),
                                                            cancellation: cancellation))
         }
+    }
+
+    /// A pull from a Couchbase Lite database file, read in place (`RemoteDatabase(file:)`).
+    private func runFromFile(_ path: String) throws -> ReplicationResult {
+        guard direction == .pull else {
+            throw SofaError.invalidArgument("\(path): Sofa reads Couchbase Lite databases but does not write them yet (sofa serve, then cblite push into it, goes the other way)")
+        }
+        let source = CouchbaseLitePeer(try CouchbaseLiteDatabase.open(at: path))
+        // Every body comes now: a file is no remote to fetch one from later.
+        return try replicate(from: source, to: LocalPeer(database), readAhead: nil)
     }
 
     /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.

@@ -92,6 +92,8 @@ struct Cp: SofaCommand {
               http(s)://host/db   push to it, or pull from it (a new DB is created)
               FILE.jsonl          one document per line (as `sofa export` / `sofa import`)
               DIR/                one JSON file per document, attachments beside it in DIR/<id>/
+              APP.cblite2         a Couchbase Lite 3 database, read in place (from it only): ids, revision
+                                  ids, histories, deletions, conflicts and blobs are kept
             """)
 
     @Argument(help: "What to copy from.") var source: String
@@ -107,7 +109,7 @@ struct Cp: SofaCommand {
     @OptionGroup var downloads: DownloadOptions
 
     enum Endpoint {
-        case database(String), zip(String), url(String), jsonLines(String), directory(String), unknown(String)
+        case database(String), zip(String), url(String), jsonLines(String), directory(String), couchbaseLite(String), unknown(String)
 
         var isKnown: Bool {
             if case .unknown = self { return false }
@@ -121,6 +123,7 @@ struct Cp: SofaCommand {
             case .url: "the remote database"
             case .jsonLines: "the JSON lines file"
             case .directory: "the folder"
+            case .couchbaseLite: "the Couchbase Lite database"
             case .unknown: "?"
             }
         }
@@ -136,6 +139,8 @@ struct Cp: SofaCommand {
                 self = .zip(text)
             } else if lower.hasSuffix(".jsonl") || lower.hasSuffix(".ndjson") {
                 self = .jsonLines(text)
+            } else if lower.hasSuffix(".cblite2") || lower.hasSuffix(".cblite2/") || (isDatabase && CouchbaseLiteDatabase.isCouchbaseLite(at: text)) {
+                self = .couchbaseLite(text)
             } else if isDatabase || lower.hasSuffix(".sofa") || lower.hasSuffix(".sofa/") {
                 self = .database(text)
             } else if text.hasSuffix("/") || (exists && isDirectory.boolValue) {
@@ -155,7 +160,7 @@ struct Cp: SofaCommand {
         }
         if encrypt {
             switch (from, to) {
-            case (.url, .database(let to)), (.jsonLines, .database(let to)), (.directory, .database(let to)):
+            case (.url, .database(let to)), (.jsonLines, .database(let to)), (.directory, .database(let to)), (.couchbaseLite, .database(let to)):
                 guard access(to, F_OK) != 0 else { throw SofaError.invalidArgument("--encrypt is for a database cp creates: \(to) exists (sofa encrypt encrypts it)") }
             default:
                 throw SofaError.invalidArgument(
@@ -169,7 +174,7 @@ struct Cp: SofaCommand {
             try refuseExisting(to, force: force)
             let database = try Database.open(at: from)
             Output.line(describeSnapshot(try database.writeSnapshot(to: to, replacing: force), of: database))
-        case (.url(let url), .database(let to)):
+        case (.url(let url), .database(let to)), (.couchbaseLite(let url), .database(let to)):
             let (database, created) = try openOrCreate(to)
             do {
                 let replicator = try remote.makeReplicator(.pull, database: database, url: url, pulls: pulls, pushes: nil)
@@ -182,6 +187,9 @@ struct Cp: SofaCommand {
                 if created, (try? database.counts().lastSequence) == 0 { try? FileManager.default.removeItem(atPath: database.path) }
                 throw error
             }
+        case (.database, .couchbaseLite(let file)):
+            throw SofaError.invalidArgument(
+                "\(file): Sofa reads Couchbase Lite databases but does not write them yet; `sofa serve` and `cblite push` into it, or an app's replicator, go that way")
         case (.database(let from), .url(let url)):
             let replicator = try remote.makeReplicator(.push, database: try Database.open(at: from), url: url, pulls: nil, pushes: pushes)
             try report([("push", try replicate(replicator, json: remote.json))], json: remote.json)

@@ -28,6 +28,7 @@ struct Info: SofaCommand {
     var printsJSON: Bool { json }
 
     func execute() throws {
+        if let database = try db.couchbaseLite() { return try show(database) }
         let database = try db.open()
         let info = try database.info()
         let cache = try database.cacheUse()
@@ -76,6 +77,7 @@ struct List: SofaCommand {
     var printsJSON: Bool { json }
 
     func execute() throws {
+        if let database = try db.couchbaseLite() { return try show(database) }
         let database = try db.open()
         // Page through ids so that huge databases list in constant memory.
         var remaining = limit ?? Int.max
@@ -163,11 +165,16 @@ struct Cat: SofaCommand {
     }
 
     func execute() throws {
-        let database = try db.open()
+        let couchbaseLite = try db.couchbaseLite()
+        let database = couchbaseLite == nil ? try db.open() : nil
         var missing: [String] = []
         for id in ids {
             do {
-                Output.json(.object(try document(id, in: database)))
+                if let couchbaseLite {
+                    Output.json(.object(try document(id, in: couchbaseLite)))
+                } else if let database {
+                    Output.json(.object(try document(id, in: database)))
+                }
             } catch SofaError.documentNotFound(let id) where ids.count > 1 {
                 missing.append(id)  // the others are still printed
             }
@@ -257,9 +264,11 @@ struct Revs: SofaCommand {
     var printsJSON: Bool { json }
 
     func execute() throws {
-        let tree = try db.open().revisionTree(of: id)
-        let winner = tree.winner?.id
-        let conflicts = Set(tree.conflicts.map(\.id))
+        let couchbaseLite = try db.couchbaseLite()
+        let tree = try couchbaseLite?.revisionTree(of: id) ?? db.open().revisionTree(of: id)
+        // Couchbase Lite's current revision is its own until the app resolves a conflict.
+        let winner = try couchbaseLite?.currentRevision(of: id) ?? tree.winner?.id
+        let conflicts = Set(tree.leaves.filter { !$0.deleted && $0.id != winner }.map(\.id))
         if json {
             let nodes = tree.nodes.values.sorted { $1.id < $0.id }.map { node -> JSONValue in
                 ["rev": .string(node.id.description), "parent": node.parent.map { .string($0.description) } ?? .null,

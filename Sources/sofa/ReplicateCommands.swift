@@ -31,7 +31,7 @@ struct ConnectionOptions: ParsableArguments {
     }
 
     func remote(_ url: String) throws -> RemoteDatabase {
-        try RemoteDatabase(url, user: user, password: try passwordFile.map { try readPassword($0) })
+        try remoteEndpoint(url, user: user, password: try passwordFile.map { try readPassword($0) })
     }
 
     /// These options as arguments again (paths made absolute), for a child process.
@@ -43,6 +43,13 @@ struct ConnectionOptions: ParsableArguments {
         if let cacert { arguments += ["--cacert", absolute(cacert)] }
         return arguments
     }
+}
+
+/// What a replication's remote argument names: a server's database by URL, or a Couchbase
+/// Lite database on this machine (a path), read in place.
+func remoteEndpoint(_ text: String, user: String? = nil, password: String? = nil) throws -> RemoteDatabase {
+    if !text.contains("://"), CouchbaseLiteDatabase.isCouchbaseLite(at: text) { return RemoteDatabase(file: text) }
+    return try RemoteDatabase(text, user: user, password: password)
 }
 
 /// How to replicate with a remote: shared by pull, push, sync and cp.
@@ -222,7 +229,7 @@ struct DownloadOptions: ParsableArguments {
 
     /// The rules for pulls from `url`: the ones given (stored for next time), or the stored ones.
     func policy(for database: Database, url: String) throws -> DownloadPolicy {
-        let key = try RemoteDatabase(url).url
+        let key = try remoteEndpoint(url).url
         if let policy = try given() {
             if !database.isReadOnly { try database.setDownloadPolicy(policy, for: key) }
             return policy

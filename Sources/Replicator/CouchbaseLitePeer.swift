@@ -1,0 +1,132 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+
+/// A Couchbase Lite 3 database file (`NAME.cblite2`) as the source of a replication: its
+/// documents with every leaf, histories as its revision trees hold them, deletions, conflicts
+/// and blobs (copied from its `Attachments/` folder by digest). It is read only: the
+/// replication's checkpoint stays in the target alone, so each run reads the whole feed and
+/// `_revs_diff` keeps what is there already from being written again.
+final class CouchbaseLitePeer: ReplicationPeer {
+    let database: CouchbaseLiteDatabase
+    /// The feed, read once: LiteCore keeps no index by sequence across its two tables.
+    private var feed: [(sequence: Int64, id: String)]?
+
+    init(_ database: CouchbaseLiteDatabase) { self.database = database }
+
+    var name: String { database.path }
+
+    func changes(since: JSONValue, limit: Int, filter: ReplicationFilter) throws -> ChangeBatch {
+        guard filter.channels == nil, filter.function == nil else {
+            throw SofaError.invalidArgument("a Couchbase Lite database file is read with --doc-ids or --selector filters only")
+        }
+        let from = since.int64Value ?? 0
+        if feed == nil { feed = try database.sequences(after: 0) }
+        let all = feed ?? []
+        let start = all.firstIndex { $0.sequence > from } ?? all.count
+        let page = all[start..<min(all.count, start + limit)]
+        var changes: [PeerChange] = []
+        for entry in page {
+            if let ids = filter.docIDs, !ids.contains(entry.id) { continue }
+            guard let document = try database.document(entry.id) else { continue }  // gone since: an app purged it
+            let tree = try database.revisionTree(of: document)
+            if let selector = filter.selector {
+                var body = try database.body(of: document.revID, in: document, tree: tree)?.properties ?? JSONObject()
+                body["_id"] = .string(entry.id)
+                if document.deleted { body["_deleted"] = true }
+                guard selector.matches(body) else { continue }
+            }
+            changes.append(PeerChange(sequence: .integer(entry.sequence), docID: entry.id, revs: tree.tree.leaves.map(\.id)))
+        }
+        let last = page.last?.sequence ?? from
+        return ChangeBatch(changes: changes, lastSequence: .integer(last), isLast: start + limit >= all.count,
+                           pending: max(0, all.count - start - page.count))
+    }
+
+    func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
+        throw SofaError.invalidArgument("\(database.path) is read here, not written: a Couchbase Lite database is a source only")
+    }
+
+    func revisions(_ wanted: [(id: String, rev: RevisionID)], bodies: BodyRequest?) throws
+        -> [Result<ReplicatedRevision, DocumentFailure>] {
+        try wanted.map { id, rev in
+            func failure(_ reason: String) -> Result<ReplicatedRevision, DocumentFailure> {
+                .failure(DocumentFailure(docID: id, rev: rev.description, error: "not_found", reason: reason))
+            }
+            guard let document = try database.document(id) else { return failure("no longer in \(database.path)") }
+            let tree: LiteCoreRevisionTree
+            let read: (properties: JSONObject, deleted: Bool)?
+            do {
+                tree = try database.revisionTree(of: document)
+                read = try database.body(of: rev, in: document, tree: tree)
+            } catch let error as SofaError {
+                return .failure(DocumentFailure(docID: id, rev: rev.description, error: "invalid", reason: "\(error)"))
+            }
+            guard let index = tree.index(of: rev), let (properties, deleted) = read else {
+                return failure("\(database.path) keeps no body of this revision")
+            }
+            do {
+                let (kept, attachments) = try Self.attachments(of: properties, docID: id, generation: rev.generation)
+                return .success(ReplicatedRevision(docID: id, revID: rev, ancestors: Array(tree.history(of: index).dropFirst()),
+                                                   deleted: deleted, properties: deleted ? JSONObject() : kept,
+                                                   attachments: deleted ? [] : attachments))
+            } catch let error as SofaError {
+                return .failure(DocumentFailure(docID: id, rev: rev.description, error: "invalid", reason: "\(error)"))
+            }
+        }
+    }
+
+    /// The properties without `_attachments` and CouchDB's other special keys, and the
+    /// bodies they name: each entry of `_attachments` (a Couchbase Lite 1.x-style attachment)
+    /// and each blob dictionary (`"@type": "blob"`), named by its SHA-1 digest.
+    static func attachments(of properties: JSONObject, docID: String, generation: Int) throws -> (JSONObject, [Attachment]) {
+        var kept = properties
+        for key in ["_id", "_rev", "_deleted", "_revisions", "_attachments"] { kept[key] = nil }
+        var attachments: [Attachment] = []
+        for (name, value) in properties["_attachments"]?.objectValue ?? [:] {
+            guard let metadata = value.objectValue, let digest = metadata["digest"]?.stringValue, BlobKey(digestString: digest) != nil else {
+                throw SofaError.invalidDocument(reason: "\(docID): attachment \(name) has no SHA-1 digest")
+            }
+            attachments.append(Attachment(name: name, contentType: metadata["content_type"]?.stringValue ?? MIMEType.forFileName(name),
+                                          length: metadata["length"]?.int64Value ?? -1, digest: digest, blobKey: nil,
+                                          revpos: metadata["revpos"]?.int64Value.map(Int.init) ?? generation))
+        }
+        let named = Set(attachments.map(\.digest))
+        for blob in try Blobs.find(in: kept, docID: docID, lenient: true) where !named.contains(blob.key.digestString) {
+            attachments.append(Attachment(name: blob.standInName, contentType: blob.contentType ?? MIMEType.fallback,
+                                          length: blob.length ?? -1, digest: blob.key.digestString, blobKey: nil, revpos: generation))
+        }
+        return (kept, attachments)
+    }
+
+    func bodyRequest(for missing: [(id: String, missing: MissingRevisions)]) -> BodyRequest? { nil }
+
+    func fetchBody(of attachment: Attachment, docID: String, rev: RevisionID, into blobs: BlobStore) throws
+        -> (blob: StoredBlob, digest: String) {
+        guard let key = attachment.blobKey ?? BlobKey(digestString: attachment.digest) else {
+            throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+        }
+        let file = database.blobPath(key)
+        guard access(file, F_OK) == 0 else {
+            throw SofaError.invalidDocument(reason: "\(docID): the body of \(attachment.name) (\(attachment.digest)) is missing from \(database.path)/Attachments")
+        }
+        do {
+            return (try blobs.write(contentsOf: file, expecting: key), attachment.digest)
+        } catch SofaError.blobCorrupted {
+            throw SofaError.invalidDocument(reason: "\(docID): \(file) does not hold \(attachment.name): its SHA-1 is not \(attachment.digest)")
+        }
+    }
+
+    func openBody(of attachment: Attachment, docID: String) throws -> BlobReader {
+        throw SofaError.bodyNotAvailable(docID: docID, name: attachment.name)
+    }
+
+    func write(_ revisions: [ReplicatedRevision], missing: [String: MissingRevisions], from source: ReplicationPeer,
+               result: inout ReplicationResult) throws -> [DocumentFailure] {
+        throw SofaError.invalidArgument("\(database.path) is read here, not written: a Couchbase Lite database is a source only")
+    }
+
+    func checkpoint(_ id: String) throws -> JSONObject? { nil }
+
+    func saveCheckpoint(_ id: String, _ body: JSONObject) throws {}
+}

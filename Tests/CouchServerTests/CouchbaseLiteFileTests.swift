@@ -1,0 +1,239 @@
+import DocumentModel
+import DocumentStore
+import Foundation
+import TestSupport
+import Testing
+
+/// Couchbase Lite's own database files (`NAME.cblite2`, made by LiteCore 3.2's `cblite`) read in
+/// place: `sofa cp app.cblite2 x.sofa`, `sofa pull x.sofa app.cblite2`, and `sofa info|ls|cat|revs`.
+@Suite(.serialized) struct CouchbaseLiteFileTests {
+    let directory = TemporaryDirectory()
+
+    /// Keys sorted (Fleece keeps them so), for comparing bodies.
+    func sortedKeys(_ value: JSONValue?) -> JSONValue? {
+        switch value {
+        case .object(let object)?:
+            return .object(JSONObject(object.entries.sorted { $0.key < $1.key }.map { ($0.key, sortedKeys($0.value)!) }))
+        case .array(let items)?: return .array(items.map { sortedKeys($0)! })
+        default: return value
+        }
+    }
+
+    /// The SHA-1 of every byte of the database's SQLite file, its WAL and its blobs.
+    func fingerprint(_ app: String) throws -> [String: BlobKey] {
+        var prints: [String: BlobKey] = [:]
+        for name in ["db.sqlite3", "db.sqlite3-wal"] where access("\(app)/\(name)", F_OK) == 0 {
+            prints[name] = BlobKey.of(try Data(contentsOf: URL(fileURLWithPath: "\(app)/\(name)")))
+        }
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: "\(app)/Attachments")) ?? [] {
+            prints[name] = BlobKey.of(try Data(contentsOf: URL(fileURLWithPath: "\(app)/Attachments/\(name)")))
+        }
+        return prints
+    }
+
+    /// A `.cblite2` holding what Couchbase Lite apps hold: values of every Fleece width, long
+    /// strings, big collections (wide slots, long counts, shared keys), unicode ids, a 3-deep
+    /// history, a deletion, a blob and an attachment (pulled from `sofa serve`, as cblite
+    /// cannot add them), and a conflict between Sofa's edit and Couchbase Lite's.
+    func appDatabase() throws -> (app: String, photo: [UInt8], report: [UInt8], conflict: (local: String, remote: String)) {
+        let app = directory.appending("app.cblite2")
+        var values = JSONObject()
+        values["ints"] = .array([0, 1, -1, 2047, -2048, 2048, -2049, 32767, -32769, 8_388_608, 2_147_483_648, -2_147_483_649,
+                                 549_755_813_887, 36_028_797_018_963_967, .integer(Int64.max), .integer(Int64.min)]
+                                + [.bigInteger("18446744073709551615")])
+        values["floats"] = [1.5, -0.25, 3.141592653589793, 1e300, -1e-300, 0.1, 2.5e-5]
+        values["strings"] = ["", "a", "exactly15chars!", "sixteen chars!!!", .string(String(repeating: "x", count: 300)), "Zoë ☕ 日本語 𝄞"]
+        values["specials"] = [true, false, nil]
+        values["nested"] = ["a": ["b": ["c": [[], [:], [[1]], ["d": nil]]]]]
+        values["long"] = .array((0..<3000).map { .integer(Int64($0)) })
+        values["dict"] = .object(JSONObject((0..<2100).map { ("k\($0)", JSONValue.integer(Int64($0))) }))
+        values["text"] = .string(String(repeating: "y", count: 70_000))  // past a narrow pointer's reach
+        try CouchbaseLite.put(app, "values", JSONValue.object(values).jsonString())
+        try CouchbaseLite.put(app, "Zoë/ünï:code id", #"{"é":"ü","emoji":"🛋️"}"#)
+        for version in 1...3 { try CouchbaseLite.put(app, "edited", "{\"v\":\(version)}") }
+        try CouchbaseLite.put(app, "gone", #"{"soon":"deleted"}"#)
+        try CouchbaseLite.remove(app, "gone")
+        try CouchbaseLite.put(app, "shared", #"{"v":0}"#)
+
+        // Bodies and a conflict, through sofa serve.
+        let path = directory.appending("served.sofa")
+        let db = try Database.create(at: path)
+        let photo = (0..<150_000).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 7) }
+        let report = (0..<70_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 11) }
+        var draft = try db.newRevision(of: "with-blob")
+        draft.properties["title"] = "a blob"
+        try draft.setBlob(at: "/photo", blob: db.blobs.write(photo), contentType: "image/jpeg")
+        _ = try db.save(draft)
+        var second = try db.newRevision(of: "with-attachment")
+        try second.setAttachment("report.pdf", blob: db.blobs.write(report), contentType: "application/pdf")
+        _ = try db.save(second)
+        let server = try ServedDatabases([path])
+        let url = "ws://127.0.0.1:\(server.port)/served"
+        #expect(try CouchbaseLite.push(app, to: url).succeeded)
+        let base = try #require(try db.currentRevision(of: "shared")).revID
+        let sofaEdit = try server.connect().json("PUT", "/served/shared?rev=\(base)", ["v": "edited in Sofa"])
+        let remote = try #require(sofaEdit.json?["rev"]?.stringValue)
+        try CouchbaseLite.put(app, "shared", #"{"v":"edited in Couchbase Lite"}"#)
+        let local = try #require(try CouchbaseLite.documents(app)["shared"]?["_rev"]?.stringValue)
+        let pulled = try CouchbaseLite.pull(app, from: url)
+        #expect(pulled.succeeded, "\(pulled.stdout)\(pulled.stderr)")
+        #expect(try CouchbaseLite.revisions(app, "shared").contains("Conflicted"))
+        return (app, photo, report, (local, remote))
+    }
+
+    @Test func aCouchbaseLiteDatabaseIsCopiedWithItsRevisionsHistoriesDeletionsConflictsAndBlobs() throws {
+        let (app, photo, report, conflict) = try appDatabase()
+        let theirs = try CouchbaseLite.documents(app)
+        let before = try fingerprint(app)
+        let copy = directory.appending("copy.sofa")
+        let result = try sofa("cp", app, copy)
+        #expect(result.succeeded, "\(result.stdout)\(result.stderr)")
+
+        let db = try Database.open(at: copy)
+        #expect(try db.counts().documents == theirs.count)
+        for (id, document) in theirs {
+            // A conflict's revision is Couchbase Lite's current one until its app resolves it;
+            // here, as in CouchDB and every replica, the winner is CouchDB's (both are kept).
+            let rev = try RevisionID.parse(try #require(document["_rev"]?.stringValue))
+            let revision = try db.revision(rev, of: id)
+            #expect(revision.revID.description == document["_rev"]?.stringValue, "\(id)")
+            var properties = document
+            for key in ["_id", "_rev", "_attachments"] { properties[key] = nil }
+            #expect(sortedKeys(.object(revision.properties)) == sortedKeys(.object(properties)), "\(id)")
+        }
+        // Histories as Couchbase Lite keeps them.
+        let edited = try db.revisionTree(of: "edited")
+        let history = edited.history(of: try #require(edited.winner).id)
+        #expect(history.count == 3)
+        let drawn = try CouchbaseLite.revisions(app, "edited")
+        for rev in history { #expect(drawn.contains(rev.description), "\(rev) in \(drawn)") }
+        // The deletion a tombstone under Couchbase Lite's revision.
+        let gone = try db.revisionTree(of: "gone")
+        #expect(gone.winner?.deleted == true && gone.winner?.id.generation == 2)
+        #expect(try CouchbaseLite.run(["revs", app, "gone"]).stdout.contains(try #require(gone.winner).id.description))
+        // The conflict: both leaves, each with its body; the winner CouchDB's.
+        let shared = try db.revisionTree(of: "shared")
+        #expect(Set(shared.leaves.map(\.id.description)) == [conflict.local, conflict.remote])
+        #expect(shared.winner?.id == [conflict.local, conflict.remote].compactMap(RevisionID.init).max())
+        #expect(try db.revision(RevisionID.parse(conflict.remote), of: "shared").properties["v"] == "edited in Sofa")
+        // The blob and the attachment, byte for byte, as a blob and an attachment here.
+        #expect(try db.blobs.contents(of: BlobKey.of(photo)) == photo)
+        #expect(try db.blobs.contents(of: BlobKey.of(report)) == report)
+        let blobDocument = try #require(try db.currentRevision(of: "with-blob"))
+        #expect(blobDocument.attachment(named: "blob_/photo")?.contentAvailable == true)
+        #expect(try #require(try db.currentRevision(of: "with-attachment")).attachment(named: "report.pdf")?.length == Int64(report.count))
+
+        // Nothing written into the Couchbase Lite database.
+        #expect(try fingerprint(app) == before)
+        // Again, into the same database: nothing new.
+        let again = try sofa("pull", copy, app, "--json")
+        #expect(again.succeeded, "\(again.stdout)\(again.stderr)")
+        let summary = try JSONParser.parse(Array((again.stdout.split(separator: "\n").last ?? "").utf8))
+        #expect(summary["docs_written"] == 0 && summary["missing_checked"] == .integer(Int64(theirs.count + 1)), "\(again.stdout)")
+        // And Couchbase Lite's replicator agrees with what Sofa read: the copy, served, pulled
+        // by cblite into a new database, holds the same documents.
+        let server = try ServedDatabases([copy])
+        let back = directory.appending("back.cblite2")
+        #expect(try CouchbaseLite.pull(back, from: "ws://127.0.0.1:\(server.port)/copy").succeeded)
+        var served = try CouchbaseLite.documents(back).mapValues { sortedKeys(.object($0)) }
+        var read = theirs.mapValues { sortedKeys(.object($0)) }
+        (served["shared"], read["shared"]) = (nil, nil)  // the winner: above
+        #expect(served == read)
+    }
+
+    @Test func infoLsCatAndRevsReadACouchbaseLiteDatabaseInPlace() throws {
+        let app = directory.appending("read.cblite2")
+        for version in 1...3 { try CouchbaseLite.put(app, "a", "{\"n\":\(version),\"name\":\"Ann\"}") }
+        try CouchbaseLite.put(app, "b\u{9B}2", #"{"x":1}"#)
+        try CouchbaseLite.put(app, "c", #"{"x":1}"#)
+        try CouchbaseLite.remove(app, "c")
+        let theirs = try CouchbaseLite.documents(app)
+
+        let info = try sofa("info", "--json", app)
+        #expect(info.succeeded, "\(info.stderr)")
+        let json = try JSONParser.parse(Array(info.stdout.utf8))
+        #expect(json["documents"] == 2 && json["deleted_documents"] == 1 && json["last_sequence"] == 6, "\(info.stdout)")
+        #expect(json["kind"] == "couchbase-lite")
+
+        #expect(try sofa("ls", app).stdout == "a\n\"b\\u009b2\"\n")
+        #expect(try sofa("ls", "--deleted", app).stdout.hasSuffix("\nc\n"))
+
+        let cat = try sofa("cat", app, "a")
+        #expect(cat.succeeded, "\(cat.stderr)")
+        #expect(try JSONParser.parse(Array(cat.stdout.utf8)).objectValue == theirs["a"])
+        #expect(try sofa("cat", app, "missing").stderr.contains("no document \"missing\""))
+
+        let revs = try sofa("revs", "--json", app, "a")
+        let tree = try JSONParser.parse(Array(revs.stdout.utf8))
+        #expect(tree["current"]?.stringValue == theirs["a"]?["_rev"]?.stringValue)
+        #expect(tree["revisions"]?.arrayValue?.count == 3)
+        let drawn = try CouchbaseLite.revisions(app, "a")
+        for revision in tree["revisions"]?.arrayValue ?? [] {
+            #expect(drawn.contains(try #require(revision["rev"]?.stringValue)))
+        }
+    }
+
+    @Test func whatSofaCannotReadIsRefusedByNameAndNothingIsWritten() throws {
+        let app = directory.appending("damaged.cblite2")
+        try CouchbaseLite.put(app, "good", #"{"fine":true}"#)
+        try CouchbaseLite.put(app, "bad", #"{"broken":"soon, a body that is not Fleece"}"#)
+        let sql = { (statement: String) throws in
+            let result = try CouchbaseLite.run(["--writeable", "sql", app, statement])
+            #expect(result.succeeded, "\(result.stdout)\(result.stderr)")
+        }
+        // A body whose pointer leads outside it: that document is named, the other copied.
+        try sql("UPDATE kv_default SET body = x'80ff' WHERE key = 'bad'")
+        let copy = directory.appending("partial.sofa")
+        let result = try sofa("cp", app, copy)
+        #expect(!result.succeeded)
+        #expect(result.stderr.contains("bad") && result.stderr.contains("damaged Fleece"), "\(result.stderr)")
+        #expect(try Database.open(at: copy).currentRevision(of: "good")?.properties["fine"] == true)
+        #expect(try Database.open(at: copy).currentRevision(of: "bad") == nil)
+        #expect(try sofa("cat", app, "bad").stderr.contains("damaged Fleece"))
+
+        // A shared key the table lacks.
+        try sql("UPDATE kv_default SET body = x'7001003f00038003' WHERE key = 'bad'")  // {key 63: 3}
+        #expect(try sofa("cat", app, "bad").stderr.contains("shared key"))
+
+        // A blob whose file is missing from Attachments/.
+        let withBlob = directory.appending("blobless.cblite2")
+        let path = directory.appending("blobs.sofa")
+        let db = try Database.create(at: path)
+        var draft = try db.newRevision(of: "photo")
+        try draft.setBlob(at: "/image", blob: db.blobs.write(Array("not really a photo".utf8)), contentType: "image/jpeg")
+        _ = try db.save(draft)
+        _ = try db.put("plain", ["n": 1])
+        let server = try ServedDatabases([path])
+        #expect(try CouchbaseLite.pull(withBlob, from: "ws://127.0.0.1:\(server.port)/blobs").succeeded)
+        for name in try FileManager.default.contentsOfDirectory(atPath: "\(withBlob)/Attachments") {
+            try FileManager.default.removeItem(atPath: "\(withBlob)/Attachments/\(name)")
+        }
+        let blobless = try sofa("cp", withBlob, directory.appending("blobless.sofa"))
+        #expect(!blobless.succeeded)
+        #expect(blobless.stderr.contains("photo") && blobless.stderr.contains("missing from"), "\(blobless.stderr)")
+        #expect(try Database.open(at: directory.appending("blobless.sofa")).currentRevision(of: "plain") != nil)
+
+        // Version vectors (Couchbase Lite 4), Couchbase Lite 2 and encryption are named.
+        let vectors = directory.appending("vectors.cblite2")
+        try CouchbaseLite.put(vectors, "x", "{}")
+        _ = try CouchbaseLite.run(["--writeable", "sql", vectors, "UPDATE kv_info SET body = x'0000000000000002' WHERE key = 'versioning'"])
+        #expect(try sofa("info", vectors).stderr.contains("version vectors"))
+        _ = try CouchbaseLite.run(["--writeable", "sql", vectors, "DELETE FROM kv_info WHERE key = 'versioning'"])
+        #expect(try sofa("info", vectors).stderr.contains("Couchbase Lite 2"))
+        let encrypted = directory.appending("secret.cblite2")
+        try FileManager.default.createDirectory(atPath: encrypted, withIntermediateDirectories: true)
+        try Data((0..<4096).map { UInt8(truncatingIfNeeded: $0 &* 131) }).write(to: URL(fileURLWithPath: "\(encrypted)/db.sqlite3"))
+        let refused = try sofa("cp", encrypted, directory.appending("secret.sofa"))
+        #expect(!refused.succeeded && refused.stderr.contains("encrypted"), "\(refused.stderr)")
+        #expect(access(directory.appending("secret.sofa"), F_OK) != 0)
+
+        // Commands that need a Sofa database name the ones that read Couchbase Lite's.
+        let mounted = try sofa("compact", app)
+        #expect(mounted.stderr.contains("Couchbase Lite database") && mounted.stderr.contains("sofa cp"), "\(mounted.stderr)")
+        // And writing one is refused by name, the file untouched.
+        let before = try fingerprint(app)
+        let into = try sofa("cp", copy, app)
+        #expect(!into.succeeded && into.stderr.contains("does not write them"), "\(into.stderr)")
+        #expect(try fingerprint(app) == before)
+    }
+}
