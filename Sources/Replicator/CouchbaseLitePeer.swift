@@ -2,11 +2,13 @@ import DocumentModel
 import DocumentStore
 import Foundation
 
-/// A Couchbase Lite 3 database file (`NAME.cblite2`) as the source of a replication: its
+/// A Couchbase Lite 3 database file (`NAME.cblite2`) as a replication peer. As a source: its
 /// documents with every leaf, histories as its revision trees hold them, deletions, conflicts
-/// and blobs (copied from its `Attachments/` folder by digest). It is read only: the
-/// replication's checkpoint stays in the target alone, so each run reads the whole feed and
-/// `_revs_diff` keeps what is there already from being written again.
+/// and blobs (copied from its `Attachments/` folder by digest). As a target: revisions written
+/// as LiteCore writes them (`CouchbaseLiteDatabase.insert`), their blob and attachment bodies
+/// installed in `Attachments/` first. It keeps no checkpoints (LiteCore's are its replicator's
+/// own): each run reads the whole feed, and `_revs_diff` keeps what is there already from
+/// being written again.
 final class CouchbaseLitePeer: ReplicationPeer {
     let database: CouchbaseLiteDatabase
     /// The feed, read once: LiteCore keeps no index by sequence across its two tables.
@@ -44,7 +46,7 @@ final class CouchbaseLitePeer: ReplicationPeer {
     }
 
     func revsDiff(_ revs: [(id: String, revs: [RevisionID])]) throws -> [(id: String, missing: MissingRevisions)] {
-        throw SofaError.invalidArgument("\(database.path) is read here, not written: a Couchbase Lite database is a source only")
+        try database.revsDiff(revs)
     }
 
     func revisions(_ wanted: [(id: String, rev: RevisionID)], bodies: BodyRequest?) throws
@@ -123,7 +125,43 @@ final class CouchbaseLitePeer: ReplicationPeer {
 
     func write(_ revisions: [ReplicatedRevision], missing: [String: MissingRevisions], from source: ReplicationPeer,
                result: inout ReplicationResult) throws -> [DocumentFailure] {
-        throw SofaError.invalidArgument("\(database.path) is read here, not written: a Couchbase Lite database is a source only")
+        var failures: [DocumentFailure] = []
+        var ready: [CouchbaseLiteDatabase.IncomingRevision] = []
+        for revision in revisions {
+            do {
+                ready.append(try incoming(revision, from: source))
+            } catch let error as SofaError where !error.isEnvironmental {
+                failures.append(DocumentFailure(docID: revision.docID, rev: revision.revID.description, error: error.failureName,
+                                                reason: "\(error)"))
+            }
+        }
+        result.docsWritten += try database.insert(ready)
+        return failures
+    }
+
+    /// A revision as Couchbase Lite keeps it, its bodies installed: blob dictionaries as they
+    /// are, other attachments in `_attachments` named by SHA-1 (LiteCore finds bodies by it).
+    private func incoming(_ revision: ReplicatedRevision, from source: ReplicationPeer) throws
+        -> CouchbaseLiteDatabase.IncomingRevision {
+        for id in [revision.revID] + revision.ancestors where !CouchbaseLiteDatabase.canStore(id) {
+            throw SofaError.invalidArgument("revision \(id) cannot be stored by Couchbase Lite (its ids end in an even number of hex digits)")
+        }
+        var body = revision.properties
+        var stubs = JSONObject()
+        for attachment in revision.attachments where !revision.deleted {
+            guard attachment.contentAvailable, let key = attachment.blobKey else {
+                throw SofaError.invalidArgument(
+                    "the body of \(attachment.name) is not here (left on a server): `sofa download` fetches it, then copy again")
+            }
+            let reader = try source.openBody(of: attachment, docID: revision.docID)
+            try database.installBlob(key, from: reader)
+            if attachment.name.hasPrefix("blob_/") { continue }  // a blob: its dictionary is in the properties
+            stubs[attachment.name] = ["content_type": .string(attachment.contentType), "digest": .string(key.digestString),
+                                      "length": .integer(attachment.length), "revpos": .integer(Int64(attachment.revpos)), "stub": true]
+        }
+        if !stubs.isEmpty { body["_attachments"] = .object(stubs) }
+        return CouchbaseLiteDatabase.IncomingRevision(docID: revision.docID, revID: revision.revID, ancestors: revision.ancestors,
+                                                      deleted: revision.deleted, body: body)
     }
 
     func checkpoint(_ id: String) throws -> JSONObject? { nil }

@@ -241,14 +241,19 @@ public final class Replicator {
         }
     }
 
-    /// A pull from a Couchbase Lite database file, read in place (`RemoteDatabase(file:)`).
+    /// A pull from, or a push into, a Couchbase Lite database file, read and written in place
+    /// (`RemoteDatabase(file:)`). A push creates it with `createTarget`.
     private func runFromFile(_ path: String) throws -> ReplicationResult {
-        guard direction == .pull else {
-            throw SofaError.invalidArgument("\(path): Sofa reads Couchbase Lite databases but does not write them yet (sofa serve, then cblite push into it, goes the other way)")
+        switch direction {
+        case .pull:
+            let source = CouchbaseLitePeer(try CouchbaseLiteDatabase.open(at: path))
+            // Every body comes now: a file is no remote to fetch one from later.
+            return try replicate(from: source, to: LocalPeer(database), readAhead: nil)
+        case .push:
+            let target = access(path, F_OK) != 0 && createTarget
+                ? try CouchbaseLiteDatabase.create(at: path) : try CouchbaseLiteDatabase.open(at: path, writable: true)
+            return try replicate(from: LocalPeer(database), to: CouchbaseLitePeer(target), readAhead: nil)
         }
-        let source = CouchbaseLitePeer(try CouchbaseLiteDatabase.open(at: path))
-        // Every body comes now: a file is no remote to fetch one from later.
-        return try replicate(from: source, to: LocalPeer(database), readAhead: nil)
     }
 
     /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.

@@ -92,8 +92,8 @@ struct Cp: SofaCommand {
               http(s)://host/db   push to it, or pull from it (a new DB is created)
               FILE.jsonl          one document per line (as `sofa export` / `sofa import`)
               DIR/                one JSON file per document, attachments beside it in DIR/<id>/
-              APP.cblite2         a Couchbase Lite 3 database, read in place (from it only): ids, revision
-                                  ids, histories, deletions, conflicts and blobs are kept
+              APP.cblite2         a Couchbase Lite 3 database (a new one, to it): ids, revision ids,
+                                  histories, deletions, conflicts and blobs are kept
             """)
 
     @Argument(help: "What to copy from.") var source: String
@@ -187,9 +187,13 @@ struct Cp: SofaCommand {
                 if created, (try? database.counts().lastSequence) == 0 { try? FileManager.default.removeItem(atPath: database.path) }
                 throw error
             }
-        case (.database, .couchbaseLite(let file)):
-            throw SofaError.invalidArgument(
-                "\(file): Sofa reads Couchbase Lite databases but does not write them yet; `sofa serve` and `cblite push` into it, or an app's replicator, go that way")
+        case (.database(let from), .couchbaseLite(let file)):
+            guard access(file, F_OK) != 0 else {
+                throw SofaError.invalidArgument("\(file) exists: `sofa push \(from) \(file)` adds to it what it lacks")
+            }
+            let replicator = try remote.makeReplicator(.push, database: try Database.open(at: from), url: file, pulls: nil, pushes: pushes)
+            replicator.createTarget = true
+            try report([("push", try replicate(replicator, json: remote.json))], json: remote.json)
         case (.database(let from), .url(let url)):
             let replicator = try remote.makeReplicator(.push, database: try Database.open(at: from), url: url, pulls: nil, pushes: pushes)
             try report([("push", try replicate(replicator, json: remote.json))], json: remote.json)

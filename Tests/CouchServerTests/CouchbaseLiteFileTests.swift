@@ -230,10 +230,93 @@ import Testing
         // Commands that need a Sofa database name the ones that read Couchbase Lite's.
         let mounted = try sofa("compact", app)
         #expect(mounted.stderr.contains("Couchbase Lite database") && mounted.stderr.contains("sofa cp"), "\(mounted.stderr)")
-        // And writing one is refused by name, the file untouched.
+        // cp does not write into an existing one (push does), the file untouched.
         let before = try fingerprint(app)
         let into = try sofa("cp", copy, app)
-        #expect(!into.succeeded && into.stderr.contains("does not write them"), "\(into.stderr)")
+        #expect(!into.succeeded && into.stderr.contains("sofa push"), "\(into.stderr)")
         #expect(try fingerprint(app) == before)
+    }
+
+    /// What LiteCore says of a database: `cblite check`'s verdict.
+    func checked(_ app: String) throws -> Bool {
+        let result = try CouchbaseLite.run(["check", app])
+        return result.succeeded && result.stdout.contains("everything looks OK")
+    }
+
+    @Test func aSofaDatabaseBecomesACouchbaseLiteDatabaseThatCouchbaseLiteChecksEditsAndSyncs() throws {
+        let (app, photo, report, conflict) = try appDatabase()
+        let theirs = try CouchbaseLite.documents(app)
+        let copy = directory.appending("round.sofa")
+        #expect(try sofa("cp", app, copy).succeeded)
+
+        // Sofa → a new .cblite2: LiteCore finds nothing wrong, and every document, revision,
+        // history, deletion, blob and attachment is there.
+        let made = directory.appending("made.cblite2")
+        let result = try sofa("cp", copy, made)
+        #expect(result.succeeded, "\(result.stdout)\(result.stderr)")
+        #expect(try checked(made))
+        let ours = try CouchbaseLite.documents(made)
+        #expect(Set(ours.keys) == Set(theirs.keys))
+        for (id, document) in theirs where id != "shared" {
+            #expect(sortedKeys(.object(ours[id] ?? [:])) == sortedKeys(.object(document)), "\(id)")
+        }
+        // The conflict: CouchDB's winner is current, the other kept as Couchbase Lite's conflict.
+        let winner = try #require([conflict.local, conflict.remote].compactMap(RevisionID.init).max()).description
+        #expect(ours["shared"]?["_rev"]?.stringValue == winner)
+        let shared = try CouchbaseLite.revisions(made, "shared")
+        #expect(shared.contains("Conflicted") && shared.contains(conflict.local) && shared.contains(conflict.remote), "\(shared)")
+        let edited = try CouchbaseLite.revisions(made, "edited")
+        for rev in try CouchbaseLite.revisions(app, "edited").split(separator: "\n").compactMap({ $0.split(separator: " ").first { $0.contains("-") } }) {
+            #expect(edited.contains(rev), "\(rev) in \(edited)")
+        }
+        #expect(try CouchbaseLite.run(["revs", made, "gone"]).stdout.contains("Deleted"))
+        let blob = try Data(contentsOf: URL(fileURLWithPath: made + "/Attachments/" + Data(BlobKey.of(photo).digestBytes).base64EncodedString().replacingOccurrences(of: "/", with: "_") + ".blob"))
+        #expect(Array(blob) == photo)
+        #expect(try CouchbaseLite.run(["--writeable", "compact", made]).succeeded)  // LiteCore keeps every body a document names
+        #expect((try FileManager.default.contentsOfDirectory(atPath: made + "/Attachments")).count == 2)
+
+        // Back again: the same trees as the first copy.
+        let back = directory.appending("back.sofa")
+        #expect(try sofa("cp", made, back).succeeded)
+        let first = try Database.open(at: copy)
+        let second = try Database.open(at: back)
+        for id in theirs.keys + ["gone"] {
+            #expect(Set(try first.revisionTree(of: id).nodes.keys) == Set(try second.revisionTree(of: id).nodes.keys), "\(id)")
+        }
+        #expect(try second.blobs.contents(of: BlobKey.of(report)) == report)
+
+        // LiteCore edits it and pushes it into sofa serve; Sofa pushes its own edits into it.
+        try CouchbaseLite.put(made, "edited", #"{"v":"edited by Couchbase Lite"}"#)
+        #expect(try checked(made))
+        let served = directory.appending("served-empty.sofa")
+        #expect(try sofa("create", served).succeeded)
+        let server = try ServedDatabases([served])
+        let pushed = try CouchbaseLite.push(made, to: "ws://127.0.0.1:\(server.port)/served-empty")
+        #expect(pushed.succeeded, "\(pushed.stdout)\(pushed.stderr)")
+        #expect(try Database.open(at: served).currentRevision(of: "edited")?.properties["v"] == "edited by Couchbase Lite")
+        let db = try Database.open(at: copy)
+        _ = try db.put("from-sofa", ["added": "later", "newKeyNeverSeen": 1])
+        let push = try sofa("push", copy, made)
+        #expect(push.succeeded, "\(push.stdout)\(push.stderr)")
+        #expect(try checked(made))
+        #expect(try CouchbaseLite.documents(made)["from-sofa"]?["newKeyNeverSeen"] == 1)
+        // Sofa's old "edited" conflicts with Couchbase Lite's edit of it: Couchbase Lite's stays current.
+        #expect(try CouchbaseLite.documents(made)["edited"]?["v"] == "edited by Couchbase Lite")
+    }
+
+    @Test func whatCouchbaseLiteCannotHoldIsRefusedByNameTheRestWritten() throws {
+        let path = directory.appending("odd.sofa")
+        let db = try Database.create(at: path)
+        _ = try db.put("fine", ["ok": true])
+        // A revision id LiteCore cannot store (not hex), as a replica may bring.
+        try db.inBatch { batch in
+            _ = try batch.insert(ReplicatedRevision(docID: "odd", revID: RevisionID("1-not-hex")!, ancestors: [], properties: ["a": 1]))
+        }
+        let made = directory.appending("odd.cblite2")
+        let result = try sofa("cp", path, made)
+        #expect(!result.succeeded)
+        #expect(result.stderr.contains("odd") && result.stderr.contains("cannot be stored by Couchbase Lite"), "\(result.stderr)")
+        #expect(try checked(made))
+        #expect(try CouchbaseLite.documents(made).keys.sorted() == ["fine"])
     }
 }

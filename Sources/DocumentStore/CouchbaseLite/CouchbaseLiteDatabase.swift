@@ -14,7 +14,10 @@ import Foundation
 public final class CouchbaseLiteDatabase {
     public let path: String
     let connection: SQLiteConnection
-    public let sharedKeys: [String]
+    /// The shared keys as last read or written.
+    public internal(set) var sharedKeys: [String]
+    /// Opened for writing (`open(at:writable:)`, `create(at:)`).
+    public let writable: Bool
 
     /// `kv_default`'s `flags`: LiteCore's document flags.
     public struct DocumentFlags: OptionSet, Sendable {
@@ -39,7 +42,9 @@ public final class CouchbaseLiteDatabase {
     /// Opens the database at `path` for reading. A folder that is no Couchbase Lite 3
     /// database, an encrypted one (Enterprise Edition), one of Couchbase Lite 2 (not upgraded)
     /// or 4 (version vectors) is refused by name.
-    public static func open(at path: String) throws -> CouchbaseLiteDatabase {
+    /// `writable`: for writing too, which is refused for a database whose tables have triggers
+    /// (the query indexes an app made, kept by LiteCore's own SQL functions).
+    public static func open(at path: String, writable: Bool = false) throws -> CouchbaseLiteDatabase {
         var trimmed = path
         while trimmed.count > 1, trimmed.hasSuffix("/") { trimmed.removeLast() }
         let file = "\(trimmed)/db.sqlite3"
@@ -58,24 +63,34 @@ public final class CouchbaseLiteDatabase {
             throw SofaError.notADatabase(path: trimmed, reason: count == 0 ? "its db.sqlite3 is empty"
                 : "its db.sqlite3 is not an SQLite file: an encrypted Couchbase Lite database (Enterprise Edition), which Sofa cannot open")
         }
-        let connection = try SQLiteConnection(path: file, create: false, readOnly: true)
+        let connection = try SQLiteConnection(path: file, create: false, readOnly: !writable)
         let tables = Set(try connection.query("SELECT name FROM sqlite_master WHERE type = 'table'") { $0.text(0) })
         guard tables.contains("kv_info"), tables.contains("kv_default") else {
             throw SofaError.notADatabase(path: trimmed, reason: "its db.sqlite3 has no Couchbase Lite tables (kv_default, kv_info)")
         }
         let database = CouchbaseLiteDatabase(path: trimmed, connection: connection,
-                                             sharedKeys: try Self.sharedKeys(connection, path: trimmed))
+                                             sharedKeys: try Self.sharedKeys(connection, path: trimmed), writable: writable)
         try database.checkVersioning()
+        if writable {
+            let triggers = try connection.query("SELECT name FROM sqlite_master WHERE type = 'trigger'") { $0.text(0) }
+            guard triggers.isEmpty else {
+                throw SofaError.notADatabase(path: trimmed, reason: """
+                    it has query indexes (\(triggers.count) triggers, kept by Couchbase Lite's own SQL functions), which Sofa cannot keep up to date: \
+                    Sofa reads it but does not write it
+                    """)
+            }
+        }
         return database
     }
 
-    private init(path: String, connection: SQLiteConnection, sharedKeys: [String]) {
+    private init(path: String, connection: SQLiteConnection, sharedKeys: [String], writable: Bool) {
         self.path = path
         self.connection = connection
         self.sharedKeys = sharedKeys
+        self.writable = writable
     }
 
-    private static func sharedKeys(_ connection: SQLiteConnection, path: String) throws -> [String] {
+    static func sharedKeys(_ connection: SQLiteConnection, path: String) throws -> [String] {
         guard let body = try connection.query("SELECT body FROM kv_info WHERE key = 'SharedKeys'", row: { $0.blob(0) }).first,
               !body.isEmpty else { return [] }
         let value: JSONValue

@@ -32,10 +32,13 @@ public struct LiteCoreRevisionTree: Sendable {
     public let revisions: [Revision]
     /// Remote database number (its `kv_info` entry `remotes`) → index of the revision it last had.
     public let remotes: [Int: Int]
+    /// Indexes of revisions a remote rejected.
+    public let rejected: [Int]
 
-    public init(revisions: [Revision], remotes: [Int: Int] = [:]) {
+    public init(revisions: [Revision], remotes: [Int: Int] = [:], rejected: [Int] = []) {
         self.revisions = revisions
         self.remotes = remotes
+        self.rejected = rejected
     }
 
     /// Reads `extra`; `docID` names the document in errors.
@@ -73,17 +76,26 @@ public struct LiteCoreRevisionTree: Sendable {
             if let parent = revision.parent, parent >= revisions.count { throw damaged("a parent index \(parent) of \(revisions.count)") }
         }
         var remotes: [Int: Int] = [:]
+        var rejected: [Int] = []
+        var pastMark = false
         while at + 4 <= raw.count {
             let remote = Int(raw[at]) << 8 | Int(raw[at + 1])
             let index = Int(raw[at + 2]) << 8 | Int(raw[at + 3])
             at += 4
-            if remote == 0 { break }  // the mark before rejected revisions (LiteCore 3.1+)
             guard index < revisions.count else { throw damaged("remote \(remote) names revision \(index) of \(revisions.count)") }
-            remotes[remote] = index
+            if pastMark {
+                rejected.append(index)
+            } else if remote == 0 {
+                pastMark = index == 0  // the 0/0 mark before rejected revisions (LiteCore 3.1+)
+                if !pastMark { throw damaged("a remote entry without a remote") }
+            } else {
+                remotes[remote] = index
+            }
         }
-        guard (raw.count - at) % 4 == 0 else { throw damaged("\(raw.count - at) stray bytes at the end") }
+        guard at == raw.count else { throw damaged("\(raw.count - at) stray bytes at the end") }
         self.revisions = revisions
         self.remotes = remotes
+        self.rejected = rejected
     }
 
     /// A LiteCore binary revision id: a varint generation and the digest's bytes
