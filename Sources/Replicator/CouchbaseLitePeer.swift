@@ -6,15 +6,20 @@ import Foundation
 /// documents with every leaf, histories as its revision trees hold them, deletions, conflicts
 /// and blobs (copied from its `Attachments/` folder by digest). As a target: revisions written
 /// as LiteCore writes them (`CouchbaseLiteDatabase.insert`), their blob and attachment bodies
-/// installed in `Attachments/` first. It keeps no checkpoints (LiteCore's are its replicator's
-/// own): each run reads the whole feed, and `_revs_diff` keeps what is there already from
-/// being written again.
+/// installed in `Attachments/` first. Its half of each checkpoint is kept by the Sofa database
+/// of the replication (`checkpoints`), under the file's private UUID: nothing is written into
+/// the file but documents, and a file replaced by another starts from its beginning.
 final class CouchbaseLitePeer: ReplicationPeer {
     let database: CouchbaseLiteDatabase
+    /// Where this file's checkpoints are kept.
+    let checkpoints: LocalPeer
     /// The feed, read once: LiteCore keeps no index by sequence across its two tables.
     private var feed: [(sequence: Int64, id: String)]?
 
-    init(_ database: CouchbaseLiteDatabase) { self.database = database }
+    init(_ database: CouchbaseLiteDatabase, checkpoints: LocalPeer) {
+        self.database = database
+        self.checkpoints = checkpoints
+    }
 
     var name: String { database.path }
 
@@ -23,7 +28,7 @@ final class CouchbaseLitePeer: ReplicationPeer {
             throw SofaError.invalidArgument("a Couchbase Lite database file is read with --doc-ids or --selector filters only")
         }
         let from = since.int64Value ?? 0
-        if feed == nil { feed = try database.sequences(after: 0) }
+        if feed == nil { feed = try database.sequences(after: from) }
         let all = feed ?? []
         let start = all.firstIndex { $0.sequence > from } ?? all.count
         let page = all[start..<min(all.count, start + limit)]
@@ -164,7 +169,9 @@ final class CouchbaseLitePeer: ReplicationPeer {
                                                       deleted: revision.deleted, body: body)
     }
 
-    func checkpoint(_ id: String) throws -> JSONObject? { nil }
+    private func key(_ id: String) throws -> String { "couchbase-lite-\(try database.info().privateUUID)-\(id)" }
 
-    func saveCheckpoint(_ id: String, _ body: JSONObject) throws {}
+    func checkpoint(_ id: String) throws -> JSONObject? { try checkpoints.checkpoint(try key(id)) }
+
+    func saveCheckpoint(_ id: String, _ body: JSONObject) throws { try checkpoints.saveCheckpoint(try key(id), body) }
 }

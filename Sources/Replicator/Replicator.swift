@@ -246,13 +246,28 @@ public final class Replicator {
     private func runFromFile(_ path: String) throws -> ReplicationResult {
         switch direction {
         case .pull:
-            let source = CouchbaseLitePeer(try CouchbaseLiteDatabase.open(at: path))
+            let source = CouchbaseLitePeer(try CouchbaseLiteDatabase.open(at: path), checkpoints: LocalPeer(database))
             // Every body comes now: a file is no remote to fetch one from later.
             return try replicate(from: source, to: LocalPeer(database), readAhead: nil)
         case .push:
             let target = access(path, F_OK) != 0 && createTarget
                 ? try CouchbaseLiteDatabase.create(at: path) : try CouchbaseLiteDatabase.open(at: path, writable: true)
-            return try replicate(from: LocalPeer(database), to: CouchbaseLitePeer(target), readAhead: nil)
+            return try replicate(from: LocalPeer(database), to: CouchbaseLitePeer(target, checkpoints: LocalPeer(database)), readAhead: nil)
+        }
+    }
+
+    /// Returns once the Couchbase Lite file has a change after `since` (its sequence), looking
+    /// every `ReplicatorTuning.filePollInterval` (LiteCore tells other processes nothing);
+    /// `pause` sleeps that long and says whether the wait is to end (throwing `.cancelled`).
+    func waitForChangeInFile(since: JSONValue, pause: (Double) -> Bool) throws {
+        guard let path = remote.filePath else { return }
+        let file = try CouchbaseLiteDatabase.open(at: path)
+        let uuid = try file.info().privateUUID
+        let from = since.int64Value ?? 0
+        while true {
+            // Past the sequence, or another file in its place: a pass reads it.
+            if try file.lastSequence > from || (try? CouchbaseLiteDatabase.open(at: path).info().privateUUID) != uuid { return }
+            if pause(ReplicatorTuning.filePollInterval) { throw ReplicationError.cancelled }
         }
     }
 

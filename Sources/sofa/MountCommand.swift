@@ -3,6 +3,7 @@ import DocumentFS
 import DocumentModel
 import DocumentStore
 import Foundation
+import HTTPTransport
 import FuseKit
 import Replicator
 
@@ -49,7 +50,15 @@ struct Mount: SofaCommand {
         (pull || sync ? [.pull] : []) + (push || sync ? [.push] : [])
     }
 
+    /// The Couchbase Lite database being mounted (its full path), or nil for a Sofa database.
+    var couchbaseLite: String? {
+        CouchbaseLiteDatabase.isCouchbaseLite(at: db.database) ? URL(fileURLWithPath: db.database).standardizedFileURL.path : nil
+    }
+
     func validate() throws {
+        if CouchbaseLiteDatabase.isCouchbaseLite(at: db.database), remote != nil || seed != nil || !directions.isEmpty {
+            throw ValidationError("a Couchbase Lite database is mounted in step with its own file: --remote, --seed, --pull, --push and --sync are for Sofa databases")
+        }
         if !directions.isEmpty && remote == nil { throw ValidationError("--pull, --push and --sync need --remote URL") }
         if continuous && directions.isEmpty { throw ValidationError("--continuous needs --pull, --push or --sync") }
         do { _ = try browsingPolicy() } catch { throw ValidationError("\(error)") }
@@ -76,16 +85,27 @@ struct Mount: SofaCommand {
             let copy = try copyDatabase(from: seed, to: db.database, replacing: false)
             Output.error("created \(copy.path) from \(seed)")
         }
-        _ = try db.open()  // a bad database fails here, in the foreground, with its reason
+        // A bad database fails here, in the foreground, with its reason.
+        if let couchbaseLite { _ = try CouchbaseLiteDatabase.open(at: couchbaseLite) } else { _ = try db.open() }
         try refuseNonEmpty()
         if !foreground { return try daemonize(mountPoint) }
         let signals = SignalWatcher([SIGINT, SIGTERM, SIGHUP])  // before any thread starts
         raiseDescriptorLimit()  // every open file of the mount holds a descriptor here
 
-        let database = try db.open()
-        var downloader: RemoteBodies?
+        let database: Database
+        var fileReadOnly = false
         var session: ReplicationSession?
-        if let url = try remote ?? database.rememberedRemote {
+        if let couchbaseLite {
+            // Mounted through its companion, kept in step both ways while mounted.
+            let (companion, writable) = try CouchbaseLiteMount.open(couchbaseLite)
+            (database, fileReadOnly) = (companion, !writable)
+            session = ReplicationSession(database: companion, remote: RemoteDatabase(file: couchbaseLite),
+                                         directions: readOnly || !writable ? [.pull] : [.pull, .push], continuous: true)
+        } else {
+            database = try db.open()
+        }
+        var downloader: RemoteBodies?
+        if couchbaseLite == nil, let url = try remote ?? database.rememberedRemote {
             let remoteDatabase = try connection.remote(url)
             downloader = RemoteBodies(database: database, remote: remoteDatabase, retry: connection.retryPolicy, caFile: connection.cacert)
             if !directions.isEmpty {
@@ -95,7 +115,7 @@ struct Mount: SofaCommand {
                 session?.caFile = connection.cacert
             }
         }
-        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly, bodySource: downloader, fetchTimeout: fetchTimeout,
+        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly || fileReadOnly, bodySource: downloader, fetchTimeout: fetchTimeout,
                                                 browsing: try browsingPolicy())
         // A desktop user learns of a lost save from a notification (where a session bus is).
         if let notifier = DesktopNotifier() { fileSystem.onFailure = notifier.failed }
@@ -122,8 +142,8 @@ struct Mount: SofaCommand {
         }
         var configuration = FuseMount.Configuration()
         // default_permissions: the kernel checks mode bits itself (`test -x` of a 0644 file is false, even for root).
-        configuration.options = ["default_permissions"] + fuseOptions.filter { $0 != "nonempty" } + (readOnly ? ["ro"] : [])
-        configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: database.path).lastPathComponent
+        configuration.options = ["default_permissions"] + fuseOptions.filter { $0 != "nonempty" } + (readOnly || fileReadOnly ? ["ro"] : [])
+        configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: couchbaseLite ?? database.path).lastPathComponent
         configuration.passthrough = !noPassthrough
         // The mount's links (the rows of views and saved queries) lead where their names say.
         configuration.cacheSymbolicLinks = true
@@ -193,7 +213,12 @@ struct Mount: SofaCommand {
         // documents, and nothing beside the database is to hold them in the clear.
         let unlock = try Database.encryptionUnlock(at: db.database)
         let encrypted = unlock != nil
-        let logPath = encrypted ? MountCommandLog.runtimePath(for: db.database) : URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
+        var logPath = encrypted ? MountCommandLog.runtimePath(for: db.database) : URL(fileURLWithPath: db.database).standardizedFileURL.path + "/mount.log"
+        if let couchbaseLite {
+            // Nothing but documents goes into the app's database folder: the log is the companion's.
+            try CouchbaseLiteMount.prepareFolder(for: couchbaseLite)
+            logPath = CouchbaseLiteMount.companionPath(for: couchbaseLite) + ".mount.log"
+        }
         let logWritable = logPath.map { access(($0 as NSString).deletingLastPathComponent, W_OK) == 0 } ?? false
         // An encrypted database's key goes to the child through a pipe, never its arguments.
         var keyPipe: Int32?

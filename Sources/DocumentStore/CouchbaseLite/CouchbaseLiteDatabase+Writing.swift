@@ -204,6 +204,17 @@ extension CouchbaseLiteDatabase {
             nodes[index].body = nil
         }
         nodes.sort(by: MutableRevision.goesFirst)
+        // The current branch deleted while a conflicting one lives: the conflict is resolved in
+        // the living branch's favour, which is no longer a conflict (LiteCore's own rule).
+        if nodes[0].flags & LiteCoreRevisionTree.deleted != 0,
+           let living = nodes.firstIndex(where: { $0.flags & (LiteCoreRevisionTree.leaf | LiteCoreRevisionTree.deleted) == LiteCoreRevisionTree.leaf }) {
+            var branch: RevisionID? = nodes[living].id
+            while let id = branch, let index = nodes.firstIndex(where: { $0.id == id }), nodes[index].flags & LiteCoreRevisionTree.isConflict != 0 {
+                nodes[index].flags &= ~LiteCoreRevisionTree.isConflict
+                branch = nodes[index].parent
+            }
+            nodes.sort(by: MutableRevision.goesFirst)
+        }
         let current = nodes[0]
         let indexOf = Dictionary(nodes.enumerated().map { ($0.element.id, $0.offset) }, uniquingKeysWith: { first, _ in first })
         var extra: [UInt8] = []

@@ -42,8 +42,8 @@ public final class CouchbaseLiteDatabase {
     /// Opens the database at `path` for reading. A folder that is no Couchbase Lite 3
     /// database, an encrypted one (Enterprise Edition), one of Couchbase Lite 2 (not upgraded)
     /// or 4 (version vectors) is refused by name.
-    /// `writable`: for writing too, which is refused for a database whose tables have triggers
-    /// (the query indexes an app made, kept by LiteCore's own SQL functions).
+    /// `writable`: for writing too, which is refused for a database with query indexes (an
+    /// app's, kept by LiteCore's own SQL functions).
     public static func open(at path: String, writable: Bool = false) throws -> CouchbaseLiteDatabase {
         var trimmed = path
         while trimmed.count > 1, trimmed.hasSuffix("/") { trimmed.removeLast() }
@@ -71,14 +71,11 @@ public final class CouchbaseLiteDatabase {
         let database = CouchbaseLiteDatabase(path: trimmed, connection: connection,
                                              sharedKeys: try Self.sharedKeys(connection, path: trimmed), writable: writable)
         try database.checkVersioning()
-        if writable {
-            let triggers = try connection.query("SELECT name FROM sqlite_master WHERE type = 'trigger'") { $0.text(0) }
-            guard triggers.isEmpty else {
-                throw SofaError.notADatabase(path: trimmed, reason: """
-                    it has query indexes (\(triggers.count) triggers, kept by Couchbase Lite's own SQL functions), which Sofa cannot keep up to date: \
-                    Sofa reads it but does not write it
-                    """)
-            }
+        if writable, case let indexes = try database.queryIndexes, !indexes.isEmpty {
+            throw SofaError.invalidArgument("""
+                \(trimmed) has query indexes (\(indexes.prefix(3).joined(separator: ", "))\(indexes.count > 3 ? ", …" : "")), which Couchbase Lite \
+                keeps with its own SQL functions and Sofa cannot: Sofa reads it but does not write it
+                """)
         }
         return database
     }
@@ -133,6 +130,30 @@ public final class CouchbaseLiteDatabase {
         public let blobBytes: Int64
     }
 
+    /// The query indexes an app made (value, full-text, vector): expressions over LiteCore's own
+    /// SQL functions, full-text ones kept by triggers. A row Sofa wrote could not be indexed,
+    /// so a database with any is read only here.
+    public var queryIndexes: [String] {
+        get throws {
+            let call = try NSRegularExpression(pattern: "[A-Za-z_][A-Za-z0-9_]*\\(")
+            return try connection.query("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND type IN ('trigger', 'index')") { row in
+                (row.text(0), row.text(1), row.text(2))
+            }.compactMap { type, name, sql in
+                if type == "trigger" { return name }
+                // LiteCore's own indexes are on columns (sequence, flags, expiration); an app's call
+                // its functions (`array_of(`, `fl_value(`) after the table's name.
+                guard let on = sql.range(of: " ON "), let open = sql[on.upperBound...].firstIndex(of: "(") else { return nil }
+                let columns = String(sql[sql.index(after: open)...])
+                return call.firstMatch(in: columns, range: NSRange(columns.startIndex..., in: columns)) == nil ? nil : name
+            }
+        }
+    }
+
+    /// The default collection's last sequence.
+    public var lastSequence: Int64 {
+        get throws { try connection.query("SELECT lastSeq FROM kvmeta WHERE name = 'default'") { $0.int64(0) }.first ?? 0 }
+    }
+
     public func info() throws -> Info {
         func uuid(_ key: String) throws -> String {
             BlobKey.hexString(try connection.query("SELECT body FROM kv_info WHERE key = ?", .text(key)) { $0.blob(0) }.first ?? [])
@@ -150,7 +171,7 @@ public final class CouchbaseLiteDatabase {
         return Info(publicUUID: try uuid("publicUUID"), privateUUID: try uuid("privateUUID"),
                     documentCount: try connection.query("SELECT count(*) FROM kv_default") { $0.int(0) }[0],
                     deletedCount: hasDeleted ? try connection.query("SELECT count(*) FROM kv_del_default") { $0.int(0) }[0] : 0,
-                    lastSequence: try connection.query("SELECT lastSeq FROM kvmeta WHERE name = 'default'") { $0.int64(0) }.first ?? 0,
+                    lastSequence: try lastSequence,
                     otherCollections: tables.sorted(), blobCount: blobCount, blobBytes: blobBytes)
     }
 
