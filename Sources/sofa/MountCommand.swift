@@ -130,6 +130,7 @@ struct Mount: SofaCommand {
                                           "kept_nodes": .integer(Int64(mount.keptNodes))])
             }
             if let session { status["replication"] = .object(session.status.json) }
+            if let couchbaseLite { status["couchbase_lite"] = .string(couchbaseLite) }
             if let downloader {
                 status["downloads"] = .array(downloader.active.map { body in
                     .object(["id": .string(body.docID), "name": .string(body.name), "digest": .string(body.digest),

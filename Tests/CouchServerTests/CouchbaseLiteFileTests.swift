@@ -406,4 +406,27 @@ import Testing
         let into = try sofa("cp", app, directory.appending("indexed-copy.sofa"))
         #expect(into.succeeded, "\(into.stderr)")  // reading it is fine
     }
+
+    @Test func aConflictResolvedInTheMountIsResolvedInCouchbaseLite() throws {
+        let source = directory.appending("conflicted.sofa")
+        let db = try Database.create(at: source)
+        let (winner, loser) = (RevisionID("2-bbbb")!, RevisionID("2-aaaa")!)
+        try db.inBatch { batch in
+            _ = try batch.insert(ReplicatedRevision(docID: "doc", revID: winner, ancestors: [RevisionID("1-11")!], properties: ["side": "B"]))
+            _ = try batch.insert(ReplicatedRevision(docID: "doc", revID: loser, ancestors: [RevisionID("1-11")!], properties: ["side": "A"]))
+        }
+        let app = directory.appending("conflicted.cblite2")
+        #expect(try sofa("cp", source, app).succeeded)
+        #expect(try CouchbaseLite.revisions(app, "doc").contains("Conflicted"))
+        #expect(try CouchbaseLite.documents(app)["doc"]?["side"] == "B")
+
+        let mount = try MountedDatabase(app, environment: ["XDG_CACHE_HOME": directory.appending("cache-conflict")])
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mount.path("docs/doc/conflicts")) == [loser.description])
+        try FileManager.default.removeItem(atPath: mount.path("docs/doc/conflicts/\(loser)"))
+        let resolved = try waitUntil(30) { !(try CouchbaseLite.revisions(app, "doc")).contains("Conflicted") }
+        #expect(resolved, "\((try? CouchbaseLite.revisions(app, "doc")) ?? "")")
+        #expect(try CouchbaseLite.documents(app)["doc"]?["side"] == "B")
+        #expect(mount.unmount().succeeded)
+        #expect(try checked(app))
+    }
 }

@@ -190,9 +190,10 @@ extension CouchbaseLiteDatabase {
         var flags = LiteCoreRevisionTree.leaf | LiteCoreRevisionTree.keepBody
         if revision.deleted { flags |= LiteCoreRevisionTree.deleted }
         if Self.hasAttachments(body, docID: revision.docID) { flags |= LiteCoreRevisionTree.hasAttachments }
-        // A branch that does not continue the current revision is a conflict for the app to
-        // resolve, as when LiteCore's own puller brings one; the current revision stays.
-        if let currentBefore, let current = nodes.first(where: { $0.id == currentBefore }),
+        // A live branch that does not continue the current revision is a conflict for the app to
+        // resolve, as when LiteCore's own puller brings one; the current revision stays. (A
+        // deleted one ends its branch: it conflicts with nothing.)
+        if !revision.deleted, let currentBefore, let current = nodes.first(where: { $0.id == currentBefore }),
            current.flags & LiteCoreRevisionTree.leaf != 0, current.flags & LiteCoreRevisionTree.deleted == 0 {
             flags |= LiteCoreRevisionTree.isConflict
         }
@@ -252,7 +253,8 @@ extension CouchbaseLiteDatabase {
         var documentFlags: DocumentFlags = []
         if current.flags & LiteCoreRevisionTree.deleted != 0 { documentFlags.insert(.deleted) }
         if current.flags & LiteCoreRevisionTree.hasAttachments != 0 { documentFlags.insert(.hasAttachments) }
-        if nodes.contains(where: { $0.flags & LiteCoreRevisionTree.isConflict != 0 && $0.flags & LiteCoreRevisionTree.leaf != 0 }) {
+        let liveConflict = LiteCoreRevisionTree.isConflict | LiteCoreRevisionTree.leaf
+        if nodes.contains(where: { $0.flags & (liveConflict | LiteCoreRevisionTree.deleted) == liveConflict }) {
             documentFlags.insert(.conflicted)
         }
         let table = documentFlags.contains(.deleted) ? "kv_del_default" : "kv_default"
