@@ -192,6 +192,10 @@ import Testing
         #expect(try Database.open(at: copy).currentRevision(of: "bad") == nil)
         #expect(try sofa("cat", app, "bad").stderr.contains("damaged Fleece"))
 
+        // A damaged revision tree.
+        try sql("UPDATE kv_default SET extra = x'0000000500' WHERE key = 'good'")
+        #expect(try sofa("cat", app, "good").stderr.contains("revision tree is damaged"))
+
         // A shared key the table lacks.
         try sql("UPDATE kv_default SET body = x'7001003f00038003' WHERE key = 'bad'")  // {key 63: 3}
         #expect(try sofa("cat", app, "bad").stderr.contains("shared key"))
@@ -428,5 +432,42 @@ import Testing
         #expect(try CouchbaseLite.documents(app)["doc"]?["side"] == "B")
         #expect(mount.unmount().succeeded)
         #expect(try checked(app))
+    }
+
+    @Test func blobsOfEverySizeAndTenThousandDocumentsGoBothWays() throws {
+        let source = directory.appending("sizes.sofa")
+        let db = try Database.create(at: source)
+        let sizes = [0, 1, 5 << 20]
+        var bodies: [[UInt8]] = []
+        for (index, size) in sizes.enumerated() {
+            let body = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ index &+ $0 >> 13) }
+            bodies.append(body)
+            var draft = try db.newRevision(of: "blob-\(size)")
+            try draft.setBlob(at: "/file", blob: db.blobs.write(body), contentType: "application/octet-stream")
+            _ = try db.save(draft)
+        }
+        let lines = (0..<10_000).map { "{\"_id\":\"doc-\(String(format: "%05d", $0))\",\"n\":\($0)}" }.joined(separator: "\n")
+        let jsonl = directory.appending("many.jsonl")
+        try Data(lines.utf8).write(to: URL(fileURLWithPath: jsonl))
+        let many = directory.appending("many.sofa")
+        #expect(try sofa("cp", jsonl, many).succeeded)
+        #expect(try sofa("push", many, directory.appending("unused.cblite2")).stderr.contains("no such Couchbase Lite database"))
+
+        let app = directory.appending("sizes.cblite2")
+        #expect(try sofa("cp", source, app).succeeded)
+        let pushed = try sofa("push", many, app)
+        #expect(pushed.succeeded, "\(pushed.stderr)")
+        #expect(try checked(app))
+        let info = try CouchbaseLite.run(["info", app]).stdout
+        #expect(info.contains("10003 documents"), "\(info)")
+        let file = try CouchbaseLiteDatabase.open(at: app)
+        for body in bodies {
+            #expect(contents(file.blobPath(BlobKey.of(body))) == body)
+        }
+        let back = directory.appending("sizes-back.sofa")
+        #expect(try sofa("cp", app, back).succeeded)
+        let copy = try Database.open(at: back)
+        #expect(try copy.counts().documents == 10_003)
+        for body in bodies { #expect(try copy.blobs.contents(of: BlobKey.of(body)) == body) }
     }
 }
