@@ -183,12 +183,7 @@ public final class ReplicationSession: @unchecked Sendable {
         if remote.isBLIP {
             return try replicator.waitForChangeOverBLIP(since: since) { [self] in isStopped }
         }
-        if remote.filePath != nil {
-            return try replicator.waitForChangeInFile(since: since) { [self] seconds in
-                pause(seconds)
-                return isStopped
-            }
-        }
+        if remote.filePath != nil { return try replicator.waitForChangeInFile(since: since) }
         let timeout = ReplicationSession.longpollTimeout
         let client = replicator.client
         let before = client.cancellation

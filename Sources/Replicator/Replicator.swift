@@ -256,19 +256,25 @@ public final class Replicator {
         }
     }
 
-    /// Returns once the Couchbase Lite file has a change after `since` (its sequence), looking
-    /// every `ReplicatorTuning.filePollInterval` (LiteCore tells other processes nothing);
-    /// `pause` sleeps that long and says whether the wait is to end (throwing `.cancelled`).
-    func waitForChangeInFile(since: JSONValue, pause: (Double) -> Bool) throws {
+    /// Returns once the Couchbase Lite file has a change after `since` (its sequence), or
+    /// throws `.cancelled` at `stopping.stop()`. LiteCore tells other processes nothing: inotify
+    /// says when the file is written (`CouchbaseLiteDatabase.watch`), and without it the file
+    /// is looked at every `ReplicatorTuning.filePollInterval`.
+    func waitForChangeInFile(since: JSONValue) throws {
         guard let path = remote.filePath else { return }
         let file = try CouchbaseLiteDatabase.open(at: path)
         let uuid = try file.info().privateUUID
         let from = since.int64Value ?? 0
-        while true {
+        let signal = DispatchSemaphore(value: 0)
+        stopping.onStop { signal.signal() }
+        let watch = CouchbaseLiteDatabase.watch(path) { signal.signal() }
+        defer { watch?.stop() }
+        while !stopping.isStopped {
             // Past the sequence, or another file in its place: a pass reads it.
             if try file.lastSequence > from || (try? CouchbaseLiteDatabase.open(at: path).info().privateUUID) != uuid { return }
-            if pause(ReplicatorTuning.filePollInterval) { throw ReplicationError.cancelled }
+            _ = signal.wait(timeout: .now() + (watch == nil ? ReplicatorTuning.filePollInterval : ReplicatorTuning.fileSafetyInterval))
         }
+        throw ReplicationError.cancelled
     }
 
     /// `since=` as CouchDB wants it: numbers bare, opaque strings verbatim.
@@ -426,15 +432,26 @@ public final class Replicator {
 /// reading ahead are cancelled at once, and `run()` throws `ReplicationError.cancelled`. The
 /// next run starts where this one stopped.
 public final class ReplicationStop: Sendable {
-    private let state = Locked<(stopped: Bool, readers: Cancellation?)>((false, nil))
+    private let state = Locked<(stopped: Bool, readers: Cancellation?, waiter: (@Sendable () -> Void)?)>((false, nil, nil))
 
     public init() {}
 
     public func stop() {
-        state.withLock { state -> Cancellation? in
+        let (readers, waiter) = state.withLock { state in
             state.stopped = true
-            return state.readers
-        }?.cancel()
+            return (state.readers, state.waiter)
+        }
+        readers?.cancel()
+        waiter?()
+    }
+
+    /// `wake` is called by `stop()` (at once if it came already): a wait of the run's ends.
+    func onStop(_ wake: @escaping @Sendable () -> Void) {
+        let stopped = state.withLock { state -> Bool in
+            state.waiter = wake
+            return state.stopped
+        }
+        if stopped { wake() }
     }
 
     public var isStopped: Bool { state.withLock { $0.stopped } }

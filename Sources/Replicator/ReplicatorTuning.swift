@@ -24,9 +24,14 @@ public enum ReplicatorTuning {
 
     /// Seconds between two looks at a Couchbase Lite file for a change (its default
     /// collection's last sequence, one indexed read) while a mount or a continuous sync
-    /// follows it: LiteCore tells other processes nothing. A quarter second keeps an app's
-    /// change within the mount's "shows within a second" and costs ~4 reads a second.
+    /// follows it and inotify cannot tell when it is written: LiteCore tells other processes
+    /// nothing. A quarter second keeps an app's change within the mount's "shows within a
+    /// second".
     public static let filePollInterval: Double = 0.25
+
+    /// Seconds between two looks at a followed Couchbase Lite file while inotify watches it:
+    /// only for another file put in its place, which inotify on the old one may not tell.
+    public static let fileSafetyInterval: Double = 5
 
     /// Pages waiting between two steps of a replication (changes read, revisions fetched,
     /// written): one keeps every step busy; more would only hold more in memory.

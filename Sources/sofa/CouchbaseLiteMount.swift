@@ -5,7 +5,8 @@ import HTTPTransport
 import Replicator
 
 /// How `sofa mount APP.cblite2 DIR` works: the mount serves a Sofa database kept in step with
-/// the Couchbase Lite file in both directions, through the same replication interface
+/// the Couchbase Lite file in both directions (saves pushed as they commit, the file's commits
+/// pulled as inotify reports them), through the same replication interface
 /// (`ReplicationPeer`) that reads and writes the file for `sofa cp` and `sofa pull|push`.
 ///
 /// The file system needs what a `.cblite2` has no place for (staged files of a save, pending

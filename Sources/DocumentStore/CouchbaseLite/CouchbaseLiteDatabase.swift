@@ -149,6 +149,29 @@ public final class CouchbaseLiteDatabase {
         }
     }
 
+    /// Follows the database at `path` for commits of other processes (an app, `cblite`):
+    /// inotify on its folder, and its last sequence read once the files were written
+    /// (`ForeignCommits`, as Sofa's own databases are followed). `onChange` runs on the watching
+    /// thread. Nil when inotify or the database cannot be opened (look at it yourself).
+    public static func watch(_ path: String, onChange: @escaping @Sendable () -> Void) -> Watch? {
+        guard let reader = try? open(at: path) else { return nil }
+        var seen = try? reader.lastSequence
+        guard let commits = ForeignCommits(directory: reader.path, names: ["db.sqlite3", "db.sqlite3-wal"], changed: {
+            // A read that fails counts as a change: the pass it starts says what is wrong.
+            let now = try? reader.lastSequence
+            defer { seen = now }
+            return now == nil || now != seen
+        }, publish: onChange) else { return nil }
+        return Watch(commits)
+    }
+
+    /// A running `watch`; `stop()` ends it.
+    public final class Watch: Sendable {
+        private let commits: ForeignCommits
+        init(_ commits: ForeignCommits) { self.commits = commits }
+        public func stop() { commits.stop() }
+    }
+
     /// The default collection's last sequence.
     public var lastSequence: Int64 {
         get throws { try connection.query("SELECT lastSeq FROM kvmeta WHERE name = 'default'") { $0.int64(0) }.first ?? 0 }
