@@ -118,6 +118,11 @@ final class CouchbaseLitePeer: ReplicationPeer {
             throw SofaError.invalidDocument(reason: "\(docID): the body of \(attachment.name) (\(attachment.digest)) is missing from \(database.path)/Attachments")
         }
         do {
+            // Both stores are content-addressed and never change a body in place: on one file
+            // system the body is shared by a hard link instead of copied (checked all the same).
+            if let linked = try? blobs.adopt(fileAt: file, keepingOriginal: true), linked.key == key {
+                return (linked, attachment.digest)
+            }
             return (try blobs.write(contentsOf: file, expecting: key), attachment.digest)
         } catch SofaError.blobCorrupted {
             throw SofaError.invalidDocument(reason: "\(docID): \(file) does not hold \(attachment.name): its SHA-1 is not \(attachment.digest)")
@@ -158,8 +163,11 @@ final class CouchbaseLitePeer: ReplicationPeer {
                 throw SofaError.invalidArgument(
                     "the body of \(attachment.name) is not here (left on a server): `sofa download` fetches it, then copy again")
             }
-            let reader = try source.openBody(of: attachment, docID: revision.docID)
-            try database.installBlob(key, from: reader)
+            // A plain body of a Sofa database on the same file system is shared by a hard link.
+            let local = (source as? LocalPeer).flatMap { $0.database.contentPath(of: attachment) }
+            if local.map({ database.linkBlob(key, from: $0) }) != true {
+                try database.installBlob(key, from: try source.openBody(of: attachment, docID: revision.docID))
+            }
             if attachment.name.hasPrefix("blob_/") { continue }  // a blob: its dictionary is in the properties
             stubs[attachment.name] = ["content_type": .string(attachment.contentType), "digest": .string(key.digestString),
                                       "length": .integer(attachment.length), "revpos": .integer(Int64(attachment.revpos)), "stub": true]

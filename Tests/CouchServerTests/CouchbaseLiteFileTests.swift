@@ -469,5 +469,14 @@ import Testing
         let copy = try Database.open(at: back)
         #expect(try copy.counts().documents == 10_003)
         for body in bodies { #expect(try copy.blobs.contents(of: BlobKey.of(body)) == body) }
+        // On one file system the three databases share each body (hard links), none copies it.
+        func inode(_ path: String) -> UInt64? {
+            var info = stat()
+            return stat(path, &info) == 0 ? UInt64(info.st_ino) : nil
+        }
+        let big = BlobKey.of(bodies[2])
+        #expect(inode(file.blobPath(big)) != nil)
+        #expect(inode(file.blobPath(big)) == inode(db.blobs.path(for: big)))
+        #expect(inode(file.blobPath(big)) == inode(copy.blobs.path(for: big)))
     }
 }

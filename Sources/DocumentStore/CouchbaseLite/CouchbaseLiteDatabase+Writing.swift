@@ -83,6 +83,21 @@ extension CouchbaseLiteDatabase {
         }
     }
 
+    /// Installs the body at `path` (a store's file, whose bytes are `key`'s) into `Attachments/`
+    /// as a hard link; false when it cannot be linked (another file system), for a copy instead.
+    public func linkBlob(_ key: BlobKey, from path: String) -> Bool {
+        let final = blobPath(key)
+        if access(final, F_OK) == 0 { return true }
+        try? FileManager.default.createDirectory(atPath: "\(self.path)/Attachments", withIntermediateDirectories: true)
+        guard link(path, final) == 0 || errno == EEXIST else { return false }
+        let folder = Foundation.open("\(self.path)/Attachments", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if folder >= 0 {
+            fsync(folder)
+            close(folder)
+        }
+        return true
+    }
+
     /// Installs a blob body into `Attachments/` from `reader`, checked against `key`: written
     /// beside, synced, renamed into place (a body there already is kept).
     public func installBlob(_ key: BlobKey, from reader: BlobReader) throws {
