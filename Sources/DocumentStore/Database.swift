@@ -197,10 +197,6 @@ public final class Database: @unchecked Sendable {
         guard info.st_mode & S_IFMT == S_IFDIR else { throw SofaError.notADatabase(path: path, reason: "it is not a directory") }
         let file = "\(path)/\(databaseFileName)"
         guard access(file, F_OK) == 0 else { throw SofaError.notADatabase(path: path, reason: "it has no \(databaseFileName)") }
-        if CouchbaseLiteDatabase.isCouchbaseLite(at: path) {
-            throw SofaError.notADatabase(path: path, reason: "it is a Couchbase Lite database: `sofa info|ls|cat|revs` read it in place, "
-                + "and `sofa cp \(path) NEW.sofa` copies it into a Sofa database (which mounts, serves and syncs)")
-        }
         var fileSystem = statvfs()
         var wal = stat()
         // Immutable mode ignores the WAL, so it is only safe when all commits are in the main file.
@@ -220,6 +216,9 @@ public final class Database: @unchecked Sendable {
             readOnly = true
             connection = try SQLiteConnection(path: file, create: false, immutable: true, sealed: pages)
             found = try Schema.check(connection, path: path, readOnly: true)
+        } catch SofaError.notADatabase where CouchbaseLiteDatabase.isCouchbaseLite(at: path) {
+            throw SofaError.notADatabase(path: path, reason: "it is a Couchbase Lite database: `sofa info|ls|cat|revs` read it in place, "
+                + "`sofa mount` mounts it, and `sofa cp \(path) NEW.sofa` copies it into a Sofa database (which serves and syncs)")
         }
         let database = try Database(path: path, writer: connection, readOnly: readOnly,
                                     fullDisk: readOnly && fileSystem.f_flag & UInt(ST_RDONLY) == 0,

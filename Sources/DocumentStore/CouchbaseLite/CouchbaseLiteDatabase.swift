@@ -68,7 +68,7 @@ public final class CouchbaseLiteDatabase {
         guard tables.contains("kv_info"), tables.contains("kv_default") else {
             throw SofaError.notADatabase(path: trimmed, reason: "its db.sqlite3 has no Couchbase Lite tables (kv_default, kv_info)")
         }
-        let database = CouchbaseLiteDatabase(path: trimmed, connection: connection,
+        let database = try CouchbaseLiteDatabase(path: trimmed, connection: connection,
                                              sharedKeys: try Self.sharedKeys(connection, path: trimmed), writable: writable)
         try database.checkVersioning()
         if writable, case let indexes = try database.queryIndexes, !indexes.isEmpty {
@@ -80,11 +80,14 @@ public final class CouchbaseLiteDatabase {
         return database
     }
 
-    private init(path: String, connection: SQLiteConnection, sharedKeys: [String], writable: Bool) {
+    private let hasDeletedTable: Bool
+
+    private init(path: String, connection: SQLiteConnection, sharedKeys: [String], writable: Bool) throws {
         self.path = path
         self.connection = connection
         self.sharedKeys = sharedKeys
         self.writable = writable
+        hasDeletedTable = try !connection.query("SELECT 1 FROM sqlite_master WHERE name = 'kv_del_default'") { $0.int(0) }.isEmpty
     }
 
     static func sharedKeys(_ connection: SQLiteConnection, path: String) throws -> [String] {
@@ -190,10 +193,9 @@ public final class CouchbaseLiteDatabase {
             var info = stat()
             if stat("\(path)/Attachments/\(name)", &info) == 0 { blobCount += 1; blobBytes += Int64(info.st_size) }
         }
-        let hasDeleted = try connection.query("SELECT 1 FROM sqlite_master WHERE name = 'kv_del_default'") { $0.int(0) }.count > 0
         return Info(publicUUID: try uuid("publicUUID"), privateUUID: try uuid("privateUUID"),
                     documentCount: try connection.query("SELECT count(*) FROM kv_default") { $0.int(0) }[0],
-                    deletedCount: hasDeleted ? try connection.query("SELECT count(*) FROM kv_del_default") { $0.int(0) }[0] : 0,
+                    deletedCount: hasDeletedTable ? try connection.query("SELECT count(*) FROM kv_del_default") { $0.int(0) }[0] : 0,
                     lastSequence: try lastSequence,
                     otherCollections: tables.sorted(), blobCount: blobCount, blobBytes: blobBytes)
     }
@@ -210,11 +212,9 @@ public final class CouchbaseLiteDatabase {
         public var deleted: Bool { flags.contains(.deleted) }
     }
 
-    /// The tables a document may be in: live documents, then deleted ones.
-    private var documentTables: [String] {
-        (try? connection.query("SELECT 1 FROM sqlite_master WHERE name = 'kv_del_default'") { $0.int(0) }.isEmpty) == false
-            ? ["kv_default", "kv_del_default"] : ["kv_default"]
-    }
+    /// The tables a document may be in: live documents, then deleted ones (LiteCore 3.1 and
+    /// later keep those apart).
+    private var documentTables: [String] { hasDeletedTable ? ["kv_default", "kv_del_default"] : ["kv_default"] }
 
     public func document(_ id: String) throws -> Document? {
         for table in documentTables {
