@@ -397,12 +397,18 @@ struct StagedDirectory {
         try? FileManager.default.removeItem(atPath: path)  // a failed copy's leftovers; removeAbandoned takes what stays
     }
 
-    /// Removes what `prefix`PID names (files or folders) for processes that no longer run.
+    /// Removes what `prefix`PID names (files or folders) for processes that no longer run: a
+    /// killed copy's, `encrypt`'s or `decrypt`'s half-made database (plaintext, for a decrypt).
+    /// One exception: a process killed between moving the old database aside
+    /// (`….partial-PID.replaced`) and renaming the new one into place left no database at
+    /// `destination`; the old one goes back there instead of away.
     static func removeAbandoned(in directory: String, prefix: String) {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }  // a sweep: nothing to sweep
+        let destination = "\(directory)/\(prefix.dropFirst().dropLast(".partial-".count))"
         for name in names where name.hasPrefix(prefix) {
             let rest = name.dropFirst(prefix.count)
             guard let pid = pid_t(rest.prefix { $0.isNumber }), kill(pid, 0) != 0, errno == ESRCH else { continue }
+            if name.hasSuffix(".replaced"), access(destination, F_OK) != 0, rename("\(directory)/\(name)", destination) == 0 { continue }
             try? FileManager.default.removeItem(atPath: "\(directory)/\(name)")  // tried again at the next sweep
         }
     }

@@ -190,6 +190,11 @@ public final class Database: @unchecked Sendable {
     /// `open(at:secret:)`, or with the keys of an encrypted database already unlocked (a copy's).
     static func open(at path: String, secret: DatabaseSecret?, unlocked: DatabaseKey?) throws -> Database {
         let path = normalize(path)
+        // What a killed copy, encrypt or decrypt of this database left beside it (a decrypt's is
+        // plaintext) goes with the next command that opens it; a database a kill left set aside
+        // mid-replacement comes back.
+        let staging = stagingLocation(for: path)
+        StagedDirectory.removeAbandoned(in: staging.directory, prefix: staging.prefix)
         var info = stat()
         guard stat(path, &info) == 0 else {
             throw SofaError.notADatabase(path: path, reason: errno == ENOENT ? "no such file or directory" : String(cString: strerror(errno)))

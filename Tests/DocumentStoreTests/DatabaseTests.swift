@@ -280,6 +280,43 @@ import TestSupport
 
 /// What a mount keeps for fsynced writes not saved yet (`pending_saves`) survives compaction;
 /// bytes no row names any more go once they are old.
+/// What a killed copy, `encrypt` or `decrypt` left beside a database.
+@Suite struct AbandonedCopyTests {
+    let directory = TemporaryDirectory()
+
+    /// A process id that no longer runs.
+    func deadPID() throws -> pid_t {
+        let child = try ChildProcess(["/bin/true"])
+        _ = child.wait()
+        return child.pid
+    }
+
+    @Test func aHalfMadeCopyGoesWhenTheDatabaseIsOpened() throws {
+        let path = directory.appending("x.sofa")
+        _ = try Database.create(at: path).put("kept", ["a": 1])
+        let half = directory.appending(".x.sofa.partial-\(try deadPID())")
+        try FileManager.default.createDirectory(atPath: half + "/attachments", withIntermediateDirectories: true)
+        try Data("plaintext".utf8).write(to: URL(fileURLWithPath: half + "/db.sqlite3"))
+        let running = directory.appending(".x.sofa.partial-\(getpid())")  // a copy under way: left alone
+        try FileManager.default.createDirectory(atPath: running, withIntermediateDirectories: true)
+        #expect(try Database.open(at: path).currentRevision(of: "kept") != nil)
+        #expect(access(half, F_OK) != 0)
+        #expect(access(running, F_OK) == 0)
+    }
+
+    /// Killed between moving the old database aside and renaming the new one into place: the
+    /// old one comes back when its path is opened, and the half-installed one goes.
+    @Test func aDatabaseSetAsideByAKilledReplacementComesBack() throws {
+        let path = directory.appending("y.sofa")
+        _ = try Database.create(at: path).put("kept", ["a": 1])
+        let pid = try deadPID()
+        #expect(rename(path, directory.appending(".y.sofa.partial-\(pid).replaced")) == 0)
+        _ = try Database.create(at: directory.appending(".y.sofa.partial-\(pid)"))
+        #expect(try Database.open(at: path).currentRevision(of: "kept") != nil)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path) == ["y.sofa"])
+    }
+}
+
 @Suite struct PendingSaveTests {
     let directory = TemporaryDirectory()
 

@@ -24,10 +24,8 @@ import TestSupport
         for case let relative as String in enumerator {
             let path = folder + "/" + relative
             if !isDirectory(path) { files += 1 }
-            guard let bytes = FileManager.default.contents(atPath: path).map([UInt8].init), bytes.count >= needle.count else { continue }
-            if (0...(bytes.count - needle.count)).contains(where: { bytes[$0] == needle[0] && bytes[$0..<($0 + needle.count)].elementsEqual(needle) }) {
-                found.append(relative)
-            }
+            guard let bytes = FileManager.default.contents(atPath: path), bytes.count >= needle.count else { continue }
+            if bytes.range(of: Data(needle)) != nil { found.append(relative) }
         }
         #expect(files >= 2, "\(folder) holds \(files) files: nothing to search")
         return found
@@ -416,6 +414,12 @@ import TestSupport
             }
             if result.signal != SIGKILL { #expect(state == nextKey, "round \(round): a finished \(command) took effect") }
             key = state
+            // The next command that opens it takes what the killed one left beside it: then no
+            // half-made copy stays, and while it is encrypted no plaintext is anywhere.
+            #expect(try sofa(["ls", database] + (state.map { ["--key-file", keys[$0]] } ?? [])).succeeded)
+            let leftovers = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.contains(".partial-") }
+            #expect(leftovers.isEmpty, "round \(round) \(command): \(leftovers)")
+            if state != nil { #expect(filesHolding(marker, in: directory.path) == [], "round \(round) \(command)") }
         }
         #expect(interrupted >= 5, "only \(interrupted) of 21 runs were cut short: the test would not test much")
     }
