@@ -104,9 +104,19 @@ public final class QueryServerProcess {
             }
             return answer
         } catch let error as QueryServerError {
-            if case .function = error {} else { stop() }
+            // A function error leaves the process as it was, unless it ran out of memory: its
+            // heap stays as full as the function left it (SpiderMonkey keeps what it took).
+            if case .function(_, let reason) = error, !reason.contains("out of memory") {} else { stop() }
             throw error
         }
+    }
+
+    /// Its resident memory in bytes (`/proc/PID/statm`), or nil when it cannot be read.
+    public var residentBytes: Int? {
+        guard alive, let text = try? String(contentsOfFile: "/proc/\(pid)/statm", encoding: .utf8) else { return nil }
+        let fields = text.split(separator: " ")
+        guard fields.count > 1, let pages = Int(fields[1]) else { return nil }
+        return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
     }
 
     private func write(_ bytes: [UInt8]) throws {
@@ -246,6 +256,14 @@ public final class QueryServerPool: @unchecked Sendable {
     private let lock = NSLock()
     private var idle: [QueryServerProcess] = []
     private let keep = 4
+    /// A process that has grown past this is not kept for the next caller but ended, so that
+    /// the memory a large view or a greedy function took returns to the machine: an idle
+    /// `sofa-js` holds ~18 MB, one that has mapped a document of a few MB ~170 MB, and
+    /// SpiderMonkey gives nothing back once taken (measured by hand).
+    public static let largestKept = 64 << 20
+
+    /// The processes kept for the next caller (for status and tests).
+    public var idleProcessIDs: [pid_t] { lock.withLock { idle.map(\.pid) } }
 
     init(environment: [String: String] = ProcessInfo.processInfo.environment) {
         timeout = environment["SOFA_QUERY_SERVER_TIMEOUT"].flatMap(Double.init) ?? 5
@@ -270,13 +288,15 @@ public final class QueryServerPool: @unchecked Sendable {
     public func withProcess<T>(_ body: (QueryServerProcess) throws -> T) throws -> T {
         let process = try lock.withLock { idle.popLast() } ?? QueryServerProcess(command: QueryServerPool.javascriptCommand())
         defer {
-            if process.alive {
+            if process.alive, (process.residentBytes ?? 0) <= QueryServerPool.largestKept {
                 let kept = lock.withLock { () -> Bool in
                     guard idle.count < keep else { return false }
                     idle.append(process)
                     return true
                 }
                 if !kept { process.stop() }
+            } else {
+                process.stop()
             }
         }
         return try body(process)

@@ -10,10 +10,10 @@ public final class ServedDatabases: @unchecked Sendable {
     private var result: ProcessResult?
 
     /// Serves on `port`, or on a free one with 0.
-    public init(_ arguments: [String], port requested: Int = 0, logLevel: String = "warning") throws {
+    public init(_ arguments: [String], port requested: Int = 0, logLevel: String = "warning", environment: [String: String] = [:]) throws {
         outputPath = "/tmp/sofa-serve-\(UUID().uuidString).out"
         process = try ChildProcess([sofaBinary, "serve", "--port", String(requested)] + arguments, stdout: outputPath,
-                                   environment: ["SOFA_LOG_LEVEL": logLevel])
+                                   environment: ["SOFA_LOG_LEVEL": logLevel].merging(environment) { $1 })
         let deadline = Date().addingTimeInterval(15)
         while true {
             let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
