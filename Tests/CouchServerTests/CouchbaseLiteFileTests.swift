@@ -9,15 +9,7 @@ import Testing
 @Suite(.serialized) struct CouchbaseLiteFileTests {
     let directory = TemporaryDirectory()
 
-    /// Keys sorted (Fleece keeps them so), for comparing bodies.
-    func sortedKeys(_ value: JSONValue?) -> JSONValue? {
-        switch value {
-        case .object(let object)?:
-            return .object(JSONObject(object.entries.sorted { $0.key < $1.key }.map { ($0.key, sortedKeys($0.value)!) }))
-        case .array(let items)?: return .array(items.map { sortedKeys($0)! })
-        default: return value
-        }
-    }
+    func sortedKeys(_ value: JSONValue?) -> JSONValue? { value?.sortedKeys }
 
     /// The SHA-1 of every byte of the database's SQLite file, its WAL and its blobs.
     func fingerprint(_ app: String) throws -> [String: BlobKey] {
@@ -29,6 +21,14 @@ import Testing
             prints[name] = BlobKey.of(try Data(contentsOf: URL(fileURLWithPath: "\(app)/Attachments/\(name)")))
         }
         return prints
+    }
+
+    /// A document with a title and a JPEG blob at `/photo`.
+    func saveBlob(_ photo: [UInt8], in db: Database, id: String, title: String) throws {
+        var draft = try db.newRevision(of: id)
+        draft.properties["title"] = .string(title)
+        try draft.setBlob(at: "/photo", blob: db.blobs.write(photo), contentType: "image/jpeg")
+        _ = try db.save(draft)
     }
 
     /// A `.cblite2` holding what Couchbase Lite apps hold: values of every Fleece width, long
@@ -60,10 +60,7 @@ import Testing
         let db = try Database.create(at: path)
         let photo = (0..<150_000).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 7) }
         let report = (0..<70_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 11) }
-        var draft = try db.newRevision(of: "with-blob")
-        draft.properties["title"] = "a blob"
-        try draft.setBlob(at: "/photo", blob: db.blobs.write(photo), contentType: "image/jpeg")
-        _ = try db.save(draft)
+        try saveBlob(photo, in: db, id: "with-blob", title: "a blob")
         var second = try db.newRevision(of: "with-attachment")
         try second.setAttachment("report.pdf", blob: db.blobs.write(report), contentType: "application/pdf")
         _ = try db.save(second)
@@ -334,10 +331,7 @@ import Testing
         let source = directory.appending("mount-source.sofa")
         let db = try Database.create(at: source)
         let photo = (0..<90_000).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ $0 >> 9) }
-        var draft = try db.newRevision(of: "with-blob")
-        draft.properties["title"] = "a photo"
-        try draft.setBlob(at: "/photo", blob: db.blobs.write(photo), contentType: "image/jpeg")
-        _ = try db.save(draft)
+        try saveBlob(photo, in: db, id: "with-blob", title: "a photo")
         var second = try db.newRevision(of: "with-attachment")
         try second.setAttachment("notes.txt", data: Array("attached".utf8), contentType: "text/plain")
         _ = try db.save(second)

@@ -24,16 +24,7 @@ import Testing
         return document
     }
 
-    /// Couchbase Lite keeps a document's keys sorted (Fleece), Sofa as they came: the same
-    /// document either way.
-    func sortedKeys(_ value: JSONValue?) -> JSONValue? {
-        switch value {
-        case .object(let object)?:
-            return .object(JSONObject(object.entries.sorted { $0.key < $1.key }.map { ($0.key, sortedKeys($0.value)!) }))
-        case .array(let items)?: return .array(items.map { sortedKeys($0)! })
-        default: return value
-        }
-    }
+    func sortedKeys(_ value: JSONValue?) -> JSONValue? { value?.sortedKeys }
 
     @Test func aCouchbaseLiteDatabasePushedIntoSofaServeIsPulledBackTheSame() throws {
         let app = directory.appending("app.cblite2")

@@ -69,3 +69,15 @@ public enum CouchbaseLite {
         try run(["revs", database, id]).stdout
     }
 }
+
+extension JSONValue {
+    /// The value with every object's keys sorted: Couchbase Lite keeps a document's keys sorted
+    /// (Fleece), Sofa as they came, and both are the same document.
+    public var sortedKeys: JSONValue {
+        switch self {
+        case .object(let object): .object(JSONObject(object.entries.sorted { $0.key < $1.key }.map { ($0.key, $0.value.sortedKeys) }))
+        case .array(let items): .array(items.map(\.sortedKeys))
+        default: self
+        }
+    }
+}
