@@ -83,6 +83,10 @@ extension CouchServer {
     }
 
     private func routeDatabase(_ request: Request, name: String, rest: [String]) async throws {
+        try await CouchServer.$database.withValue(name) { try await routeDatabaseRequest(request, name: name, rest: rest) }
+    }
+
+    private func routeDatabaseRequest(_ request: Request, name: String, rest: [String]) async throws {
         if rest.isEmpty {
             switch request.method {
             case .GET, .HEAD:

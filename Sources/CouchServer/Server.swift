@@ -71,6 +71,8 @@ public final class CouchServer: @unchecked Sendable {
     let passwords = Passwords()
     let uuid = UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
     let pool: NIOThreadPool
+    /// At most all but one of `pool`'s threads for one database's work.
+    let slots: DatabaseSlots
     /// The index updates `update=lazy` queries leave behind.
     let lazyViewUpdates = LazyViewUpdates()
     /// The continuous replications clients started.
@@ -96,7 +98,9 @@ public final class CouchServer: @unchecked Sendable {
             }
         }
         self.sessions = SessionKeys()
-        self.pool = NIOThreadPool(numberOfThreads: max(4, System.coreCount * 2))
+        let threads = max(4, System.coreCount * 2)
+        self.pool = NIOThreadPool(numberOfThreads: threads)
+        slots = DatabaseSlots(limit: threads - 1)
         self.group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, System.coreCount))
     }
 
@@ -451,13 +455,22 @@ public final class CouchServer: @unchecked Sendable {
         return false
     }
 
-    /// Runs blocking storage work off the event loops.
+    /// Runs blocking storage work off the event loops; for a request to a database, once one
+    /// of that database's slots is free (`DatabaseSlots`).
     func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
         // Saves made by the work are the request's user's, as validate_doc_update sees them.
         let user = CouchServer.user
         let author = Author(name: user.name, roles: user.roles)
-        return try await pool.runIfActive { try Author.$current.withValue(author) { try work() } }
+        guard let database = CouchServer.database else {
+            return try await pool.runIfActive { try Author.$current.withValue(author) { try work() } }
+        }
+        return try await slots.withSlot(database) {
+            try await pool.runIfActive { try Author.$current.withValue(author) { try work() } }
+        }
     }
+
+    /// The database the request being answered is for, if any.
+    @TaskLocal static var database: String?
 }
 
 /// A connection as accepted: what its first request made of it comes later.

@@ -832,3 +832,42 @@ extension ServerTests {
         #expect(try waitUntil(120) { try rows() == 2_010 }, "\((try? rows()) ?? nil)")
     }
 }
+
+/// One database's slow work never holds the threads another database's requests need.
+@Suite struct DatabaseIsolationTests {
+    let directory = TemporaryDirectory()
+
+    @Test func writersQueuedBehindASlowValidatorLeaveOtherDatabasesAnswered() throws {
+        let slow = directory.appending("slow.sofa"), other = directory.appending("other.sofa")
+        for path in [slow, other] { #expect(try sofa("create", path).succeeded) }
+        _ = try Database.open(at: other).put("x", ["here": true])
+        // A legal validator that takes its time (within the query server's 5 s limit).
+        let rule = "function(n) { var t = Date.now(); while (Date.now() - t < 1500) {} }"
+        _ = try Database.open(at: slow).put("_design/slow", ["validate_doc_update": .string(rule)])
+        let server = try ServedDatabases([slow, other])
+
+        // Twice as many writers as the server has blocking threads: before, they took every one
+        // (one validating, the others waiting for the database's write lock), and the other
+        // database's read queued behind the rest of them.
+        let writers = 2 * max(4, ProcessInfo.processInfo.activeProcessorCount * 2)
+        let finished = Locked<[Int]>([])
+        let group = DispatchGroup()
+        for index in 0..<writers {
+            group.enter()
+            // A thread each (the global queue runs about as many blocks at once as there are cores).
+            Thread.detachNewThread {
+                defer { group.leave() }
+                let status = (try? server.connect().json("PUT", "/slow/doc-\(index)", ["n": .integer(Int64(index))]).status) ?? 0
+                finished.withLock { $0.append(status) }
+            }
+        }
+        usleep(500_000)  // (the writers' requests on their way; the order below is what is checked)
+        let read = try server.connect().request("GET", "/other/x")
+        let writesDoneWhenRead = finished.withLock { $0.count }
+        #expect(read.status == 200)
+        // Answered while the first validation still ran (at most that one finishing meanwhile).
+        #expect(writesDoneWhenRead <= 1, "the other database's read waited for \(writesDoneWhenRead) slow writes")
+        group.wait()
+        #expect(finished.withLock { $0 }.allSatisfy { $0 == 201 }, "\(finished.withLock { $0 })")
+    }
+}
