@@ -141,6 +141,8 @@ public struct RetryPolicy: Sendable {
     public var attempts = HTTPTuning.attempts
     public var initialDelay = HTTPTuning.firstRetryDelay
     public var maximumDelay = HTTPTuning.longestRetryDelay
+    /// A request that receives nothing for this long (seconds) fails, and is tried again.
+    public var stallTimeout = HTTPTuning.stallTimeout
 
     public init() {}
 }
@@ -199,8 +201,12 @@ public final class HTTPClient {
     private let multi: UnsafeMutableRawPointer
     public let remote: RemoteDatabase
     public var caFile: String?
-    /// A request that makes no progress for this long fails (and is retried by the caller).
-    public var stallTimeout = HTTPTuning.stallTimeout
+    /// A request that makes no progress for this long fails (and is retried by the caller):
+    /// its retry policy's.
+    public var stallTimeout: Int {
+        get { retry.stallTimeout }
+        set { retry.stallTimeout = newValue }
+    }
     public var connectTimeout = HTTPTuning.connectTimeout
     /// Bytes curl hands over per callback (its default is 16 KiB); bodies streamed into files
     /// take bigger pieces, for fewer calls and wake-ups per byte.
@@ -232,7 +238,6 @@ public final class HTTPClient {
     public func sibling() throws -> HTTPClient {
         let other = try HTTPClient(remote: remote)
         other.caFile = caFile
-        other.stallTimeout = stallTimeout
         other.connectTimeout = connectTimeout
         other.receiveBufferSize = receiveBufferSize
         other.retry = retry
@@ -356,7 +361,12 @@ public final class HTTPClient {
         if code == CURLE_ABORTED_BY_CALLBACK || cancellation?.isCancelled == true { throw ReplicationError.cancelled }
         if let error = transfer.error { throw error }
         guard code == CURLE_OK else {
-            throw ReplicationError.network("\(String(cString: curl_easy_strerror(code))) (\(method) \(RemoteDatabase.redacted(url)))")
+            // curl says only "Timeout was reached": which limit, and how to change it.
+            let reason = code == CURLE_OPERATION_TIMEDOUT
+                ? (quietFor == nil ? "nothing received for \(stallTimeout) s (--stall-timeout)"
+                                   : "no answer within \(quietFor! + stallTimeout) s (--stall-timeout \(stallTimeout) s after the wait asked for)")
+                : String(cString: curl_easy_strerror(code))
+            throw ReplicationError.network("\(reason) (\(method) \(RemoteDatabase.redacted(url)))")
         }
         return HTTPAnswer(status: ccurl_response_code(handle), headers: transfer.headers, body: transfer.body)
     }

@@ -12,8 +12,9 @@ public enum HTTPTuning {
     public static let longestRetryDelay = 30.0
 
     /// A transfer that receives nothing for this long has failed (seconds; curl's low-speed
-    /// limit), and is retried.
-    public static let stallTimeout = 60
+    /// limit), and is retried: CouchDB's replicator's `connection_timeout` (30 s). `--stall-timeout`
+    /// sets it per command.
+    public static let stallTimeout = 30
 
     /// Connecting to the remote may take this long (seconds) before the attempt fails.
     public static let connectTimeout = 10

@@ -23,10 +23,14 @@ struct ConnectionOptions: ParsableArguments {
     @Option(help: "Seconds before the first retry; each next wait doubles, up to 30 s.")
     var retryDelay = 0.25
 
+    @Option(help: "Seconds a request may receive nothing before it fails and is tried again (CouchDB's replicator waits 30).")
+    var stallTimeout = HTTPTuning.stallTimeout
+
     var retryPolicy: RetryPolicy {
         var retry = RetryPolicy()
         retry.attempts = max(1, retries)
         retry.initialDelay = max(0, retryDelay)
+        retry.stallTimeout = max(1, stallTimeout)
         return retry
     }
 
@@ -37,7 +41,7 @@ struct ConnectionOptions: ParsableArguments {
     /// These options as arguments again (paths made absolute), for a child process.
     var arguments: [String] {
         func absolute(_ path: String) -> String { URL(fileURLWithPath: path).standardizedFileURL.path }
-        var arguments = ["--retries", String(retries), "--retry-delay", String(retryDelay)]
+        var arguments = ["--retries", String(retries), "--retry-delay", String(retryDelay), "--stall-timeout", String(stallTimeout)]
         if let user { arguments += ["--user", user] }
         if let passwordFile { arguments += ["--password-file", absolute(passwordFile)] }
         if let cacert { arguments += ["--cacert", absolute(cacert)] }

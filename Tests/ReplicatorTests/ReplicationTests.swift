@@ -210,6 +210,20 @@ import TestSupport
         #expect(try Database.open(at: target).check().isEmpty)
     }
 
+    /// A server that accepts and then says nothing: each request gives up after
+    /// `--stall-timeout` seconds of silence and is tried `--retries` times, then the pull fails
+    /// saying why, and nothing was written. (Without the option, 30 s: CouchDB's.)
+    @Test func aSilentServerIsGivenUpOnAfterTheStallTimeout() throws {
+        let (_, server, proxy, target) = try setUp()
+        defer { withExtendedLifetime(server) {} }
+        proxy.stallNext(1000, afterBytes: 0)
+        let result = try ChildProcess([sofaBinary, "pull", target, "http://127.0.0.1:\(proxy.port)/source",
+                                       "--retries", "2", "--retry-delay", "0.05", "--stall-timeout", "1"]).wait()
+        #expect(!result.succeeded)
+        #expect(result.stderr.contains("retrying after attempt 1") && result.stderr.contains("nothing received for 1 s (--stall-timeout)"), "\(result.stderr)")
+        #expect(try Database.open(at: target).counts().documents == 0)
+    }
+
     /// #28 item 7: the login (`POST /_session`) is retried like any other request.
     @Test func aLoginThatMeetsAResetOrAnEmptyReplyIsRetried() throws {
         let source = try ReplicationTests().makeSource(in: directory)
