@@ -127,26 +127,35 @@ extension SofaError: CustomStringConvertible, LocalizedError {
     private func quoted(_ text: String) -> String { "\"\(text.escapingControlCharacters)\"" }
 }
 
+extension Unicode.Scalar {
+    /// A character that acts on a terminal or on how a reader splits or shows lines: C0 and C1
+    /// controls (U+009B is an 8-bit escape sequence, U+0085 a line end), DEL, U+2028 and
+    /// U+2029, and the marks that reorder text (bidi overrides and isolates, which can make one
+    /// name look like another). Every line-oriented output escapes them.
+    public var actsOnTerminals: Bool {
+        switch value {
+        case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: true
+        default: false
+        }
+    }
+}
+
 extension String {
-    /// The text with C0 and C1 control characters, DEL and the Unicode line separators escaped
-    /// (`\n`, `\u{1B}`): a name put into a log line or a message cannot start another line or
-    /// drive the terminal.
+    /// The text with the characters that act on terminals (`Unicode.Scalar.actsOnTerminals`)
+    /// escaped (`\n`, `\u{1B}`, `\u{202E}`): a name put into a log line or a message cannot
+    /// start another line, drive the terminal or reorder what follows.
     public var escapingControlCharacters: String {
-        guard unicodeScalars.contains(where: String.isControl) else { return self }
+        guard unicodeScalars.contains(where: \.actsOnTerminals) else { return self }
         var result = ""
         for scalar in unicodeScalars {
             switch scalar {
             case "\n": result += "\\n"
             case "\r": result += "\\r"
             case "\t": result += "\\t"
-            case _ where String.isControl(scalar): result += "\\u{\(String(scalar.value, radix: 16, uppercase: true))}"
+            case _ where scalar.actsOnTerminals: result += "\\u{\(String(scalar.value, radix: 16, uppercase: true))}"
             default: result.unicodeScalars.append(scalar)
             }
         }
         return result
-    }
-
-    private static func isControl(_ scalar: Unicode.Scalar) -> Bool {
-        scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028 || scalar.value == 0x2029
     }
 }

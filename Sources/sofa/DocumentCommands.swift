@@ -129,23 +129,16 @@ struct List: SofaCommand {
     /// text (bidi overrides and isolates, which can make one id look like another). In the JSON
     /// string those are `\uXXXX`, which JSON allows for any character.
     static func printable(_ id: String) -> String {
-        guard id.unicodeScalars.contains(where: isUnprintable) else { return id }
+        guard id.unicodeScalars.contains(where: \.actsOnTerminals) else { return id }
         var quoted = ""
         for scalar in JSONValue.string(id).jsonString().unicodeScalars {
-            if isUnprintable(scalar) {
+            if scalar.actsOnTerminals {
                 quoted += String(format: "\\u%04x", scalar.value)
             } else {
                 quoted.unicodeScalars.append(scalar)
             }
         }
         return quoted
-    }
-
-    private static func isUnprintable(_ scalar: Unicode.Scalar) -> Bool {
-        switch scalar.value {
-        case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: true
-        default: false
-        }
     }
 }
 

@@ -109,6 +109,12 @@ import TestSupport
         }
         let read = lines.map { line in line.hasPrefix("\"") ? (try? JSONParser.parse(Array(line.utf8)))?.stringValue ?? "?" : String(line) }
         #expect(Set(read) == Set(ids), "\(lines)")
+        // Error messages that name them escape them too (a bidi override included).
+        for id in ids.dropLast() {
+            let missing = try sofa("cat", path, id + "-missing").stderr
+            #expect(!missing.unicodeScalars.contains { (0x80...0x9F).contains($0.value) || [0x2028, 0x202E].contains($0.value) },
+                    "printed raw: \(missing.debugDescription)")
+        }
     }
 
     @Test func attachingTheSameBytesAgainSavesNothing() throws {
