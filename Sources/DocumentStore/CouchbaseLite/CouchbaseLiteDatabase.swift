@@ -261,8 +261,11 @@ public final class CouchbaseLiteDatabase {
         if revision == document.revID {
             (fleece, deleted) = (document.body, document.deleted)
         } else {
-            guard let index = tree.index(of: revision), let body = tree.revisions[index].body else { return nil }
-            (fleece, deleted) = (body, tree.revisions[index].deleted)
+            guard let index = tree.index(of: revision) else { return nil }
+            let kept = tree.revisions[index]
+            // A tombstone needs no body: LiteCore may keep none for one that is not current.
+            guard let body = kept.body ?? (kept.deleted ? [] : nil) else { return nil }
+            (fleece, deleted) = (body, kept.deleted)
         }
         guard !fleece.isEmpty else { return (JSONObject(), deleted) }
         let value: JSONValue
