@@ -1,11 +1,13 @@
 #include "cunicode.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unicode/ucol.h>
 #include <unicode/uregex.h>
 #include <unicode/ustring.h>
 #include <unicode/utext.h>
+#include <unicode/uversion.h>
 
 static UCollator *root_collator;
 static pthread_once_t collator_once = PTHREAD_ONCE_INIT;
@@ -25,6 +27,14 @@ int cunicode_collate(const char *a, int32_t a_length, const char *b, int32_t b_l
     UErrorCode status = U_ZERO_ERROR;
     UCollationResult result = ucol_strcollUTF8(collator(), a, a_length, b, b_length, &status);
     return U_FAILURE(status) ? 0 : (int)result;
+}
+
+void cunicode_collator_version(char *out, int32_t capacity) {
+    UVersionInfo version;
+    char text[U_MAX_VERSION_STRING_LENGTH];
+    ucol_getVersion(collator(), version);
+    u_versionToString(version, text);
+    snprintf(out, (size_t)capacity, "%s", text);
 }
 
 int32_t cunicode_sort_key(const char *text, int32_t length, uint8_t *key, int32_t capacity) {

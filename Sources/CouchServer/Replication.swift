@@ -184,16 +184,22 @@ extension CouchServer {
         }
         var lastSeq = since
         var sent = 0
+        var pendingDescending = 0
         if query.descending {
-            // Rare: the filtered changes are listed newest first from memory.
-            let rows = try await blocking { [since] () -> [UInt8] in
+            // Rare: the filtered changes are listed newest first from memory. As CouchDB: the
+            // last sequence is the last row's, and what the limit left out is pending.
+            let (rows, last, left) = try await blocking { [since] () -> ([UInt8], Int64?, Int) in
                 var all = try self.collectChanges(db, since: since, limit: Int.max, query).rows
                 all.reverse()
-                return try all.prefix(query.limit).enumerated().reduce(into: [UInt8]()) { bytes, entry in
+                let shown = all.prefix(query.limit)
+                let bytes = try shown.enumerated().reduce(into: [UInt8]()) { bytes, entry in
                     if entry.offset > 0 { bytes += Array(",\r\n".utf8) }
                     bytes += try self.changeRow(entry.element, db, query).serialized()
                 }
+                return (bytes, shown.last?.sequence, all.count - shown.count)
             }
+            if let last { lastSeq = last }
+            pendingDescending = left
             try await start()
             try await response.write(rows)
         } else {
@@ -217,7 +223,7 @@ extension CouchServer {
             }
         }
         let from = lastSeq
-        let pending = query.descending ? 0 : try await blocking { try db.changeCount(since: from) }
+        let pending = query.descending ? pendingDescending : try await blocking { try db.changeCount(since: from) }
         try await start()
         try await response.write("\n],\n\"last_seq\":\"\(lastSeq)\",\"pending\":\(pending)}\n")
         try await response.finish()

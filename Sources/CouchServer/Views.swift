@@ -128,6 +128,7 @@ extension CouchServer {
                     "waiting_commit": false, "waiting_clients": 0, "updater_running": false, "update_seq": .integer(state?.sequence ?? 0),
                     "sizes": ["file": 0, "external": 0, "active": 0], "signature": .string(definition.signature),
                     "purge_seq": 0, "language": "javascript", "compact_running": false,
+                    "collator_versions": [.string(Collation.collatorVersion)],
                 ],
             ])
         case "_show", "_update":

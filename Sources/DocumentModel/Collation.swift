@@ -5,6 +5,14 @@ import CUnicode
 /// Collation Algorithm (ICU's root collator, as CouchDB's `couch_ejson_compare`), so
 /// `a < A < b < B`; arrays and objects element by element.
 public enum Collation {
+    /// The collator's version (ICU's root collator: "153.120" with ICU 72), which CouchDB
+    /// reports as a view index's `collator_versions`.
+    public static let collatorVersion: String = {
+        var text = [CChar](repeating: 0, count: 32)
+        cunicode_collator_version(&text, Int32(text.count))
+        return String(cString: text)
+    }()
+
     /// -1, 0 or 1 as `a` sorts before, with or after `b`.
     public static func compare(_ a: JSONValue, _ b: JSONValue) -> Int {
         let (ra, rb) = (rank(a), rank(b))

@@ -51,6 +51,28 @@ import TestSupport
         }
     }
 
+    /// A descending `_changes` with a limit ends at the last row's sequence and counts what the
+    /// limit left out (Sofa said `"0"` and 0); a design document's `_info` names its collator's
+    /// version, as CouchDB's does (ICU's root collator on both sides).
+    @Test func descendingChangesAndDesignInfoAnswerAsCouchDBDoes() throws {
+        let (couch, name, sofa, server) = try twoServers()
+        defer { withExtendedLifetime(server) {} }
+        for limit in [1, 2, 10] {
+            let theirs = try #require(try couch.request("GET", "/\(name)/_changes?descending=true&limit=\(limit)").json)
+            let ours = try #require(try sofa.json("GET", "/db/_changes?descending=true&limit=\(limit)").json)
+            #expect(ours["pending"] == theirs["pending"], "limit \(limit): Sofa \(ours), CouchDB \(theirs)")
+            // (Which rows: CouchDB's shards interleave their sequences, so its order is its own.)
+            #expect(ours["results"]?.arrayValue?.count == theirs["results"]?.arrayValue?.count)
+            for answer in [ours, theirs] {
+                #expect(answer["last_seq"] == answer["results"]?.arrayValue?.last?["seq"], "limit \(limit): \(answer)")
+            }
+        }
+        let theirs = try #require(try couch.request("GET", "/\(name)/_design/v/_info").json)
+        let ours = try #require(try sofa.json("GET", "/db/_design/v/_info").json)
+        #expect(Set(ours["view_index"]?.objectValue?.keys ?? []) == Set(theirs["view_index"]?.objectValue?.keys ?? []), "Sofa \(ours), CouchDB \(theirs)")
+        #expect(ours["view_index"]?["collator_versions"] == theirs["view_index"]?["collator_versions"])
+    }
+
     /// A deleted document's tombstone cannot be edited (CouchDB 409; Sofa extended the deleted
     /// branch with 201), only made again without `_rev`; `_compact` is POST-only with a JSON
     /// body type, and `_compact/DDOC` names a design document that exists.

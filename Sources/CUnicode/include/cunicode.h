@@ -13,6 +13,10 @@ int cunicode_collate(const char *a, int32_t a_length, const char *b, int32_t b_l
    capacity, nothing useful was written. Returns -1 for text that is not UTF-8. */
 int32_t cunicode_sort_key(const char *text, int32_t length, uint8_t *key, int32_t capacity);
 
+/* The root collator's version as ICU writes it ("153.120"), which CouchDB reports as a view
+   index's collator_versions. */
+void cunicode_collator_version(char *out, int32_t capacity);
+
 /* A regular expression (ICU syntax), matched with a time limit in ICU's steps of a few
    milliseconds. NULL when the pattern is invalid. One thread at a time per expression. */
 void *cunicode_regex_open(const char *pattern, int32_t length, int32_t time_limit);
