@@ -99,14 +99,15 @@ public final class QueryServerProcess {
             try write(command.serialized() + [0x0A])
             let answer = try readAnswer(until: Date().addingTimeInterval(timeout), timeout: timeout, log: log)
             if case .array(let items) = answer, items.first == "error", items.count == 3 {
-                throw QueryServerError.function(error: items[1].stringValue ?? items[1].jsonString(),
-                                                reason: items[2].stringValue ?? items[2].jsonString())
+                let reason = items[2].stringValue ?? items[2].jsonString()
+                // Out of memory is the process's failure, not the function's (CouchDB's
+                // os_process_error), and the process goes: SpiderMonkey keeps the heap it took.
+                if reason.contains("out of memory") { throw QueryServerError.failed("the function ran out of memory (\(reason))") }
+                throw QueryServerError.function(error: items[1].stringValue ?? items[1].jsonString(), reason: reason)
             }
             return answer
         } catch let error as QueryServerError {
-            // A function error leaves the process as it was, unless it ran out of memory: its
-            // heap stays as full as the function left it (SpiderMonkey keeps what it took).
-            if case .function(_, let reason) = error, !reason.contains("out of memory") {} else { stop() }
+            if case .function = error {} else { stop() }
             throw error
         }
     }

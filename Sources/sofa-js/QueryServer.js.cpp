@@ -262,7 +262,8 @@ extern const char sofaQueryServerScript[] = R"JS(
         } catch (error) {
           // A thrown value is the answer ({forbidden: …}, {unauthorized: …}, or anything
           // else, which CouchDB reports as unknown_error); an exception is an error.
-          if (error instanceof Error || error instanceof ProtocolError) throw error;
+          // (SpiderMonkey's out-of-memory is the string "out of memory": the process's failure.)
+          if (error instanceof Error || error instanceof ProtocolError || error === "out of memory") throw error;
           if (error && typeof error === "object" && error.forbidden !== undefined) return { forbidden: error.forbidden };
           if (error && typeof error === "object" && error.unauthorized !== undefined) return { unauthorized: error.unauthorized };
           return error === undefined ? null : error;
