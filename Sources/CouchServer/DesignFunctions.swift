@@ -16,10 +16,10 @@ struct FilterFunction: Sendable {
 extension CouchServer {
     /// The filter function `filter=ddoc/name` names, answered as CouchDB answers a bad name
     /// (400), a missing design document or function (404).
-    func filterFunction(_ name: String, _ request: Request, _ db: Database, body: JSONValue?) async throws -> FilterFunction {
+    func filterFunction(_ name: String, _ request: Request, _ db: Database, body: JSONValue?, view: Bool = false) async throws -> FilterFunction {
         let filter: DesignFilter
         do {
-            filter = try await blocking { try DesignFilter(named: name, in: db) }
+            filter = try await blocking { try DesignFilter(named: name, view: view, in: db) }
         } catch let error as DesignFilter.LookupError {
             switch error {
             case .badName: throw HTTPError.badRequest("`filter` must be of the form `designname/filtername`")

@@ -83,6 +83,12 @@ extension CouchServer {
         case "_selector":
             guard let value = body?["selector"] else { throw HTTPError.badRequest("filter=_selector needs a selector in the body") }
             do { query.selector = try Selector(value) } catch { throw HTTPError(.badRequest, "bad_request", "\(error)") }
+        case "_view":
+            // A view's map as the filter: the documents it emits a row for (CouchDB's words).
+            guard let view = request.query("view") ?? body?["view"]?.stringValue else {
+                throw HTTPError.badRequest("`view` filter parameter is not provided.")
+            }
+            query.function = try await filterFunction(view, request, db, body: body, view: true)
         case let name?:
             query.function = try await filterFunction(name, request, db, body: body)
         }

@@ -150,17 +150,26 @@ public struct DesignFilter: Sendable {
 
     public let designID: String
     public let name: String
+    /// A view's map function used as a filter (`filter=_view&view=DDOC/NAME`): a document
+    /// passes when it emits at least one row.
+    public let isView: Bool
     let revision: String
     let body: JSONObject
 
-    public init(named filter: String, in db: Database) throws {
+    /// The filter function `filter` (`DDOC/NAME`) names, or with `view` the view of that name.
+    public init(named filter: String, view: Bool = false, in db: Database) throws {
         let parts = filter.split(separator: "/", maxSplits: 1).map(String.init)
         guard parts.count == 2, !parts[0].isEmpty, !parts[1].isEmpty else { throw LookupError.badName }
         designID = DocumentID.designPrefix + parts[0]
         name = parts[1]
+        isView = view
         guard let design = try db.document(withID: designID) else { throw LookupError.missingDesignDocument(designID) }
-        guard let filters = design.properties["filters"] else { throw LookupError.missingKey("filters") }
-        guard filters[name]?.stringValue != nil else { throw LookupError.missingKey(name) }
+        if view {
+            guard design.properties["views"]?[name]?["map"]?.stringValue != nil else { throw LookupError.missingKey(name) }
+        } else {
+            guard let filters = design.properties["filters"] else { throw LookupError.missingKey("filters") }
+            guard filters[name]?.stringValue != nil else { throw LookupError.missingKey(name) }
+        }
         revision = design.revID.description
         var document = design.properties
         document["_id"] = .string(designID)
@@ -173,8 +182,10 @@ public struct DesignFilter: Sendable {
     public func passes(_ revision: Revision, in db: Database, request: JSONValue) throws -> Bool {
         let tree = try db.revisionTree(of: revision.docID)
         let doc = try CouchFormat.render(revision, tree: tree, options: CouchFormat.Options(), readBody: { _ in [] }).json
-        let answer = try runDesignFunction(designID, revision: self.revision, body: body, path: ["filters", name],
-                                           arguments: [[.object(doc)], request])
+        let answer = isView
+            ? try runDesignFunction(designID, revision: self.revision, body: body, path: ["views", name, "map"], arguments: [[.object(doc)]])
+            : try runDesignFunction(designID, revision: self.revision, body: body, path: ["filters", name],
+                                    arguments: [[.object(doc)], request])
         guard case .array(let items) = answer, items.count == 2, case .array(let results) = items[1], results.count == 1 else {
             throw SofaError.designFunctionFailed(error: "query_server_error", reason: "\(designID)/\(name) answered \(answer.jsonString())")
         }

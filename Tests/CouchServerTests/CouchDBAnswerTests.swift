@@ -73,6 +73,32 @@ import TestSupport
         #expect(ours["view_index"]?["collator_versions"] == theirs["view_index"]?["collator_versions"])
     }
 
+    /// `filter=_view&view=DDOC/NAME`: the documents the view's map emits a row for (a deletion
+    /// is mapped as CouchDB renders it); a missing view, design document or parameter is refused
+    /// as CouchDB refuses it. (Sofa answered 400 to every such request.)
+    @Test func changesFilteredByAViewAnswerAsCouchDBDoes() throws {
+        let (couch, name, sofa, server) = try twoServers()
+        defer { withExtendedLifetime(server) {} }
+        let design: JSONValue = ["views": ["big": ["map": "function (d) { if (d.n > 1) emit(d._id, null); }"]]]
+        #expect(try couch.request("PUT", "/\(name)/_design/f", design).status == 201)
+        #expect(try sofa.json("PUT", "/db/_design/f", design).status == 201)
+        let theirRev = try #require(try couch.request("GET", "/\(name)/c").json?["_rev"]?.stringValue)
+        let ourRev = try #require(try sofa.json("GET", "/db/c").json?["_rev"]?.stringValue)
+        #expect(try couch.request("DELETE", "/\(name)/c?rev=\(theirRev)").status == 200)
+        #expect(try sofa.json("DELETE", "/db/c?rev=\(ourRev)").status == 200)
+        for query in ["filter=_view&view=f/big", "filter=_view&view=f/none", "filter=_view&view=g/big", "filter=_view"] {
+            let theirs = try couch.request("GET", "/\(name)/_changes?\(query)")
+            let ours = try sofa.json("GET", "/db/_changes?\(query)")
+            #expect(ours.status == theirs.status, "\(query): Sofa \(ours.status) \(ours.text), CouchDB \(theirs.status) \(theirs.text)")
+            if theirs.status == 200 {
+                let ids = { (answer: HTTPResponse) in Set(answer.json?["results"]?.arrayValue?.compactMap { $0["id"]?.stringValue } ?? []) }
+                #expect(ids(ours) == ids(theirs) && ids(ours) == ["b"], "\(query): Sofa \(ours.text), CouchDB \(theirs.text)")
+            } else {
+                #expect(ours.json == theirs.json, "\(query)")
+            }
+        }
+    }
+
     /// A deleted document's tombstone cannot be edited (CouchDB 409; Sofa extended the deleted
     /// branch with 201), only made again without `_rev`; `_compact` is POST-only with a JSON
     /// body type, and `_compact/DDOC` names a design document that exists.
