@@ -218,15 +218,27 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public func number(ofPath path: String) -> UInt64? {
         guard let node = Node(path: path), let (id, part) = DocumentPart.of(node), DocumentID.isStorable(id),
-              let key = try? database.storageKey(of: id) else { return nil }
+              let key = storageKeyForInvalidation(of: id, at: path) else { return nil }
         return DocumentPart(key: key, part: part).number
     }
 
     public func numberedChildren(of path: String) -> [(name: String, number: UInt64)] {
-        guard case .document(let id) = Node(path: path), DocumentID.isStorable(id), let key = try? database.storageKey(of: id)
+        guard case .document(let id) = Node(path: path), DocumentID.isStorable(id), let key = storageKeyForInvalidation(of: id, at: path)
         else { return [] }
         return [(Node.propertiesFileName, DocumentPart.Part.properties), (Node.attachmentsDirectoryName, .attachments)].compactMap { name, part in
             DocumentPart(key: key, part: part).number.map { (name, $0) }
+        }
+    }
+
+    /// A document's storage key, for telling the kernel about a change: nil when it has none,
+    /// and nil, logged, when the database cannot say (the kernel's cached view of `path` may
+    /// then stay stale until it looks the node up again; nothing else depends on it).
+    private func storageKeyForInvalidation(of id: String, at path: String) -> Int64? {
+        do {
+            return try database.storageKey(of: id)
+        } catch {
+            log.error("cannot tell the kernel about a change of \(path.escapingControlCharacters): \(error)")
+            return nil
         }
     }
 
