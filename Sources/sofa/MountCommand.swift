@@ -15,7 +15,8 @@ struct Mount: SofaCommand {
             Unmount with `fusermount3 -u MOUNTPOINT`, or Ctrl-C / SIGTERM in the foreground: \
             pending saves finish first. A killed mount leaves no dead mount point behind. \
             mount(8) mounts databases too, from /etc/fstab or with `mount -t fuse.sofa DB MOUNTPOINT -o remote=URL,sync`, \
-            through /sbin/mount.fuse.sofa (a link to sofa that the package and Scripts/install make).
+            through /sbin/mount.fuse.sofa (a link to sofa that the package and Scripts/install make). \
+            A Couchbase Lite database (APP.cblite2) mounts too, read and write (docs/couchbase-lite.md).
             """)
 
     @OptionGroup var db: DatabaseArgument
