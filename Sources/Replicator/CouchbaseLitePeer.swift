@@ -177,7 +177,7 @@ final class CouchbaseLitePeer: ReplicationPeer {
                                                       deleted: revision.deleted, body: body)
     }
 
-    private func key(_ id: String) throws -> String { "couchbase-lite-\(try database.info().privateUUID)-\(id)" }
+    private func key(_ id: String) throws -> String { "couchbase-lite-\(try database.privateUUID)-\(id)" }
 
     func checkpoint(_ id: String) throws -> JSONObject? { try checkpoints.checkpoint(try key(id)) }
 

@@ -263,7 +263,7 @@ public final class Replicator {
     func waitForChangeInFile(since: JSONValue) throws {
         guard let path = remote.filePath else { return }
         let file = try CouchbaseLiteDatabase.open(at: path)
-        let uuid = try file.info().privateUUID
+        let uuid = try file.privateUUID
         let from = since.int64Value ?? 0
         let signal = DispatchSemaphore(value: 0)
         stopping.onStop { signal.signal() }
@@ -271,7 +271,7 @@ public final class Replicator {
         defer { watch?.stop() }
         while !stopping.isStopped {
             // Past the sequence, or another file in its place: a pass reads it.
-            if try file.lastSequence > from || (try? CouchbaseLiteDatabase.open(at: path).info().privateUUID) != uuid { return }
+            if try file.lastSequence > from || (try? CouchbaseLiteDatabase.open(at: path).privateUUID) != uuid { return }
             _ = signal.wait(timeout: .now() + (watch == nil ? ReplicatorTuning.filePollInterval : ReplicatorTuning.fileSafetyInterval))
         }
         throw ReplicationError.cancelled

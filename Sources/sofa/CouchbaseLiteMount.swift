@@ -40,7 +40,7 @@ enum CouchbaseLiteMount {
     static func open(_ path: String) throws -> (database: Database, writable: Bool) {
         try prepareFolder(for: path)
         let companion = companionPath(for: path)
-        let uuid = try CouchbaseLiteDatabase.open(at: path).info().privateUUID
+        let uuid = try CouchbaseLiteDatabase.open(at: path).privateUUID
         var database = access(companion, F_OK) == 0 ? try Database.open(at: companion) : try Database.create(at: companion)
         // Another file in its place (an app reinstalled, a copy restored): the companion of the
         // old one is set aside, never pushed into the new one.

@@ -180,10 +180,14 @@ public final class CouchbaseLiteDatabase {
         get throws { try connection.query("SELECT lastSeq FROM kvmeta WHERE name = 'default'") { $0.int64(0) }.first ?? 0 }
     }
 
+    /// Its private UUID (one indexed read): what tells this file from another put in its place.
+    public var privateUUID: String { get throws { try uuid("privateUUID") } }
+
+    private func uuid(_ key: String) throws -> String {
+        BlobKey.hexString(try connection.query("SELECT body FROM kv_info WHERE key = ?", .text(key)) { $0.blob(0) }.first ?? [])
+    }
+
     public func info() throws -> Info {
-        func uuid(_ key: String) throws -> String {
-            BlobKey.hexString(try connection.query("SELECT body FROM kv_info WHERE key = ?", .text(key)) { $0.blob(0) }.first ?? [])
-        }
         let tables = try connection.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'kv\\_.%' ESCAPE '\\'") {
             String($0.text(0).dropFirst(4))
         }
