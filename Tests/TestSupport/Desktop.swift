@@ -11,7 +11,7 @@ public final class VirtualDisplay: @unchecked Sendable {
     public init() throws {
         let numberFile = home.appending("display")
         // -displayfd: Xvfb picks a free display and writes its number when it is ready.
-        server = try ChildProcess(["/usr/bin/Xvfb", "-displayfd", "1", "-screen", "0", "1024x768x24", "-nolisten", "tcp"],
+        server = try ChildProcess(["/usr/bin/Xvfb", "-displayfd", "1", "-screen", "0", "1024x768x24", "-nolisten", "tcp", "-noreset"],
                                   stdout: numberFile)
         let deadline = Date().addingTimeInterval(30)
         while true {
