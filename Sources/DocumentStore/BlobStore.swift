@@ -211,16 +211,32 @@ public final class BlobStore: Sendable {
     }
 
     /// Makes blobs stored without `durable` durable: each file, then the folder once.
+    /// Writeback of a group of files starts for all of them before the first fsync, so
+    /// the disk takes them together and each fsync finds its file written (2,000 bodies
+    /// of 4 KiB here: 0.30–1.0 s one fsync after another, 0.11–0.16 s so). Not `syncfs`,
+    /// which would be quicker still but would wait for every other writer on the file system.
     public func sync(_ keys: some Collection<BlobKey>) throws {
         guard !keys.isEmpty else { return }
-        for key in keys {
-            let fd = open(path(for: key), O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { throw SofaError.system("open", path: path(for: key), errno: errno) }
-            defer { close(fd) }
-            guard fsync(fd) == 0 else { throw SofaError.system("fsync", path: path(for: key), errno: errno) }
+        let keys = Array(keys)
+        for start in stride(from: 0, to: keys.count, by: BlobStore.syncGroup) {
+            let group = keys[start..<min(start + BlobStore.syncGroup, keys.count)]
+            var opened: [(fd: Int32, key: BlobKey)] = []
+            defer { for file in opened { close(file.fd) } }
+            for key in group {
+                let fd = open(path(for: key), O_RDONLY | O_CLOEXEC)
+                guard fd >= 0 else { throw SofaError.system("open", path: path(for: key), errno: errno) }
+                opened.append((fd, key))
+                _ = sync_file_range(fd, 0, 0, 2 /* SYNC_FILE_RANGE_WRITE: start writeback, do not wait */)
+            }
+            for file in opened where fsync(file.fd) != 0 {
+                throw SofaError.system("fsync", path: path(for: file.key), errno: errno)
+            }
         }
         try syncDirectory()
     }
+
+    /// How many bodies `sync` holds open at once.
+    static let syncGroup = 256
 
     /// Deletes a blob; a missing one is not an error.
     func remove(_ key: BlobKey) throws {
