@@ -51,6 +51,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     let status = StatusFiles()
     /// What the mount remembers of `views/` and `queries/` between calls.
     let derived = DerivedFolders()
+    /// Large folders' listings kept between the kernel's pages (ListingSnapshots.swift).
+    let listings = ListingSnapshots()
     /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
     var pendingFiles: [String: WriteHandle] = [:]
     /// Attachments renamed to a scratch name in their own document, by document id and name:
@@ -159,14 +161,16 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     /// Attachments visible in the folder of a live revision, with the document's staged files
-    /// (Bursts.swift), in name order.
-    func visibleAttachments(_ revision: Revision) -> [Attachment] {
+    /// (Bursts.swift), in name order; only those that lie below `folder` of its attachments/
+    /// when given (`Node.lies`), which a folder's listing sorts alone.
+    func visibleAttachments(_ revision: Revision, below folder: String? = nil) -> [Attachment] {
         let (removal, aside) = withState { (removals[revision.docID], setAside[revision.docID]) }
         let staged = ledger.stagedFiles(in: revision.docID)
         var attachments = revision.attachments
         if let staged, !staged.isEmpty {
             attachments = attachments.filter { staged[$0.name] == nil } + staged.values.map(\.attachment)
         }
+        if let folder { attachments = attachments.filter { Node.lies($0.name, below: folder) } }
         // A revision keeps CouchDB's order; a folder lists by name.
         attachments.sort { $0.name < $1.name }
         guard removal != nil || aside != nil else { return attachments }
@@ -431,8 +435,32 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
                 if page.count < Tuning.documentListingPage { break }
             }
         }
-        for entry in try listEntries(node, path: path).sorted(by: { $0.position < $1.position }) where entry.position > position {
+        let now = Date().timeIntervalSince1970
+        // A large folder's listing resumed: its names as the listing started, each looked up
+        // again, so that a page never shows a name removed or a size changed since (readdirplus
+        // would have the kernel believe it).
+        if position > ListingPosition.dotDot, let kept = listings.entries(of: path, now: now) {
+            for entry in kept where entry.position > position {
+                guard let fresh = try refreshed(entry, in: path) else { continue }
+                guard add(fresh) else { return }
+            }
+            return
+        }
+        let entries = try listEntries(node, path: path).sorted(by: { $0.position < $1.position })
+        if position <= ListingPosition.dotDot { listings.keep(entries, of: path, now: now) }
+        for entry in entries where entry.position > position {
             guard add(entry) else { return }
+        }
+    }
+
+    /// `entry` of folder `path` with its attributes as they are now; nil when it has gone.
+    private func refreshed(_ entry: DirectoryEntry, in path: String) throws -> DirectoryEntry? {
+        guard entry.attributes != nil else { return entry }
+        do {
+            let attributes = try attributes(of: path == "/" ? "/" + entry.name : path + "/" + entry.name)
+            return DirectoryEntry(name: entry.name, attributes: attributes, position: entry.position)
+        } catch let error as any ErrnoConvertible where error.errno == ENOENT {
+            return nil
         }
     }
 
@@ -482,7 +510,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             var entries: [DirectoryEntry] = []
             var seen = Set<String>()
             let revision = try liveRevision(id)
-            let attachments = revision.map(visibleAttachments) ?? []
+            let attachments = revision.map { visibleAttachments($0, below: folder) } ?? []
             // Attachments, files being written, and folders made with mkdir (a folder of its own).
             var names = attachments.map { ($0.name, Optional($0), false) }
             names += pendingFiles(inDocument: id).compactMap { ($0 as? AttachmentWriteHandle).map { ($0.name, nil, false) } }

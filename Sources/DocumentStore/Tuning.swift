@@ -96,6 +96,19 @@ public enum Tuning {
     /// 4 KiB of names at a time), so a listing stopped early read little more than it showed.
     public static let documentListingPage = 64
 
+    /// A folder listing is kept between the kernel's pages (DocumentFS's `ListingSnapshots`)
+    /// when it holds at least this many names; smaller ones are worked out again per page,
+    /// which costs less than keeping them.
+    public static let listingSnapshotMinimum = 128
+
+    /// Large folder listings kept between pages at once (each some 200 bytes a name: a folder
+    /// of 10,000 names about 2 MB).
+    public static let listingSnapshots = 8
+
+    /// How long a kept listing answers the pages that resume it (seconds). A listing that
+    /// pauses longer is worked out again where it resumes, as it would be without a snapshot.
+    public static let listingSnapshotLife = 10.0
+
     /// Documents whose folder the mount keeps in memory (`DocumentCache`); past it the cache is
     /// emptied and filled again. An entry of a small document is about a kilobyte: 20,000 hold
     /// what `ls -lR` of a large database touches without growing the mount by more than ~20 MB.

@@ -159,3 +159,73 @@ func readAsTheKernelDoes(_ fs: DocumentFileSystem, _ path: String, count: Int,
         #expect(ViewKeyNames.name(of: .string(String(repeating: "x", count: 256))) == nil, "longer than a file name may be")
     }
 }
+
+/// A folder larger than `Tuning.listingSnapshotMinimum` is worked out once per listing and
+/// resumed from its kept names (`ListingSnapshots`). Through a real mount, a program reading
+/// the folder a few entries at a time (`getdents64` with a small buffer) while files are
+/// removed and rewritten there must see only what is there, at its size now: readdirplus
+/// hands both to the kernel's caches.
+@Suite struct LargeFolderListingTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+
+    init() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        db = try directory.makeDatabase()
+    }
+
+    @Test func aListingResumedAfterChangesShowsNoRemovedNameAndCurrentSizes() throws {
+        let count = Tuning.listingSnapshotMinimum * 2
+        try db.put("doc", [:], attachments: Dictionary(uniqueKeysWithValues: (0..<count).map { ("d/file-\($0).txt", Array("small".utf8)) }))
+        let mount = try MountedDatabase(db.path)
+        let folder = mount.path("docs/doc/attachments/d")
+        // Reads one small buffer, then removes 20 names not seen yet, grows one, adds one, and reads on.
+        let script = """
+            import ctypes, os, random, struct, sys
+            libc = ctypes.CDLL(None, use_errno=True)
+            folder = sys.argv[1]
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            buffer = ctypes.create_string_buffer(600)
+            def read():
+                n = libc.syscall(217, fd, buffer, len(buffer))
+                assert n >= 0, os.strerror(ctypes.get_errno())
+                names, at = [], 0
+                while at < n:
+                    length = struct.unpack_from('H', buffer.raw, at + 16)[0]
+                    names.append(buffer.raw[at + 19:at + length].split(b'\\0', 1)[0].decode())
+                    at += length
+                return names
+            listed = read()
+            rest = [f'file-{i}.txt' for i in range(\(count)) if f'file-{i}.txt' not in listed]
+            random.shuffle(rest)
+            removed, grown = rest[:20], rest[20]
+            for name in removed: os.unlink(os.path.join(folder, name))
+            with open(os.path.join(folder, grown), 'wb') as f: f.write(b'x' * 1000)
+            with open(os.path.join(folder, 'late.txt'), 'wb') as f: f.write(b'late')
+            while True:
+                names = read()
+                if not names: break
+                listed += names
+            print(grown); print('/'.join(removed)); print('/'.join(listed))
+            """
+        let file = directory.appending("read-while-changing.py")
+        try script.write(toFile: file, atomically: true, encoding: .utf8)
+        let output = try sh("python3 '\(file)' '\(folder)'")
+        // The program's lines: the grown name, the removed names, the listed names ('/' apart).
+        let lines = output.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        try #require(lines.count >= 3, "\(output)")
+        let grown = lines[0]
+        let removed = Set(lines[1].split(separator: "/").map(String.init))
+        let listed = lines[2].split(separator: "/").map(String.init).filter { $0 != "." && $0 != ".." }
+        #expect(removed.count == 20)
+        #expect(Set(listed).count == listed.count, "nothing twice")
+        #expect(removed.isDisjoint(with: listed), "a name removed before its page is not listed: \(removed.intersection(listed))")
+        let stayed = (0..<count).map { "file-\($0).txt" }.filter { !removed.contains($0) }
+        #expect(Set(stayed).isSubset(of: listed), "every name that stayed is listed")
+        // The sizes the kernel was handed (readdirplus), not asked again within the entry timeout.
+        for name in removed.prefix(3) { #expect(!FileManager.default.fileExists(atPath: folder + "/" + name)) }
+        #expect(try sh("stat -c %s '\(folder)/\(grown)'").trimmingCharacters(in: .whitespacesAndNewlines) == "1000")
+        #expect(try sh("ls '\(folder)'").contains("late.txt"), "a new listing shows what came")
+        #expect(mount.unmount().succeeded)
+    }
+}
