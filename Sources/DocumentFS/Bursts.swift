@@ -217,11 +217,11 @@ extension DocumentFileSystem {
     /// An attachment as the mount shows it: staged, or in the current revision, unless it is
     /// being removed or was set aside.
     func visibleAttachment(_ name: String, in id: String) throws -> Attachment? {
-        let (removal, aside) = withState { (removals[id], setAside[id]) }
+        let hidden = overlay.hides(name, in: id)
         let staged = ledger.staged(name, in: id)
-        if removal?.attachments.contains(name) == true { return nil }
+        if hidden.removing { return nil }
         if let staged { return staged.attachment }
-        guard let attachment = try cached(id).byName[name], aside?[name] == nil else { return nil }
+        guard let attachment = try cached(id).byName[name], !hidden.setAside else { return nil }
         return attachment
     }
 

@@ -56,7 +56,7 @@ extension DocumentFileSystem {
             guard scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
             // Empty: if it cannot go, it lists nothing, and the document folder goes all the same.
             try? FileManager.default.removeItem(atPath: scratch)
-            withState { removals[id] = nil }
+            overlay.endRemoval(id)
             keptFolders.removeAll(in: id)
         case .attachment(let id, let folder):
             guard let revision = try liveRevision(id) else {
@@ -153,16 +153,12 @@ extension DocumentFileSystem {
         case .properties(let id):
             // Starts a removal: the document is deleted by the rmdir of its folder.
             guard try liveRevision(id) != nil, removal(id)?.properties != true else { throw MountError.notFound(path) }
-            withState { removals[id, default: Removal()].properties = true }
+            overlay.startRemoval(id)
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id), try visibleAttachment(name, in: id) != nil else {
                 throw try isDirectoryNode(path) ? MountError.isFolder(path) : MountError.notFound(path)
             }
-            let removing = withState { () -> Bool in
-                guard removals[id] != nil else { return false }
-                removals[id]!.attachments.insert(name)
-                return true
-            }
+            let removing = overlay.removeDuringRemoval(name, in: id)
             keepFolders(of: [name], in: id)
             if !removing {
                 _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }

@@ -103,11 +103,7 @@ extension DocumentFileSystem {
         }
         database.noteRead(digest: attachment.digest)
         // A body never changes under its digest: keep the kernel's cache unless the path now shows another body.
-        let keep = withState {
-            let same = openedDigests[path] == attachment.digest
-            openedDigests[path] = attachment.digest
-            return same
-        }
+        let keep = pending.noteOpened(path, digest: attachment.digest)
         // A large body is read by the kernel itself (FUSE passthrough, when in use): the blob
         // file never changes, and a new revision's body is another file. Not a sealed one (an
         // encrypted database): the kernel would read the ciphertext.
@@ -196,23 +192,14 @@ extension DocumentFileSystem {
     /// one is used and `file` is dropped).
     /// The caller is one more user of it.
     func register(_ file: WriteHandle) -> WriteHandle {
-        let winner = withState { () -> WriteHandle in
-            let winner = pendingFiles[file.path] ?? file
-            pendingFiles[file.path] = winner
-            winner.users += 1
-            return winner
-        }
+        let winner = pending.register(file)
         if winner !== file { file.close() }
         return winner
     }
 
     /// The file being written at `path`, with one more user, if there is one.
     func claimPending(at path: String) -> WriteHandle? {
-        withState {
-            guard let file = pendingFiles[path] else { return nil }
-            file.users += 1
-            return file
-        }
+        pending.claim(at: path)
     }
 
     /// A new descriptor on a pending file the caller claimed; `O_TRUNC` empties it.

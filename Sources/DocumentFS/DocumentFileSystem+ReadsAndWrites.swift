@@ -108,21 +108,14 @@ extension DocumentFileSystem {
     /// One user less; the last saves what is left to save, and only then does the file stop
     /// being pending (until then, its path shows it: no moment where it is nowhere).
     func releaseUse(of file: WriteHandle) {
-        guard withState({ () -> Bool in
-            file.users -= 1
-            return file.users == 0
-        }) else { return }
+        guard pending.release(file) else { return }
         file.lock.withLock {
             if file.dirty || file.emptiedAtOpen, !file.failed, !file.unlinked {
                 file.dirty = true
                 do { try save(file) } catch { log.error("\(file.path): not saved: \(error)") }
             }
             dropPendingSave(of: file)  // not saved after all (a failed write): nothing to recover either
-            let unused = withState { () -> Bool in
-                guard file.users == 0 else { return false }  // opened again meanwhile: still pending
-                if pendingFiles[file.path] === file { pendingFiles[file.path] = nil }
-                return true
-            }
+            let unused = pending.retire(file)  // false: opened again meanwhile, still pending
             if unused { file.close() }
         }
     }

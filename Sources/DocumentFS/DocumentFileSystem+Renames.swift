@@ -41,7 +41,7 @@ extension DocumentFileSystem {
         file.lock.withLock {
             file.unlinked = true
             dropPendingSave(of: file)
-            withState { if pendingFiles[file.path] === file { pendingFiles[file.path] = nil } }
+            pending.remove(file)
         }
     }
 
@@ -54,8 +54,7 @@ extension DocumentFileSystem {
         default: break
         }
         file.lock.withLock {
-            withState {
-                if pendingFiles[file.path] === file { pendingFiles[file.path] = nil }
+            pending.move(file, to: path) { file in
                 switch (file, target) {
                 case (let attachment as AttachmentWriteHandle, .attachment(let id, let name)):
                     attachment.name = name
@@ -64,11 +63,10 @@ extension DocumentFileSystem {
                     file.docID = id
                 default:
                     file.unlinked = true
-                    return
+                    return false
                 }
-                file.path = path
                 file.base = newBase
-                pendingFiles[path] = file
+                return true
             }
         }
     }

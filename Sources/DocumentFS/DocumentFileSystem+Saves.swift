@@ -41,7 +41,7 @@ extension DocumentFileSystem {
                 let base = try saveAttachment(handle.docID, attachment.name, blob: blob, contentType: attachment.contentType,
                                               base: handle.base, seen: attachment.seenDigest, given: handle.given, synced: durable)
                 attachment.seenDigest = blob.key.digestString
-                withState { openedDigests[handle.path] = nil }
+                pending.forgetOpened(handle.path)
                 handle.given = LocalAttributes()
                 handle.base = base
                 handle.dirty = false
@@ -148,7 +148,7 @@ extension DocumentFileSystem {
             var changeDraft: RevisionDraft? = nil
             if change != nil, !onLive { changeDraft = try conflictDraft(id, from: base, live: live) }
             let removal = removal(id)
-            let aside = withState { setAside[id] ?? [:] }
+            let aside = overlay.setAside(in: id)
             if var draft = changeDraft ?? liveDraft {
                 if let removal {
                     for name in removal.attachments where draft.attachments[name] != nil { try draft.removeAttachment(name) }
@@ -185,7 +185,7 @@ extension DocumentFileSystem {
                 // What the mount showed is what the revision holds: nothing for the watcher to undo.
                 let own = clashes.isEmpty && drafts.count == 1 && !drafts[0].allowConflict ? saved[0].revID : nil
                 ledger.saved(staged, in: id, own: own)
-                if !drafts.isEmpty { withState { removals[id] = nil } }
+                if !drafts.isEmpty { overlay.endRemoval(id) }
                 if changeDraft != nil { return saved[drafts.firstIndex { $0.allowConflict }!] }
                 if liveDraft != nil, let first = drafts.firstIndex(where: { !$0.allowConflict }) { return saved[first] }
                 return live

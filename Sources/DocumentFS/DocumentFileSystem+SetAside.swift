@@ -13,7 +13,7 @@ extension DocumentFileSystem {
     /// revision, and no revision without the attachment reaches a replica in between.
     func setAside(_ attachment: Attachment, of id: String) {
         let since = Date()
-        withState { setAside[id, default: [:]][attachment.name] = SetAside(digest: attachment.digest, since: since) }
+        overlay.setAside(attachment.name, digest: attachment.digest, since: since, in: id)
         DispatchQueue.global().asyncAfter(deadline: .now() + Tuning.setAsideGrace) { [weak self] in
             self?.removeSetAside(of: id, setAsideBy: since)
         }
@@ -21,7 +21,7 @@ extension DocumentFileSystem {
 
     /// Saves the removal of what was set aside in document `id` by `date` (everything: nil).
     func removeSetAside(of id: String, setAsideBy date: Date? = nil) {
-        let due = withState { (setAside[id] ?? [:]).filter { entry in date.map { entry.value.since <= $0 } ?? true }.keys }
+        let due = overlay.setAside(in: id, by: date)
         guard let name = due.first else { return }
         do {
             guard let live = try liveRevision(id) else {
@@ -37,14 +37,11 @@ extension DocumentFileSystem {
 
     /// Saves every removal still waiting (the mount is ending).
     public func saveSetAsideRemovals() {
-        for id in withState({ Array(setAside.keys) }) { removeSetAside(of: id) }
+        for id in overlay.documentsWithSetAside { removeSetAside(of: id) }
     }
 
-    func endSetAside(_ names: Dictionary<String, SetAside>.Keys, of id: String) {
+    func endSetAside(_ names: some Collection<String>, of id: String) {
         guard !names.isEmpty else { return }
-        withState {
-            for name in names { setAside[id]?[name] = nil }
-            if setAside[id]?.isEmpty == true { setAside[id] = nil }
-        }
+        overlay.endSetAside(names, in: id)
     }
 }

@@ -28,7 +28,8 @@ import FuseKit
 import Logging
 
 public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
-    // Sendable invariant: mutable state is guarded by `stateLock`; handles guard their own.
+    // Sendable invariant: no mutable state of its own; each part (below) guards its own, and
+    // handles guard theirs.
 
     public let database: Database
     public let readOnly: Bool
@@ -40,42 +41,25 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     let log = Logger(label: "sofa.mount")
     let mountTime = Date().timeIntervalSince1970
 
-    /// Documents whose removal (`rm -r`) is under way. Guarded by `stateLock`.
-    var removals: [String: Removal] = [:]
+    /// Removals under way (`rm -r`) and attachments set aside, laid over what revisions show.
+    let overlay = NamespaceOverlay()
     /// Attachment folders that exist whatever they hold (made with mkdir, or left by the
     /// removal of their last attachment, as on disk), and when each folder's entries changed.
     let keptFolders = KeptFolders()
-    /// The digest each attachment path had when last opened, to keep the kernel's cache. Guarded by `stateLock`.
-    var openedDigests: [String: String] = [:]
+    /// Files being written, by mount path and document (every descriptor opened at a path
+    /// shares one), and the digest each attachment path had when last opened.
+    let pending = PendingFiles()
     /// The status files open now, and the failures last answered to programs.
     let status = StatusFiles()
     /// What the mount remembers of `views/` and `queries/` between calls.
     let derived = DerivedFolders()
     /// Large folders' listings kept between the kernel's pages (ListingSnapshots.swift).
     let listings = ListingSnapshots()
-    /// Files being written, by mount path: every descriptor opened there shares one. Guarded by `stateLock`.
-    var pendingFiles: [String: WriteHandle] = [:]
-    /// Attachments renamed to a scratch name in their own document, by document id and name:
-    /// hidden at once, removed from the document with its next save or after
-    /// `Tuning.setAsideGrace` (see `setAside(_:_:)`). Guarded by `stateLock`.
-    var setAside: [String: [String: SetAside]] = [:]
     /// Staged files per document (Bursts.swift), recent saves, unsynced bodies, own saves.
     let ledger = SaveLedger()
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
-    /// Guards the state above. Lock order (docs/internals.md, Locks): 2, after a handle's lock, before the database's.
-    private let stateLock = NSLock()
-
-    struct Removal {
-        var properties = false
-        var attachments: Set<String> = []
-    }
-
-    struct SetAside {
-        /// The body set aside: a save by another process meanwhile is not removed.
-        let digest: String
-        let since: Date
-    }
+    typealias Removal = NamespaceOverlay.Removal
 
     /// Where bodies that are not here come from (the replicator's downloader), if anywhere.
     public let bodySource: BodySource?
@@ -111,11 +95,6 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         }
     }
 
-    func withState<T>(_ body: () throws -> T) rethrows -> T {
-        stateLock.lock()
-        defer { stateLock.unlock() }
-        return try body()
-    }
 
     // MARK: - Lookups
 
@@ -151,30 +130,20 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         cache.forget(id)
     }
 
-    func removal(_ id: String) -> Removal? { withState { removals[id] } }
+    func removal(_ id: String) -> Removal? { overlay.removal(id) }
 
     /// The file being written at `path`, if one is.
-    func pendingFile(at path: String) -> WriteHandle? { withState { pendingFiles[path] } }
+    func pendingFile(at path: String) -> WriteHandle? { pending.file(at: path) }
 
     func pendingFiles(inDocument id: String) -> [WriteHandle] {
-        withState { pendingFiles.values.filter { $0.docID == id } }
+        pending.files(inDocument: id)
     }
 
     /// Attachments visible in the folder of a live revision, with the document's staged files
     /// (Bursts.swift), in name order; only those that lie below `folder` of its attachments/
     /// when given (`Node.lies`), which a folder's listing sorts alone.
     func visibleAttachments(_ revision: Revision, below folder: String? = nil) -> [Attachment] {
-        let (removal, aside) = withState { (removals[revision.docID], setAside[revision.docID]) }
-        let staged = ledger.stagedFiles(in: revision.docID)
-        var attachments = revision.attachments
-        if let staged, !staged.isEmpty {
-            attachments = attachments.filter { staged[$0.name] == nil } + staged.values.map(\.attachment)
-        }
-        if let folder { attachments = attachments.filter { Node.lies($0.name, below: folder) } }
-        // A revision keeps CouchDB's order; a folder lists by name.
-        attachments.sort { $0.name < $1.name }
-        guard removal != nil || aside != nil else { return attachments }
-        return attachments.filter { !(removal?.attachments.contains($0.name) ?? false) && aside?[$0.name] == nil }
+        overlay.compose(revision.attachments, staged: ledger.stagedFiles(in: revision.docID), in: revision.docID, below: folder)
     }
 
     /// Whether `path` is a folder of the mount (false when it is something else or nothing).

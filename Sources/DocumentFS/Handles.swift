@@ -5,7 +5,7 @@ import FuseKit
 
 /// An open file of the mount. Subclasses hold the state of one kind of file;
 /// `lock` guards it. Lock order (docs/internals.md, Locks): a handle's lock (1) is taken
-/// before the file system's `stateLock` (2), which is taken before the database's (3, 4).
+/// before the database's (2, 3) and the mount's parts' (leaves).
 class Handle: @unchecked Sendable {
     let lock = NSLock()
     /// The mount path it was opened at (for logs and for `getattr` of written files); a file
@@ -142,7 +142,7 @@ class WriteHandle: Handle, @unchecked Sendable {
     var lastError: Error?
     /// Unlinked while open: what is written from now on is never saved.
     var unlinked = false
-    /// Descriptors sharing it. Guarded by the file system's state lock.
+    /// Descriptors sharing it. Read and changed only by `PendingFiles`, under its lock.
     var users = 0
     /// Times and a mode given while unsaved changes wait (a mode given at create): recorded
     /// with the body saved.

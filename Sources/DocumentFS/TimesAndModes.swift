@@ -103,7 +103,7 @@ extension DocumentFileSystem {
         guard newModified != nil || newAccessed != nil else { return }
         if kind == .directory {
             let row = LocalAttributes.folderName(name)
-            // A folder given only an atime keeps the mtime it shows (read first: the state lock comes before the database's).
+            // A folder given only an atime keeps the mtime it shows (read first: no part's lock is held while the database is asked).
             let changed = keptFolders.forgetChange(name, in: id)
             let local = try database.updateLocalAttributes(docID: id, name: row) { attributes in
                 if let modified = newModified ?? changed?.nanoseconds { attributes.modified = modified }

@@ -68,13 +68,13 @@ public final class Database: @unchecked Sendable {
 
     /// The one connection that writes. Guarded by `writeLock`.
     private let writer: SQLiteConnection
-    /// Serialises this process's writes. Lock order (docs/internals.md, Locks): 3, before `readersLock`.
+    /// Serialises this process's writes. Lock order (docs/internals.md, Locks): 2, before `readersLock`.
     private let writeLock = Lock()
     /// The writer's `PRAGMA data_version` when last asked (`otherConnectionCommitted`). Guarded by `writeLock`.
     private var lastDataVersion: Int64?
     /// Connections ready for reading. Guarded by `readersLock`.
     private var idleReaders: [SQLiteConnection] = []
-    /// Guards `idleReaders`. Lock order: 4 (nothing is locked while it is held).
+    /// Guards `idleReaders`. Lock order: 3 (nothing is locked while it is held).
     private let readersLock = Lock()
 
     /// Every process that opens the database writable holds a shared `flock` on this file
