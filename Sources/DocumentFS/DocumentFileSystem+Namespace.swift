@@ -16,7 +16,13 @@ extension DocumentFileSystem {
             guard try !documentFolderExists(id) else { throw MountError.exists(path) }
             try scratch.makeFolder(ofEscapedID: FileNames.escape(id))
         case .attachment(let id, let folder):
-            guard !folder.isEmpty else { throw MountError.exists(path) }
+            // A document's attachments/ and blobs/ are always there. `cp -r` of a document
+            // folder makes each folder it copies without looking first (it made the parent), so
+            // an empty one is taken as made: nothing tells it from a folder just made.
+            if folder.isEmpty || folder == Node.blobsFolder {
+                guard try documentFolderExists(id), try folderIsEmpty(path) else { throw MountError.exists(path) }
+                return
+            }
             try AttachmentName.validate(folder)
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             if try attributesIfPresent(of: path) != nil { throw MountError.exists(path) }
@@ -36,6 +42,38 @@ extension DocumentFileSystem {
         default:
             throw try attributesIfPresent(of: path) != nil ? MountError.exists(path) : MountError.cannotMakeFolder(path)
         }
+    }
+
+    /// Lookups as `attributes(of:)`, with one exception. Copying a folder into a folder it
+    /// has just made, `cp` (and `mv` between file systems) makes each subfolder without
+    /// looking, and the kernel answers EEXIST to a mkdir of a name a lookup found, before the
+    /// mount is asked: `cp -r docs/a docs/b` failed with "File exists" on `b/attachments`. So
+    /// to a `cp` or `mv` that made document folder `b` itself, an empty attachments/ or
+    /// blobs/ in it is not there (no negative entry is kept: everyone else finds it); it then
+    /// makes it (`makeDirectory` takes an empty one as made). Any other program, and a `cp`
+    /// writing into a document folder it did not make, finds it as always.
+    public func lookup(_ path: String, caller: pid_t) throws -> FileAttributes {
+        let attributes = try attributes(of: path)
+        guard attributes.kind == .directory, let node = Node(path: path), case .attachment(let id, let folder) = node,
+              folder.isEmpty || folder == Node.blobsFolder,
+              overlay.wasMade(id, by: caller, now: Date().timeIntervalSince1970),
+              ["cp", "mv"].contains(Caller(tid: caller).program), try folderIsEmpty(path) else { return attributes }
+        throw NotThereForThisCaller()
+    }
+
+    public func makeDirectory(_ path: String, caller: pid_t) throws {
+        try makeDirectory(path)
+        if case .document(let id) = Node(path: path) { overlay.noteMade(id, by: caller, at: Date().timeIntervalSince1970) }
+    }
+
+    /// Whether folder `path` lists nothing but "." and "..".
+    private func folderIsEmpty(_ path: String) throws -> Bool {
+        var empty = true
+        try readDirectory(path, after: ListingPosition.dotDot) { _ in
+            empty = false
+            return false
+        }
+        return empty
     }
 
     public func removeDirectory(_ path: String) throws {

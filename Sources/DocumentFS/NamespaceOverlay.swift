@@ -26,7 +26,22 @@ final class NamespaceOverlay: @unchecked Sendable {
 
     private var removals: [String: Removal] = [:]
     private var setAside: [String: [String: SetAside]] = [:]
+    /// Document folders made by mkdir, by document id: by which thread, and when.
+    private var made: [String: (caller: pid_t, at: Double)] = [:]
     private let lock = NSLock()
+
+    /// Document folder `id` was made by `caller`'s mkdir (`DocumentFileSystem.lookup`).
+    func noteMade(_ id: String, by caller: pid_t, at now: Double) {
+        lock.withLock {
+            if made.count >= Tuning.recentFolderMakers { made = made.filter { now - $0.value.at < Tuning.recentFolderMakerLife } }
+            made[id] = (caller, now)
+        }
+    }
+
+    /// Whether `caller` made document folder `id` with mkdir, less than a while ago.
+    func wasMade(_ id: String, by caller: pid_t, now: Double) -> Bool {
+        lock.withLock { made[id].map { $0.caller == caller && now - $0.at < Tuning.recentFolderMakerLife } ?? false }
+    }
 
     func removal(_ id: String) -> Removal? {
         lock.withLock { removals[id] }

@@ -109,6 +109,14 @@ public enum Tuning {
     /// pauses longer is worked out again where it resumes, as it would be without a snapshot.
     public static let listingSnapshotLife = 10.0
 
+    /// How long a document folder made by `cp`'s or `mv`'s mkdir hides its empty attachments/
+    /// from that process, so that it makes it as it copies (DocumentFS's
+    /// `DocumentFileSystem.lookup`): a copy's whole walk, as long as it takes to reach it.
+    public static let recentFolderMakerLife = 600.0
+
+    /// Document folders remembered that way at most before those past their life are dropped.
+    public static let recentFolderMakers = 10_000
+
     /// Documents whose folder the mount keeps in memory (`DocumentCache`); past it the cache is
     /// emptied and filled again. An entry of a small document is about a kilobyte: 20,000 hold
     /// what `ls -lR` of a large database touches without growing the mount by more than ~20 MB.

@@ -171,6 +171,9 @@ public struct FileSystemError: ErrnoConvertible, Equatable, CustomStringConverti
 /// (`/docs/a/properties.json`). All methods may run concurrently.
 public protocol FileSystem: AnyObject, Sendable {
     func attributes(of path: String) throws -> FileAttributes
+    /// What a lookup of `path` by thread `caller` finds: `attributes(of:)`, unless the file
+    /// system answers this caller apart (`NotThereForThisCaller`).
+    func lookup(_ path: String, caller: pid_t) throws -> FileAttributes
     /// Attributes of an open file (it may have been unlinked or renamed since).
     func attributes(ofHandle handle: UInt64) throws -> FileAttributes
 
@@ -194,6 +197,8 @@ public protocol FileSystem: AnyObject, Sendable {
     func truncate(_ path: String, to size: Int64, handle: UInt64?) throws
 
     func makeDirectory(_ path: String) throws
+    /// `makeDirectory(_:)` asked by thread `caller`.
+    func makeDirectory(_ path: String, caller: pid_t) throws
     func removeDirectory(_ path: String) throws
     func unlink(_ path: String) throws
     /// `flags` are renameat2's (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
@@ -231,7 +236,16 @@ public protocol FileSystem: AnyObject, Sendable {
     func numberedChildren(of path: String) -> [(name: String, number: UInt64)]
 }
 
+/// A lookup answered "no such file" to one caller only: the kernel keeps no negative entry of
+/// it, so the next lookup by anyone asks again.
+public struct NotThereForThisCaller: Error {
+    public init() {}
+}
+
 extension FileSystem {
+    public func lookup(_ path: String, caller: pid_t) throws -> FileAttributes { try attributes(of: path) }
+    public func makeDirectory(_ path: String, caller: pid_t) throws { try makeDirectory(path) }
+
     /// A file system without symbolic links: nothing is one (EINVAL, as readlink(2) of a file).
     public func readLink(_ path: String) throws -> String { throw FileSystemError(EINVAL) }
 

@@ -402,7 +402,10 @@ extension FuseMount {
                 let path = try box.path(parent, name)
                 let attributes: FileAttributes
                 do {
-                    attributes = try fs.attributes(of: path)
+                    attributes = try fs.lookup(path, caller: fuse_req_ctx(request).pointee.pid)
+                } catch is NotThereForThisCaller {
+                    fuse_reply_err(request, ENOENT)  // no negative entry: others still find it
+                    return
                 } catch let error as ErrnoConvertible where error.errno == ENOENT {
                     // A negative entry, which the kernel keeps for a short while.
                     var entry = fuse_entry_param()
@@ -577,7 +580,7 @@ extension FuseMount {
         ops.mkdir = { request, parent, name, _ in
             answer(request, "mkdir", parent, name) { box, fs in
                 let path = try box.path(parent, name)
-                try fs.makeDirectory(path)
+                try fs.makeDirectory(path, caller: fuse_req_ctx(request).pointee.pid)
                 var entry = box.entry(parent, string(name), try fs.attributes(of: path))
                 if fuse_reply_entry(request, &entry) != 0 { box.table.forget(entry.ino, 1) }
             }

@@ -208,4 +208,29 @@ import TestSupport
         for i in 0..<5 { #expect(try document(db, "doc-\(i)")?.attachments.count == 4, "doc-\(i)") }
         #expect(try document(db, "x")?.attachment(named: "doc-3/attachments/d1/f13") != nil)
     }
+
+    /// `cp -r` makes each folder it copies without looking first (it made their parent), so
+    /// `mkdir DOC/attachments` must not fail in a document folder it just made: the first
+    /// thing a user tries to copy a document (it failed with "File exists").
+    @Test func cpROfADocumentFolderCopiesTheDocument() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        try db.put("a", ["title": "first"], attachments: ["note.txt": Array("note".utf8), "d/e/deep.bin": [1, 2, 3]])
+        let mount = try MountedDatabase(db.path)
+        try sh("cp -r \(mount.path("docs/a")) \(mount.path("docs/b"))")
+        // And a copy taken out and brought back in under another name.
+        let outside = directory.appending("outside")
+        try sh("cp -r \(mount.path("docs/a")) \(outside) && cp -r \(outside) \(mount.path("docs/c"))")
+        // mv from another file system copies (rename answers EXDEV), then removes.
+        try sh("mv \(outside) \(mount.path("docs/d"))")
+        #expect(!FileManager.default.fileExists(atPath: outside))
+        for id in ["b", "c", "d"] {
+            let copy = try #require(try document(db, id), "\(id) was not made")
+            #expect(copy.properties["title"] == "first", "\(id)")
+            #expect(copy.attachmentNames.sorted() == ["d/e/deep.bin", "note.txt"], "\(id)")
+            #expect(try sh("cat \(mount.path("docs/\(id)/attachments/note.txt"))") == "note", "\(id)")
+        }
+        // A folder that holds something is there: mkdir says so, as on any disk.
+        #expect(!(try shell("mkdir \(mount.path("docs/a/attachments"))")).succeeded)
+    }
 }
