@@ -48,6 +48,9 @@ public struct ReplicationResult: Sendable {
     /// `complete`, or `incomplete` when some document failed.
     public var status = "complete"
 
+    /// Nothing done yet.
+    public init() {}
+
     public var json: JSONValue {
         ["ok": .bool(status == "complete"), "status": .string(status), "docs_read": .integer(Int64(docsRead)),
          "docs_written": .integer(Int64(docsWritten)), "doc_write_failures": .integer(Int64(docWriteFailures)),

@@ -160,7 +160,7 @@ struct RemoteOptions: ParsableArguments {
 
 /// The arguments of pull, push and sync.
 struct ReplicationOptions: ParsableArguments {
-    @Argument(help: "The local database.")
+    @Argument(help: "The local database.", completion: .directory)
     var database: String
 
     @Argument(help: "The remote database, http(s)://[user:password@]host[:port]/db, or ws://… for a Couchbase Lite endpoint (Sync Gateway, sofa serve)")
@@ -299,9 +299,16 @@ func replicate(_ replicator: Replicator, json: Bool) throws -> ReplicationResult
         let partial = lastProgress.withLock { $0 }
         if case .cancelled = error, replicator.stopping.isStopped {
             let written = partial.map { "; \(counted($0.docsWritten, "document")) written" } ?? ""
-            Output.error("\(replicator.direction.rawValue) stopped\(written), checkpoint saved: the same command again goes on from there")
-            if json { Output.line(JSONValue.object(["ok": false, "error": "stopped", "partial": partial?.json ?? .null]).jsonString()) }
-            throw ExitCode(130)
+            Output.error("\(replicator.direction.rawValue) stopped by \(signals.reason)\(written), checkpoint saved: "
+                         + "the same command again goes on from there")
+            if json {
+                // What was done, zeros included, and the bytes of bodies cut short, which the next run does not fetch again.
+                var done = (partial ?? ReplicationResult()).json.objectValue ?? [:]
+                done["partial_body_bytes"] = .integer(replicator.database.blobs.partialBodies().reduce(Int64(0)) { $0 + $1.length })
+                Output.line(JSONValue.object(["ok": false, "error": "stopped", "reason": .string(signals.reason),
+                                              "partial": .object(done)]).jsonString())
+            }
+            throw ExitCode(signals.exitStatus)
         }
         throw ReplicationFailure(job: replicator.direction.rawValue, cause: error, partial: partial)
     }
@@ -433,7 +440,7 @@ struct Download: SofaCommand {
         abstract: "Download attachment bodies that a pull deferred (all, one document's, or one).",
         discussion: "Bodies come from --remote, or from where the database last pulled. An interrupted body resumes with an HTTP Range.")
 
-    @Argument(help: "The database.") var database: String
+    @Argument(help: "The database.", completion: .directory) var database: String
     @Argument(help: "Only this document.") var id: String?
     @Argument(help: "Only this attachment of it.") var name: String?
     @Option(help: "The remote database URL.") var remote: String?
@@ -485,8 +492,12 @@ struct Download: SofaCommand {
             let kept = db.blobs.partialBodies().reduce(0) { $0 + $1.length }
             let resume = kept > 0 ? "; \(formatBytes(kept)) already here will not travel again when you run sofa download again" : ""
             if case .cancelled = error {
-                Output.error("download cancelled\(resume)")
-                throw ExitCode(130)
+                Output.error("download stopped by \(signals.reason)\(resume)")
+                if json {
+                    Output.line(JSONValue.object(["ok": false, "error": "stopped", "reason": .string(signals.reason),
+                                                  "partial": ["partial_body_bytes": .integer(kept)]]).jsonString())
+                }
+                throw ExitCode(signals.exitStatus)
             }
             throw ReplicationFailure(job: "download", cause: error, note: resume)
         }
@@ -499,7 +510,7 @@ struct DownloadRules: SofaCommand {
         abstract: "Show or change which attachment bodies pulls from a remote download (the others are fetched when read).",
         discussion: "The rules are stored with the database for the remote, and pulls, syncs and mounts that give none follow them.")
 
-    @Argument(help: "The database.") var database: String
+    @Argument(help: "The database.", completion: .directory) var database: String
     @Option(help: "The remote database URL (default: where the database last pulled from).") var remote: String?
     @OptionGroup var downloads: DownloadOptions
 
@@ -535,7 +546,7 @@ struct PurgeAttachment: SofaCommand {
         commandName: "purge-attachment",
         abstract: "Drop an attachment's local body, keeping its metadata: it becomes deferred again and is fetched when read.")
 
-    @Argument(help: "The database.") var database: String
+    @Argument(help: "The database.", completion: .directory) var database: String
     @Argument(help: "The document.") var id: String
     @Argument(help: "The attachment.") var name: String
     @Flag(help: "Say what would be purged; change nothing.") var dryRun = false

@@ -98,6 +98,7 @@ final class SignalWatcher: @unchecked Sendable {
     private var action: (@Sendable () -> Void)?
     private var pending = false
     private var cancelled = false
+    private var received: Int32?
 
     init(_ signals: [Int32]) {
         var set = sigset_t()
@@ -111,6 +112,7 @@ final class SignalWatcher: @unchecked Sendable {
             while sigwait(&set, &number) == 0 {
                 let run = lock.withLock { () -> (@Sendable () -> Void)? in
                     guard !cancelled else { return nil }
+                    if received == nil { received = number }
                     if action == nil { pending = true }
                     return action
                 }
@@ -130,6 +132,22 @@ final class SignalWatcher: @unchecked Sendable {
     }
 
     func cancel() { lock.withLock { cancelled = true } }
+
+    /// The first signal that came: what a command stopped by it names and exits with.
+    var stoppedBy: Int32? { lock.withLock { received } }
+
+    /// The shell's status for a command stopped by that signal: 128 + its number (130 for
+    /// Ctrl-C, 143 for SIGTERM), as a process killed by it would report.
+    var exitStatus: Int32 { 128 + (stoppedBy ?? SIGINT) }
+
+    /// The signal's name for messages and `--json` (`SIGINT`, `SIGTERM`, `SIGHUP`).
+    var reason: String {
+        switch stoppedBy ?? SIGINT {
+        case SIGTERM: "SIGTERM"
+        case SIGHUP: "SIGHUP"
+        default: "SIGINT"
+        }
+    }
 }
 
 /// A subcommand whose failures print as `sofa: <what failed and why>` and exit 1; with
@@ -266,7 +284,7 @@ struct Progress {
 
 /// Options shared by every command that opens a database.
 struct DatabaseArgument: ParsableArguments {
-    @Argument(help: "The database directory (NAME.sofa).")
+    @Argument(help: "The database directory (NAME.sofa).", completion: .directory)
     var database: String
 
     func open() throws -> Database { try Database.open(at: database) }

@@ -298,7 +298,12 @@ extension ReplicationFaultTests {
         child.kill(SIGINT)
         let stopped = child.wait()
         #expect(stopped.status == 130, "\(stopped.stderr)")
-        #expect(stopped.stderr.contains("pull stopped") && stopped.stderr.contains("checkpoint saved: the same command again goes on from there"), "\(stopped.stderr)")
+        #expect(stopped.stderr.contains("pull stopped by SIGINT") && stopped.stderr.contains("checkpoint saved: the same command again goes on from there"), "\(stopped.stderr)")
+        // --json's last line says why and what was done so far, never null.
+        let last = try String(contentsOfFile: output, encoding: .utf8).split(separator: "\n").last.map(String.init) ?? ""
+        let answer = try JSONParser.parse(Array(last.utf8))
+        #expect(answer["error"]?.stringValue == "stopped" && answer["reason"]?.stringValue == "SIGINT", "\(last)")
+        #expect((answer["partial"]?["docs_written"]?.int64Value ?? 0) > 0 && answer["partial"]?["partial_body_bytes"]?.int64Value != nil, "\(last)")
         #expect(Date().timeIntervalSince(started) < 30, "stopped without waiting for the body on its way (48 s)")
         let partial = try Database.open(at: target).documents(includeDeleted: true).count
         #expect(partial > 0 && partial < 31, "\(partial) documents before the stop")
@@ -399,14 +404,15 @@ extension ReplicationFaultTests {
         #expect(!FileManager.default.fileExists(atPath: stray))
         #expect(try partialDownloads(target) == afterFailure)
 
-        // A server that goes silent partway: Ctrl-C stops the download at once and keeps every byte.
+        // A server that goes silent partway: SIGTERM (a service manager's stop) ends the download
+        // at once and keeps every byte; the status is the shell's for SIGTERM, 143, not Ctrl-C's.
         proxy.stallNext(1, afterBytes: 1 << 20)
         let stalledAt = proxy.bytesFromServer
         let download = try ChildProcess([sofaBinary, "download", target, "files", "big.bin"])
         #expect(waitUntil(20) { proxy.bytesFromServer - stalledAt >= 1 << 20 })
-        download.kill(SIGINT)
+        download.kill(SIGTERM)
         let cancelled = download.wait()
-        #expect(cancelled.status == 130 && cancelled.stderr.contains("download cancelled"), "\(cancelled.status) \(cancelled.stderr)")
+        #expect(cancelled.status == 143 && cancelled.stderr.contains("download stopped by SIGTERM"), "\(cancelled.status) \(cancelled.stderr)")
         let afterCancel = try partialDownloads(target)
         #expect(afterCancel.keys == afterFailure.keys && afterCancel.values.allSatisfy { $0 > afterFailure.values.first! }, "\(afterCancel)")
 
