@@ -10,7 +10,7 @@ struct Attach: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id (created if missing).") var id: String
     @Argument(help: "Attachment name.") var name: String
-    @Argument(help: "The file to attach, or - for standard input.") var file: String
+    @Argument(help: "The file to attach, or - for standard input.", completion: .file()) var file: String
     @Option(name: .customLong("type"), help: "Content type (default: from the name's extension).") var contentType: String?
 
     func execute() throws {

@@ -40,7 +40,7 @@ struct BlobSet: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id (created if missing).") var id: String
     @OptionGroup var path: BlobPointer
-    @Argument(help: "The file, or - for standard input.") var file: String
+    @Argument(help: "The file, or - for standard input.", completion: .file()) var file: String
     @Option(name: .customLong("type"), help: "Content type (default: the blob's, else from the name's extension).") var contentType: String?
 
     func execute() throws {

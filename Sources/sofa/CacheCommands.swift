@@ -9,7 +9,7 @@ struct Pin: SofaCommand {
         abstract: "Keep attachment bodies on this machine: the cache never evicts them, and those not here are downloaded now.",
         discussion: "In a mount: setfattr -n user.sofa.pinned -v true FILE (getfattr shows it; -v false or -x unpins).")
 
-    @Argument(help: "The database.") var database: String
+    @Argument(help: "The database.", completion: .directory) var database: String
     @Argument(help: "The document.") var id: String
     @Argument(help: "Only these attachments of it (default: all).") var names: [String] = []
     @Option(help: "Where to download bodies from (default: where the database last pulled from).") var remote: String?
@@ -56,7 +56,7 @@ struct Unpin: SofaCommand {
     static let configuration = CommandConfiguration(
         abstract: "Let the cache evict attachment bodies again (those fetched from the remote, when it needs room).")
 
-    @Argument(help: "The database.") var database: String
+    @Argument(help: "The database.", completion: .directory) var database: String
     @Argument(help: "The document.") var id: String
     @Argument(help: "Only these attachments of it (default: all).") var names: [String] = []
 
@@ -91,7 +91,7 @@ struct Cache: SofaCommand {
             downloaded by its download rules, and bodies saved here are never evicted.
             """)
 
-    @Argument(help: "The database.") var database: String
+    @Argument(help: "The database.", completion: .directory) var database: String
     @Option(help: "Set the limit (e.g. 500M, 2G), or \"none\"; evicts at once down to it.") var limit: String?
     @Flag(help: "Evict down to the limit now.") var trim = false
     @Option(help: "The remote that must still have a body before it is evicted (default: where the database last pulled from).")

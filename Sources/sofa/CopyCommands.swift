@@ -50,8 +50,8 @@ struct Copy: SofaCommand {
             renamed into place.
             """)
 
-    @Argument(help: "The database to copy, or a snapshot .zip.") var source: String
-    @Argument(help: "Where the copy goes (must not exist unless --force).") var destination: String
+    @Argument(help: "The database to copy, or a snapshot .zip.", completion: .file()) var source: String
+    @Argument(help: "Where the copy goes (must not exist unless --force).", completion: .file()) var destination: String
     @Flag(help: "Replace an existing database at the destination.") var force = false
 
     func execute() throws {
@@ -69,7 +69,7 @@ struct Snapshot: SofaCommand {
             """)
 
     @OptionGroup var db: DatabaseArgument
-    @Argument(help: "The zip file to write.") var output: String
+    @Argument(help: "The zip file to write.", completion: .file(extensions: ["zip"])) var output: String
     @Flag(help: "Replace an existing file.") var force = false
 
     func execute() throws {
@@ -96,8 +96,8 @@ struct Cp: SofaCommand {
                                   histories, deletions, conflicts and blobs are kept
             """)
 
-    @Argument(help: "What to copy from.") var source: String
-    @Argument(help: "What to copy to.") var destination: String
+    @Argument(help: "What to copy from.", completion: .file()) var source: String
+    @Argument(help: "What to copy to.", completion: .file()) var destination: String
     @Flag(help: "Replace an existing database, zip or JSON lines file at the destination.") var force = false
     @Flag(help: "Say what would be copied where (and what replaced); change nothing.") var dryRun = false
     @Flag(help: ArgumentHelp("Encrypt the database cp creates (from a server, JSON lines or a folder).",

@@ -11,7 +11,7 @@ struct Export: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Write every document as JSON lines.")
 
     @OptionGroup var db: DatabaseArgument
-    @Argument(help: "The output file, or - (the default) for standard output.") var file = "-"
+    @Argument(help: "The output file, or - (the default) for standard output.", completion: .file()) var file = "-"
     @Flag(help: "Write attachment stubs (metadata only) instead of inline base64 bodies.") var noAttachments = false
     @Flag(help: "Replace an existing output file.") var force = false
 
@@ -29,7 +29,7 @@ struct Import: SofaCommand {
         discussion: "Lines with _rev keep their revision ids and history; lines without become new revisions.")
 
     @OptionGroup var db: DatabaseArgument
-    @Argument(help: "The input file, or - (the default) for standard input.") var file = "-"
+    @Argument(help: "The input file, or - (the default) for standard input.", completion: .file()) var file = "-"
 
     func execute() throws {
         let count = try JSONLines.import(from: file, into: try db.open())

@@ -20,7 +20,7 @@ struct Mount: SofaCommand {
             """)
 
     @OptionGroup var db: DatabaseArgument
-    @Argument(help: "An empty directory to mount on.") var mountPoint: String
+    @Argument(help: "An empty directory to mount on.", completion: .directory) var mountPoint: String
     @Flag(help: "Refuse every change.") var readOnly = false
     @Flag(name: [.short, .customLong("foreground")], help: "Stay in the foreground until unmounted.") var foreground = false
     @Option(name: .short, help: "Mount options, comma-separated: FUSE's (allow_other, auto_unmount, ...) and nonempty (mount over files).")

@@ -20,7 +20,7 @@ struct Serve: SofaCommand {
             """
     )
 
-    @Argument(help: "Databases to serve.")
+    @Argument(help: "Databases to serve.", completion: .directory)
     var databases: [String] = []
 
     @Option(help: "The address to listen on. Anything but 127.0.0.1 exposes the databases to the network.")
