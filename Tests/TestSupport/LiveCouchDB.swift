@@ -80,3 +80,54 @@ public struct TestFailure: Error, CustomStringConvertible {
     public let description: String
     public init(_ description: String) { self.description = description }
 }
+
+/// A real CouchDB 3.4.3 cluster of three nodes on 127.0.0.1 (`../shared/peers/couchdb
+/// cluster`: q=8, n=3), started for the test run that asks for it and stopped when the run
+/// ends. One node can be stopped and started again (`stop`, `start`).
+public final class LiveCouchDBCluster: @unchecked Sendable {
+    /// Each node's `http://127.0.0.1:PORT`, no credentials.
+    public let nodes: [String]
+    public let user = "admin"
+    public let password = "secret"
+    private let directory: String
+    private static let script = packageRoot + "/../shared/peers/couchdb"
+
+    public static let shared: LiveCouchDBCluster = {
+        let directory = "/tmp/sofa-couchdb-cluster-\(getpid())"
+        guard let started = try? shell("'\(script)' cluster '\(directory)' 3"), started.succeeded else {
+            fatalError("cannot start a CouchDB cluster with \(script): see \(directory)/node*/couchdb.out")
+        }
+        atexit { _ = try? shell("'\(LiveCouchDBCluster.script)' stop '/tmp/sofa-couchdb-cluster-\(getpid())'; rm -rf '/tmp/sofa-couchdb-cluster-\(getpid())'") }
+        return LiveCouchDBCluster(directory: directory,
+                                  nodes: started.stdout.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) })
+    }()
+
+    private init(directory: String, nodes: [String]) {
+        (self.directory, self.nodes) = (directory, nodes)
+    }
+
+    public func port(_ node: Int) -> Int { Int(nodes[node].split(separator: ":").last ?? "") ?? 0 }
+
+    /// The URL of database `name` on `node` with the admin's credentials, as `sofa` takes it.
+    public func url(_ name: String, node: Int) -> String { "http://\(user):\(password)@127.0.0.1:\(port(node))/\(name)" }
+
+    /// Stops node `node` (0-based), as a crash would leave the others.
+    public func stop(_ node: Int) throws {
+        let result = try shell("'\(Self.script)' stop-node '\(directory)' \(node + 1)")
+        guard result.succeeded else { throw TestFailure("stop-node \(node + 1): \(result.stderr)") }
+    }
+
+    /// Starts node `node` again; returns once it answers.
+    public func start(_ node: Int) throws {
+        let result = try shell("'\(Self.script)' start-node '\(directory)' \(node + 1)")
+        guard result.succeeded else { throw TestFailure("start-node \(node + 1): \(result.stderr)") }
+    }
+
+    /// One request to `node` with the admin's basic auth; `path` is already percent-encoded.
+    public func request(_ method: String, _ path: String, _ body: JSONValue? = nil, node: Int) throws -> HTTPResponse {
+        let connection = try HTTPConnection(port: port(node))
+        defer { connection.close() }
+        let auth = Data("\(user):\(password)".utf8).base64EncodedString()
+        return try connection.json(method, path, body, headers: [("Authorization", "Basic \(auth)")])
+    }
+}
