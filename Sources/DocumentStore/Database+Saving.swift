@@ -90,7 +90,7 @@ extension Database {
             let resolution = try save(moved, allowConflict: true, in: connection)
             var ended = RevisionDraft(docID: id, parent: row.current, properties: JSONObject(), attachments: [], blobs: blobs)
             ended.deleted = true
-            try save(ended, allowConflict: true, in: connection)
+            _ = try save(ended, allowConflict: true, in: connection)
             return resolution
         }
     }
