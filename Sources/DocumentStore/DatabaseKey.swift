@@ -34,7 +34,7 @@ public final class DatabaseSecret: @unchecked Sendable {
     }
 
     /// The key a key file holds: 32 raw bytes, or 64 hex digits with white space around them.
-    func keyFileBytes(path: String) throws -> [UInt8] {
+    public func keyFileBytes(path: String) throws -> [UInt8] {
         if bytes.count == 32 { return bytes }
         let digits = bytes.filter { ![9, 10, 13, 32].contains($0) }
         func value(_ c: UInt8) -> UInt8? {

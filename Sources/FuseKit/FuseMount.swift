@@ -43,6 +43,14 @@ public final class FuseMount: @unchecked Sendable {
         /// file system whose links never change their target (while the kernel knows the node),
         /// as its `readLink` is then asked once per node instead of at every `ls -l`.
         public var cacheSymbolicLinks = false
+        /// The owner every file and folder shows (`-o uid=,gid=`, as sshfs and rclone take them);
+        /// by default the user the mount runs as. With `default_permissions` the kernel checks
+        /// access against it.
+        public var uid = geteuid()
+        public var gid = getegid()
+        /// Permission bits every file and folder shows without (`-o umask=`, as sshfs's): what a
+        /// file was given is kept, and shown less these.
+        public var umask: mode_t = 0
 
         public init() {}
     }
@@ -239,7 +247,7 @@ final class Box: @unchecked Sendable {
     func entry(_ parent: fuse_ino_t, _ name: String, _ attributes: FileAttributes) -> fuse_entry_param {
         var entry = fuse_entry_param()
         entry.ino = table.remember(parent, name, number: attributes.number)
-        fill(&entry.attr, attributes, ino: entry.ino)
+        fill(&entry.attr, attributes, ino: entry.ino, configuration)
         entry.attr_timeout = timeout(of: attributes, configuration)
         entry.entry_timeout = configuration.entryTimeout
         return entry
@@ -303,18 +311,19 @@ func timeout(of attributes: FileAttributes, _ configuration: FuseMount.Configura
     attributes.volatile ? 0 : min(attributes.timeout ?? configuration.attributeTimeout, configuration.attributeTimeout)
 }
 
-private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes, ino: fuse_ino_t) {
+private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttributes, ino: fuse_ino_t,
+                  _ configuration: FuseMount.Configuration) {
     memset(buffer, 0, MemoryLayout<stat>.size)
     buffer.pointee.st_ino = UInt(ino)
-    buffer.pointee.st_mode = typeBits(attributes.kind) | attributes.permissions
+    buffer.pointee.st_mode = typeBits(attributes.kind) | (attributes.permissions & ~configuration.umask)
     buffer.pointee.st_nlink = UInt(attributes.linkCount)
     buffer.pointee.st_size = Int(attributes.size)
     // The request size for files: cp sizes its buffer by it (1 MiB writes instead of 128 KiB, an
     // eighth of the round trips).
     buffer.pointee.st_blksize = attributes.kind == .regularFile ? Int(FuseMount.maximumRequest) : 4096
     buffer.pointee.st_blocks = Int((attributes.size + 511) / 512)
-    buffer.pointee.st_uid = geteuid()
-    buffer.pointee.st_gid = getegid()
+    buffer.pointee.st_uid = configuration.uid
+    buffer.pointee.st_gid = configuration.gid
     buffer.pointee.st_mtim = attributes.modified.timespec
     buffer.pointee.st_ctim = attributes.modified.timespec
     buffer.pointee.st_atim = (attributes.accessed ?? attributes.modified).timespec
@@ -322,7 +331,7 @@ private func fill(_ buffer: UnsafeMutablePointer<stat>, _ attributes: FileAttrib
 
 private func replyAttributes(_ request: fuse_req_t?, _ box: Box, _ attributes: FileAttributes, ino: fuse_ino_t) {
     var result = stat()
-    fill(&result, attributes, ino: ino)
+    fill(&result, attributes, ino: ino, box.configuration)
     fuse_reply_attr(request, &result, timeout(of: attributes, box.configuration))
 }
 

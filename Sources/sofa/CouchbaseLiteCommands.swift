@@ -40,7 +40,7 @@ extension Info {
 
 extension List {
     func show(_ database: CouchbaseLiteDatabase) throws {
-        let ids = try database.documentIDs(deleted: deleted).dropFirst(offset).prefix(limit ?? Int.max)
+        let ids = try database.documentIDs(deleted: deleted).filter(matches).dropFirst(offset).prefix(limit ?? Int.max)
         var first = true
         if json { Output.write(STDOUT_FILENO, "[") }
         if long && !json { Output.line("REVISION\tATTACHMENTS\tID") }

@@ -64,9 +64,10 @@ struct Info: SofaCommand {
 struct List: SofaCommand {
     static let configuration = CommandConfiguration(
         commandName: "ls", abstract: "List documents by id.",
-        discussion: "An id holding a control character (a newline, a tab) is printed as a JSON string, in quotes, so that each line is one id.")
+        discussion: "An id holding a control character (a newline, a tab) is printed as a JSON string, in quotes, so that each line is one id. Patterns are the shell's (*, ?, [a-z]); quote them so that the shell leaves them alone.")
 
     @OptionGroup var db: DatabaseArgument
+    @Argument(help: "Only ids matching one of these patterns ('h*', 'doc-?').") var patterns: [String] = []
     @Option(help: "At most this many documents.") var limit: Int?
     @Option(help: "Skip this many documents first.") var offset = 0
     @Flag(name: .short, help: "Long format: revision, attachment count, id and conflicts, under a header line.") var long = false
@@ -85,18 +86,20 @@ struct List: SofaCommand {
         var skip = offset
         var first = true
         let counting = conflicts || long || json
+        // With patterns (as with --conflicts) --offset and --limit count the matching documents only.
+        let filtered = conflicts || !patterns.isEmpty
         if json { Output.write(STDOUT_FILENO, "[") }
         if long && !json { Output.line("REVISION\tATTACHMENTS\tID") }  // as ps does; --json is for programs
         while remaining > 0 {
             // With --conflicts, --offset and --limit count the conflicted documents only.
-            let page = try database.documents(after: after, offset: conflicts ? 0 : skip, limit: conflicts ? 1000 : min(remaining, 1000),
+            let page = try database.documents(after: after, offset: filtered ? 0 : skip, limit: filtered ? 1000 : min(remaining, 1000),
                                               includeDeleted: deleted, countingConflicts: counting)
             guard let last = page.last else { break }
             after = last.docID
-            if !conflicts { skip = 0 }
+            if !filtered { skip = 0 }
             for summary in page {
-                if conflicts {
-                    guard summary.conflictCount > 0 else { continue }
+                if filtered {
+                    guard !conflicts || summary.conflictCount > 0, matches(summary.docID) else { continue }
                     if skip > 0 {
                         skip -= 1
                         continue
@@ -121,6 +124,12 @@ struct List: SofaCommand {
             }
         }
         if json { Output.write(STDOUT_FILENO, first ? "]\n" : "\n]\n") }
+    }
+
+    /// Whether `id` matches one of the patterns (all do when none is given), as the shell
+    /// matches names (`fnmatch`, no special meaning for `/` or a leading dot: ids are not paths).
+    func matches(_ id: String) -> Bool {
+        patterns.isEmpty || patterns.contains { fnmatch($0, id, 0) == 0 }
     }
 
     /// An id as one line: as it is, or as a JSON string when it holds a character that would
@@ -232,19 +241,36 @@ struct Put: SofaCommand {
 }
 
 struct Remove: SofaCommand {
-    static let configuration = CommandConfiguration(commandName: "rm", abstract: "Delete a document (saves a tombstone).")
+    static let configuration = CommandConfiguration(
+        commandName: "rm", abstract: "Delete documents (each saves a tombstone).",
+        discussion: "With one id, prints the tombstone's revision; with several, each id and its tombstone's revision. An id that cannot be deleted is named with the reason, the others are deleted, and the exit status is 1.")
 
     @OptionGroup var db: DatabaseArgument
-    @Argument(help: "Document id.") var id: String
-    @Option(help: "The revision to delete; it must be current.") var rev: String?
+    @Argument(help: "Document ids.") var ids: [String]
+    @Option(help: "The revision to delete (one id only); it must be current.") var rev: String?
+
+    func validate() throws {
+        guard !ids.isEmpty else { throw ValidationError("give at least one document id") }
+        guard rev == nil || ids.count == 1 else { throw ValidationError("--rev names the revision of one document: give one id with it") }
+    }
 
     func execute() throws {
         let database = try db.open()
-        if DocumentID.isLocal(id) {
-            try database.deleteLocalDocument(id, rev: rev)
-            return
+        var failed = 0
+        for id in ids {
+            do {
+                if DocumentID.isLocal(id) {
+                    try database.deleteLocalDocument(id, rev: rev)
+                    continue
+                }
+                let tombstone = try database.deleteDocument(id, revID: rev.map(RevisionID.parse)).revID.description
+                Output.line(ids.count == 1 ? tombstone : "\(List.printable(id))\t\(tombstone)")
+            } catch where ids.count > 1 {
+                Output.error("\(List.printable(id)): \(error)")
+                failed += 1
+            }
         }
-        Output.line(try database.deleteDocument(id, revID: rev.map(RevisionID.parse)).revID.description)
+        if failed > 0 { throw SofaError.invalidArgument("\(counted(failed, "document")) of \(ids.count) not deleted") }
     }
 }
 

@@ -108,7 +108,16 @@ enum KeyOptions {
             try writeNewKeyFile(at: keyFile)
             madeKeyFile = keyFile
         }
-        guard let secret = try secret(for: path, unlock: unlock, confirming: true) else {
+        let given: DatabaseSecret?
+        do {
+            given = try secret(for: path, unlock: unlock, confirming: true)
+            if unlock == .keyFile { _ = try given?.keyFileBytes(path: path) }  // a passphrase in a key file is refused here, by name
+        } catch SofaError.keyRejected(_, let reason) where unlock == .keyFile {
+            // Nothing to open yet: the file given is what is wrong, not a database.
+            throw SofaError.invalidArgument("--key-file \(keyFile ?? "") is not a key file (\(reason)): to make a database "
+                                            + "unlocked by the passphrase on its first line, add --passphrase")
+        }
+        guard let secret = given else {
             throw SofaError.invalidArgument(
                 "no key to encrypt with: give --key-file PATH (a new key file is made there if none exists), or --passphrase on a terminal (or with --key-fd)")
         }

@@ -23,7 +23,7 @@ struct Mount: SofaCommand {
     @Argument(help: "An empty directory to mount on.", completion: .directory) var mountPoint: String
     @Flag(help: "Refuse every change.") var readOnly = false
     @Flag(name: [.short, .customLong("foreground")], help: "Stay in the foreground until unmounted.") var foreground = false
-    @Option(name: .short, help: "Mount options, comma-separated: FUSE's (allow_other, auto_unmount, ...) and nonempty (mount over files).")
+    @Option(name: .short, help: "Mount options, comma-separated: FUSE's (allow_other, auto_unmount, ...), nonempty (mount over files), uid=N, gid=N and umask=OCTAL (the owner and permissions every file shows, as sshfs's).")
     var options: [String] = []
     @Option(help: "Fetch bodies that are not here from this database URL (default: where the database last pulled from).")
     var remote: String?
@@ -57,6 +57,7 @@ struct Mount: SofaCommand {
     }
 
     func validate() throws {
+        _ = try MountOwnership(fuseOptions)
         if CouchbaseLiteDatabase.isCouchbaseLite(at: db.database), remote != nil || seed != nil || !directions.isEmpty {
             throw ValidationError("a Couchbase Lite database is mounted in step with its own file: --remote, --seed, --pull, --push and --sync are for Sofa databases")
         }
@@ -144,7 +145,11 @@ struct Mount: SofaCommand {
         }
         var configuration = FuseMount.Configuration()
         // default_permissions: the kernel checks mode bits itself (`test -x` of a 0644 file is false, even for root).
-        configuration.options = ["default_permissions"] + fuseOptions.filter { $0 != "nonempty" } + (readOnly || fileReadOnly ? ["ro"] : [])
+        let owner = try MountOwnership(fuseOptions)
+        configuration.uid = owner.uid ?? configuration.uid
+        configuration.gid = owner.gid ?? configuration.gid
+        configuration.umask = owner.umask ?? configuration.umask
+        configuration.options = ["default_permissions"] + owner.others.filter { $0 != "nonempty" } + (readOnly || fileReadOnly ? ["ro"] : [])
         configuration.fileSystemName = "sofa:" + URL(fileURLWithPath: couchbaseLite ?? database.path).lastPathComponent
         configuration.passthrough = !noPassthrough
         // The mount's links (the rows of views and saved queries) lead where their names say.
@@ -236,6 +241,9 @@ struct Mount: SofaCommand {
             arguments += ["--key-fd", "0"]
         }
         defer { if let keyPipe { close(keyPipe) } }
+        // Each mount starts a log of its own (the last one kept as `.1`): a failure shows this
+        // attempt's lines, never an earlier attempt's, and the log does not grow without end.
+        if logWritable, let logPath { _ = rename(logPath, logPath + ".1") }
         let pid = try spawnDetached(arguments, stdin: keyPipe, stderr: logWritable ? logPath : nil)
         if encrypted, let logPath, logWritable { log.info("the mount's log is \(logPath) (an encrypted database keeps none beside it)") }
         // Wait until the mount appears, or the child gives up.
@@ -413,6 +421,39 @@ struct MountGuard: SofaCommand {
                 return
             }
             usleep(50_000)
+        }
+    }
+}
+
+/// `-o uid=N,gid=N,umask=OCTAL`, as sshfs and rclone take them: who every file shows as owned
+/// by and which permission bits none shows (libfuse's low-level mount knows none of them:
+/// they are Sofa's, applied to what the mount answers). The other options go on to FUSE.
+struct MountOwnership {
+    var uid: uid_t?
+    var gid: gid_t?
+    var umask: mode_t?
+    var others: [String] = []
+
+    init(_ options: [String]) throws {
+        for option in options {
+            let parts = option.split(separator: "=", maxSplits: 1).map(String.init)
+            guard parts.count == 2, ["uid", "gid", "umask"].contains(parts[0]) else {
+                others.append(option)
+                continue
+            }
+            switch parts[0] {
+            case "uid":
+                guard let value = UInt32(parts[1]) else { throw ValidationError("-o \(option): a user id is a number (id -u NAME)") }
+                uid = value
+            case "gid":
+                guard let value = UInt32(parts[1]) else { throw ValidationError("-o \(option): a group id is a number (id -g NAME)") }
+                gid = value
+            default:
+                guard let value = UInt32(parts[1], radix: 8), value <= 0o777 else {
+                    throw ValidationError("-o \(option): a umask is octal permission bits, 000 to 777 (022: others may not write)")
+                }
+                umask = mode_t(value)
+            }
         }
     }
 }

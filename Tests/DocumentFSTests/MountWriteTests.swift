@@ -446,6 +446,25 @@ import TestSupport
 @Suite struct MountCommandTests {
     let directory = TemporaryDirectory()
 
+    /// `-o uid=,gid=,umask=` as sshfs and rclone users give them: every file shows that owner
+    /// and those permissions, and the kernel lets that user (and no other) write.
+    @Test func uidGidAndUmaskGiveTheMountAnOwner() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        try db.put("doc", ["n": 1])
+        let nobody = "65534"
+        let mount = try MountedDatabase(db.path, arguments: ["-o", "uid=\(nobody),gid=\(nobody),umask=027,allow_other"])
+        #expect(try sh("stat -c '%u %g %a' \(mount.path("docs")) \(mount.path("docs/doc/properties.json"))") == "65534 65534 750\n65534 65534 640\n")
+        let asNobody = "setpriv --reuid=\(nobody) --regid=\(nobody) --clear-groups"
+        try sh("\(asNobody) sh -c 'echo written > \(mount.path("docs/doc/attachments/by-nobody.txt"))'")
+        #expect(try document(db, "doc")?.attachmentNames == ["by-nobody.txt"], "the owner writes")
+        #expect(mount.unmount().succeeded)
+        // Without them the files are the mounting user's: the same write is refused.
+        let plain = try MountedDatabase(db.path, arguments: ["-o", "allow_other"])
+        #expect(!(try shell("\(asNobody) sh -c 'echo x > \(plain.path("docs/doc/attachments/refused.txt"))'")).succeeded)
+        #expect(try sofa("mount", db.path, directory.appending("x"), "-o", "umask=999").status == 64, "a bad umask is a usage error")
+    }
+
     @Test func backgroundMountDetachesAndRefusesBadInput() throws {
         #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
         let db = try directory.makeDatabase()

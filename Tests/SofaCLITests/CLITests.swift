@@ -227,6 +227,49 @@ import TestSupport
         #expect(onTerminal.stdout.contains("unpacked: ") && onTerminal.stdout.contains("copied \(zip)"), "\(onTerminal.stdout)")
     }
 
+    /// As `rm` and cblite take them: several ids at once, and shell patterns for `ls`.
+    @Test func rmTakesSeveralIdsAndLsTakesPatterns() throws {
+        let db = try create()
+        for id in ["hello", "help", "x", "y"] { #expect(try sofa("put", db, id, "{}").succeeded) }
+        #expect(try sofa("ls", db, "h*").stdout == "hello\nhelp\n")
+        #expect(try sofa("ls", db, "h*", "?", "--offset", "1", "--limit", "2").stdout == "help\nx\n", "offset and limit count the matches")
+        let removed = try sofa("rm", db, "hello", "missing", "x")
+        #expect(removed.status == 1 && removed.stderr.contains("missing: no document \"missing\"")
+                && removed.stderr.contains("1 document of 3 not deleted"), "\(removed.stderr)")
+        #expect(removed.stdout.split(separator: "\n").map { $0.split(separator: "\t").first.map(String.init) ?? "" } == ["hello", "x"])
+        #expect(try sofa("ls", db).stdout == "help\ny\n", "the others were deleted")
+        #expect(try sofa("rm", db, "help", "y", "--rev", "1-x").status == 64, "--rev with several ids is a usage error")
+        #expect(try sofa("rm", db, "y").stdout.hasPrefix("2-"), "one id prints the tombstone's revision, as before")
+    }
+
+    /// A key file that holds a passphrase, given to `create --encrypt`: the message names the
+    /// file and the fix; it did say that the database, not yet made, "cannot be opened".
+    @Test func aPassphraseInAKeyFileIsNamedWhenADatabaseIsCreated() throws {
+        let file = directory.appending("passphrase.txt")
+        try "correct horse battery staple\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let path = directory.appending("secret.sofa")
+        let refused = try sofa("create", path, "--encrypt", "--key-file", file)
+        #expect(refused.status == 1 && refused.stderr.contains("--key-file \(file) is not a key file")
+                && refused.stderr.contains("add --passphrase") && !refused.stderr.contains("cannot be opened"), "\(refused.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: path))
+        #expect(try sofa("create", path, "--encrypt", "--passphrase", "--key-file", file).succeeded)
+        #expect(try sofa("info", path, "--key-file", file).succeeded)
+    }
+
+    /// A failed background mount shows its own log lines, never an earlier attempt's.
+    @Test func aFailedMountShowsThisAttemptsLog() throws {
+        #expect(isRoot, "mounting needs root (as CI has)")
+        let db = try create()
+        let mountPoint = directory.appending("mnt")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+        let first = try sofa("mount", db, mountPoint, "-o", "first_unknown_option")
+        #expect(!first.succeeded && first.stderr.contains("first_unknown_option"), "\(first.stderr)")
+        let second = try sofa("mount", db, mountPoint, "-o", "second_unknown_option")
+        #expect(!second.succeeded && second.stderr.contains("second_unknown_option"), "\(second.stderr)")
+        #expect(!second.stderr.contains("first_unknown_option"), "an earlier attempt's lines: \(second.stderr)")
+        #expect(try String(contentsOfFile: db + "/mount.log.1", encoding: .utf8).contains("first_unknown_option"), "the one before is kept")
+    }
+
     @Test func localDocumentsThroughTheCLI() throws {
         let db = try create()
         #expect(try sofa("put", db, "_local/ckpt", #"{"seq":1}"#).stdout == "0-1\n")
