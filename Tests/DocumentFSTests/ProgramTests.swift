@@ -400,3 +400,48 @@ import TestSupport
         #expect(try db.revisionTree(of: "doc").conflicts.isEmpty)
     }
 }
+
+/// The two races a busy machine found (#51): an unlink of a just-closed empty file answered
+/// ENOENT, and a document folder moved right after a file was written in it showed other
+/// inode numbers. Provoked here on purpose: both cores kept busy by other processes for the
+/// whole test, and each sequence run many times.
+@Suite struct RacesUnderLoadTests {
+    let directory = TemporaryDirectory()
+
+    /// Two processes spinning on the CPU until the returned closure is called.
+    func loadBothCores() throws -> () -> Void {
+        let spinners = try (0..<2).map { _ in try ChildProcess(["/usr/bin/yes"], stdout: "/dev/null") }
+        return { for spinner in spinners { spinner.kill(); _ = spinner.wait() } }
+    }
+
+    @Test func thePOSIXChecksHoldOnABusyMachine() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        for round in 0..<6 { try db.put("doc-\(round)", [:]) }
+        let mount = try MountedDatabase(db.path)
+        let stop = try loadBothCores()
+        defer { stop() }
+        for round in 0..<6 {
+            let failures = POSIXChecks.run(in: mount.path("docs/doc-\(round)/attachments"))
+            #expect(failures.isEmpty, "round \(round): \(failures.joined(separator: "\n"))")
+        }
+    }
+
+    @Test func aMovedFolderKeepsItsNumbersOnABusyMachine() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        for round in 0..<30 { try db.put("doc-\(round)", ["n": .integer(Int64(round))]) }
+        let mount = try MountedDatabase(db.path)
+        let stop = try loadBothCores()
+        defer { stop() }
+        for round in 0..<30 {
+            let old = mount.path("docs/doc-\(round)"), new = mount.path("docs/moved-\(round)")
+            #expect(try sh("cat '\(old)/properties.json'").contains("\"n\": \(round)\n"))
+            try sh("echo note > '\(old)/attachments/note.txt'")
+            let before = try sh("stat -c %i '\(old)' '\(old)/properties.json' '\(old)/attachments'")
+            try sh("mv '\(old)' '\(new)'")
+            #expect(try sh("stat -c %i '\(new)' '\(new)/properties.json' '\(new)/attachments'") == before, "round \(round)")
+            #expect(try sh("cat '\(new)/attachments/note.txt'") == "note\n", "round \(round)")
+        }
+    }
+}
