@@ -34,9 +34,29 @@ public enum AttachmentName {
     }
 }
 
-/// Content types guessed from file name extensions, for attachments added from files.
+/// Content types guessed from file name extensions, for attachments added from files: from
+/// the system's table (`/etc/mime.types`, Debian's `media-types`: some 1,500 extensions, kept
+/// up to date by the distribution), and from a short table of the common ones where the system
+/// has none (a container without `media-types`).
 public enum MIMEType {
     public static let fallback = "application/octet-stream"
+
+    /// The system's table, read once.
+    private static let system: [String: String] = table(fromFile: "/etc/mime.types")
+
+    /// The extensions of a `mime.types` file (`type ext ext …` a line, `#` comments): the
+    /// first type that names an extension wins, as in Apache's and nginx's reading. Empty
+    /// when the file cannot be read.
+    public static func table(fromFile path: String) -> [String: String] {
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return [:] }
+        var table: [String: String] = [:]
+        for line in text.split(whereSeparator: \.isNewline) where !line.hasPrefix("#") {
+            let fields = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
+            guard let type = fields.first, type.contains("/") else { continue }
+            for ext in fields.dropFirst() where table[ext.lowercased()] == nil { table[ext.lowercased()] = String(type) }
+        }
+        return table
+    }
 
     private static let byExtension: [String: String] = [
         "txt": "text/plain", "text": "text/plain", "md": "text/markdown", "csv": "text/csv",
@@ -63,7 +83,8 @@ public enum MIMEType {
     public static func forFileName(_ name: String) -> String {
         let base = name.split(separator: "/").last.map(String.init) ?? name
         guard let dot = base.lastIndex(of: "."), dot != base.startIndex else { return fallback }
-        return byExtension[base[base.index(after: dot)...].lowercased()] ?? fallback
+        let ext = base[base.index(after: dot)...].lowercased()
+        return system[ext] ?? byExtension[ext] ?? fallback
     }
 }
 

@@ -1,4 +1,5 @@
 import DocumentModel
+import Foundation
 import Testing
 
 @Suite struct RevisionIDTests {
@@ -110,5 +111,20 @@ import Testing
         #expect(BlobKey.hexString(MessageDigest.hash(.md5, Array("".utf8))) == "d41d8cd98f00b204e9800998ecf8427e")
         #expect(MIMEType.forFileName("a/b/Photo.JPG") == "image/jpeg")
         #expect(MIMEType.forFileName("noext") == "application/octet-stream")
+    }
+
+    /// Types come from the system's `/etc/mime.types` (Debian's media-types, which Scripts/setup
+    /// installs), the built-in table only where it has none.
+    @Test func contentTypesComeFromTheSystemsTable() throws {
+        try #require(FileManager.default.fileExists(atPath: "/etc/mime.types"), "/etc/mime.types is missing (media-types)")
+        #expect(MIMEType.forFileName("book.epub") == "application/epub+zip", "an extension only the system knows")
+        #expect(MIMEType.forFileName("letter.odt") == "application/vnd.oasis.opendocument.text")
+        #expect(MIMEType.forFileName("app.js") == "text/javascript", "the system's answer wins (RFC 9239)")
+        let file = "/tmp/sofa-mime-\(getpid()).types"
+        try "# comment\ntext/x-one\tone uno\nimage/x-two two\ntext/x-late one\nnot-a-type three\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        #expect(MIMEType.table(fromFile: file) == ["one": "text/x-one", "uno": "text/x-one", "two": "image/x-two"],
+                "the first type naming an extension wins; comments and lines without a type are passed over")
+        #expect(MIMEType.table(fromFile: "/nonexistent/mime.types").isEmpty)
     }
 }
