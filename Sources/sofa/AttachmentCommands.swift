@@ -12,6 +12,7 @@ struct Attach: SofaCommand {
     @Argument(help: "Attachment name.") var name: String
     @Argument(help: "The file to attach, or - for standard input.", completion: .file()) var file: String
     @Option(name: .customLong("type"), help: "Content type (default: from the name's extension).") var contentType: String?
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         try AttachmentName.validate(name)
@@ -62,6 +63,7 @@ struct Detach: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id.") var id: String
     @Argument(help: "Attachment name.") var name: String
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         try saveEdit(db.open(), id: id) { try $0.removeAttachment(name) }
@@ -85,6 +87,7 @@ struct CatAttachment: SofaCommand {
     @Argument(help: "Document id.") var id: String
     @Argument(help: "Attachment name.") var name: String
     @Option(help: "A specific revision.") var rev: String?
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let database = try db.open()

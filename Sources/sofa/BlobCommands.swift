@@ -42,6 +42,7 @@ struct BlobSet: SofaCommand {
     @OptionGroup var path: BlobPointer
     @Argument(help: "The file, or - for standard input.", completion: .file()) var file: String
     @Option(name: .customLong("type"), help: "Content type (default: the blob's, else from the name's extension).") var contentType: String?
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let pointer = try path.pointer
@@ -61,6 +62,7 @@ struct BlobCat: SofaCommand {
     @Argument(help: "Document id.") var id: String
     @OptionGroup var path: BlobPointer
     @Option(help: "A specific revision.") var rev: String?
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let pointer = try path.pointer
@@ -79,6 +81,7 @@ struct BlobRemove: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id.") var id: String
     @OptionGroup var path: BlobPointer
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let pointer = try path.pointer
@@ -95,6 +98,7 @@ struct BlobList: SofaCommand {
     @Argument(help: "Document id.") var id: String
     @Option(help: "A specific revision.") var rev: String?
     @Flag(help: "Print JSON.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
 
     func execute() throws {

@@ -14,6 +14,7 @@ struct Pin: SofaCommand {
     @Argument(help: "Only these attachments of it (default: all).") var names: [String] = []
     @Option(help: "Where to download bodies from (default: where the database last pulled from).") var remote: String?
     @OptionGroup var connection: ConnectionOptions
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let db = try Database.open(at: database)
@@ -59,6 +60,7 @@ struct Unpin: SofaCommand {
     @Argument(help: "The database.", completion: .directory) var database: String
     @Argument(help: "The document.") var id: String
     @Argument(help: "Only these attachments of it (default: all).") var names: [String] = []
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let db = try Database.open(at: database)
@@ -97,6 +99,7 @@ struct Cache: SofaCommand {
     @Option(help: "The remote that must still have a body before it is evicted (default: where the database last pulled from).")
     var remote: String?
     @Flag(help: "Print JSON.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
     @OptionGroup var connection: ConnectionOptions
 

@@ -53,6 +53,7 @@ struct Copy: SofaCommand {
     @Argument(help: "The database to copy, or a snapshot .zip.", completion: .file()) var source: String
     @Argument(help: "Where the copy goes (must not exist unless --force).", completion: .file()) var destination: String
     @Flag(help: "Replace an existing database at the destination.") var force = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         Output.line(try describeCopy(from: source, copyDatabase(from: source, to: destination, replacing: force)))
@@ -71,6 +72,7 @@ struct Snapshot: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "The zip file to write.", completion: .file(extensions: ["zip"])) var output: String
     @Flag(help: "Replace an existing file.") var force = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         try refuseExisting(output, force: force)
@@ -150,6 +152,7 @@ struct Cp: SofaCommand {
             }
         }
     }
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let (from, to) = (Endpoint(source), Endpoint(destination))

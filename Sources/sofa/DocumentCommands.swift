@@ -11,6 +11,7 @@ struct Create: SofaCommand {
     @Flag(help: ArgumentHelp("Encrypt everything in the database (AES-256-GCM).",
                              discussion: "With --key-file PATH, unlocked by that key file (made with a new random key if it does not exist); with --passphrase, by a passphrase asked for twice on the terminal (or read from --key-fd or --key-file)."))
     var encrypt = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         guard revsLimit >= 1 else { throw SofaError.invalidArgument("--revs-limit must be at least 1") }
@@ -25,6 +26,7 @@ struct Info: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Print JSON.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
 
     func execute() throws {
@@ -75,6 +77,7 @@ struct List: SofaCommand {
     @Flag(help: "Only documents with conflicting revisions (resolve them with sofa revs and sofa rm --rev, or in the mount).")
     var conflicts = false
     @Flag(help: "Print JSON.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
 
     func execute() throws {
@@ -160,6 +163,7 @@ struct Cat: SofaCommand {
     @Argument(help: "Document ids.") var ids: [String]
     @Option(help: "A specific revision (of one document).") var rev: String?
     @Flag(help: "Print only the properties, as properties.json shows them.") var properties = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func validate() throws {
         guard !ids.isEmpty else { throw ValidationError("give at least one document id") }
@@ -218,6 +222,7 @@ struct Put: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id.") var id: String
     @Argument(help: "The JSON body, or - (the default) to read standard input.") var json: String = "-"
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let database = try db.open()
@@ -248,6 +253,7 @@ struct Remove: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document ids.") var ids: [String]
     @Option(help: "The revision to delete (one id only); it must be current.") var rev: String?
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func validate() throws {
         guard !ids.isEmpty else { throw ValidationError("give at least one document id") }
@@ -280,6 +286,7 @@ struct Revs: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id.") var id: String
     @Flag(help: "Print JSON.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
 
     func execute() throws {
@@ -327,6 +334,7 @@ struct Check: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Print JSON: {\"ok\": …, \"problems\": […]} (the exit status is the same).") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
 
     func execute() throws {
@@ -359,6 +367,7 @@ struct Rekey: SofaCommand {
     @Option(help: "The new key file (created with a random key if missing), or with --new-passphrase a file holding it.")
     var newKeyFile: String?
     @Flag(help: "Unlock with a passphrase from now on.") var newPassphrase = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         guard let unlock = try Database.encryptionUnlock(at: db.database) else {
@@ -399,6 +408,7 @@ struct Encrypt: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Unlock it with a passphrase rather than a key file.") var passphrase = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         guard try Database.encryptionUnlock(at: db.database) == nil else { throw SofaError.invalidArgument("\(db.database) is encrypted already") }
@@ -418,6 +428,7 @@ struct Decrypt: SofaCommand {
             """)
 
     @OptionGroup var db: DatabaseArgument
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         guard let unlock = try Database.encryptionUnlock(at: db.database) else {
@@ -438,6 +449,7 @@ struct Compact: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Flag(help: "Print JSON.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
     @Flag(help: "Say what would be dropped and freed; change nothing.") var dryRun = false
 

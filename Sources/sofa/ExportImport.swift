@@ -14,6 +14,7 @@ struct Export: SofaCommand {
     @Argument(help: "The output file, or - (the default) for standard output.", completion: .file()) var file = "-"
     @Flag(help: "Write attachment stubs (metadata only) instead of inline base64 bodies.") var noAttachments = false
     @Flag(help: "Replace an existing output file.") var force = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         if file != "-" { try refuseExisting(file, force: force) }
@@ -30,6 +31,7 @@ struct Import: SofaCommand {
 
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "The input file, or - (the default) for standard input.", completion: .file()) var file = "-"
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let count = try JSONLines.import(from: file, into: try db.open())

@@ -20,6 +20,7 @@ struct Find: SofaCommand {
     @Option(help: "Order by these fields (comma-separated; FIELD:desc for descending).") var sort: String?
     @Option(help: "Keep only these fields (comma-separated dotted paths).") var fields: String?
     @Flag(help: "Print _find's answer: docs, bookmark, warning and execution_stats.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
 
     func execute() throws {
@@ -69,6 +70,7 @@ struct Index: SofaCommand {
     @Option(help: "With --create: its name (default: a digest of the definition).") var name: String?
     @Option(help: "With --create: index only documents matching this selector (JSON).") var partial: String?
     @Option(help: "Delete the index DDOC/NAME.") var delete: String?
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let database = try db.open()

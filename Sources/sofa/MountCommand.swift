@@ -45,6 +45,7 @@ struct Mount: SofaCommand {
     var noPassthrough = false
 
     /// The `-o` options, one by one. `nonempty` is Sofa's (libfuse 3 has none: it mounts anywhere).
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var fuseOptions: [String] { options.flatMap { $0.split(separator: ",").map(String.init) } }
 
     var directions: [Replicator.Direction] {

@@ -370,6 +370,7 @@ struct Pull: SofaCommand {
     @OptionGroup var options: ReplicationOptions
     @OptionGroup var pulls: PullOptions
     @OptionGroup var downloads: DownloadOptions
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     var printsJSON: Bool { options.json }
 
@@ -387,6 +388,7 @@ struct Push: SofaCommand {
     static let configuration = CommandConfiguration(abstract: "Push changes to a CouchDB-compatible database (one-shot, resumable).")
     @OptionGroup var options: ReplicationOptions
     @OptionGroup var pushes: PushOptions
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     var printsJSON: Bool { options.json }
 
@@ -406,6 +408,7 @@ struct Sync: SofaCommand {
     @OptionGroup var pulls: PullOptions
     @OptionGroup var pushes: PushOptions
     @OptionGroup var downloads: DownloadOptions
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     var printsJSON: Bool { options.json }
 
@@ -445,6 +448,7 @@ struct Download: SofaCommand {
     @Argument(help: "Only this attachment of it.") var name: String?
     @Option(help: "The remote database URL.") var remote: String?
     @Flag(help: "Print JSON events (progress of each body, each body done) and a final summary.") var json = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
     var printsJSON: Bool { json }
     @OptionGroup var connection: ConnectionOptions
 
@@ -513,6 +517,7 @@ struct DownloadRules: SofaCommand {
     @Argument(help: "The database.", completion: .directory) var database: String
     @Option(help: "The remote database URL (default: where the database last pulled from).") var remote: String?
     @OptionGroup var downloads: DownloadOptions
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let db = try Database.open(at: database)
@@ -550,6 +555,7 @@ struct PurgeAttachment: SofaCommand {
     @Argument(help: "The document.") var id: String
     @Argument(help: "The attachment.") var name: String
     @Flag(help: "Say what would be purged; change nothing.") var dryRun = false
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func execute() throws {
         let db = try Database.open(at: database)

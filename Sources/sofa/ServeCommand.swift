@@ -61,6 +61,7 @@ struct Serve: SofaCommand {
 
     @Option(help: "Open connections at most; past it the longest idle one closes to make room (default: the descriptor limit, less a reserve).")
     var maxConnections: Int?
+    @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func validate() throws {
         if (user == nil) != (passwordFile == nil) {

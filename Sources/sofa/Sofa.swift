@@ -49,6 +49,18 @@ struct Sofa: ParsableCommand {
 
 let log = Logger(label: "sofa")
 
+/// The options every command takes (`Verbosity` and `KeyOptions` read them from the command
+/// line before the command is parsed, anywhere before `--`): declared here too so that each
+/// command's `--help`, its manual page and the shell completions show them.
+struct GlobalOptions: ParsableArguments {
+    @Flag(name: .shortAndLong, help: "Log what happens on standard error (-vv: debug).") var verbose: Int
+    @Flag(name: .shortAndLong, help: "Errors only: no progress lines.") var quiet = false
+    @Option(help: ArgumentHelp("An encrypted database's key file, or a file whose first line is its passphrase.", valueName: "path"),
+            completion: .file())
+    var keyFile: String?
+    @Option(help: ArgumentHelp("Read the key (or passphrase) from this open file descriptor.", valueName: "n")) var keyFd: Int?
+}
+
 /// `-v`/`--verbose` (twice: debug) and `-q`/`--quiet`, accepted anywhere before `--`
 /// by every command: they say how much Sofa tells on standard error, never what a
 /// command prints as its result.

@@ -205,6 +205,14 @@ import TestSupport
         #expect(help.contains("`sofa serve notes.sofa` answers at http://127.0.0.1:5984/notes. New databases"), "\(help)")
         let mount = try ChildProcess([sofaBinary, "mount", "--help"], environment: ["COLUMNS": "400"]).wait().stdout
         #expect(mount.contains("writes create revisions. Unmount with"), "\(mount)")
+        // The options every command takes are in every command's help (they were parsed apart, and shown nowhere).
+        for command in ["ls", "mount", "serve", "pull", "cp", "blob set"] {
+            let help = try sofa(command.split(separator: " ").map(String.init) + ["--help"]).stdout
+            #expect(help.contains("GLOBAL OPTIONS:") && help.contains("-v, --verbose") && help.contains("--key-file <path>")
+                    && help.contains("--key-fd <n>") && help.contains("-q, --quiet"), "sofa \(command) --help: \(help)")
+        }
+        // And they still work anywhere before `--`, as before.
+        #expect(try sofa("ls", directory.appending("none.sofa"), "-q", "--key-file", "/dev/null").stderr.contains("sofa create"))
     }
 
     /// Detach, then compact: the body goes at once (nothing else has the database open);
