@@ -163,7 +163,9 @@ struct Cat: SofaCommand {
     @Argument(help: "Document ids.") var ids: [String]
     @Option(help: "A specific revision (of one document).") var rev: String?
     @Flag(help: "Print only the properties, as properties.json shows them.") var properties = false
+    @Flag(help: "Print each document on one line (JSON lines), and a failure as JSON on standard output.") var json = false
     @OptionGroup(title: "Global options") var global: GlobalOptions
+    var printsJSON: Bool { json }
 
     func validate() throws {
         guard !ids.isEmpty else { throw ValidationError("give at least one document id") }
@@ -176,11 +178,15 @@ struct Cat: SofaCommand {
         var missing: [String] = []
         for id in ids {
             do {
+                let shown: JSONObject
                 if let couchbaseLite {
-                    Output.json(.object(try document(id, in: couchbaseLite)))
+                    shown = try document(id, in: couchbaseLite)
                 } else if let database {
-                    Output.json(.object(try document(id, in: database)))
+                    shown = try document(id, in: database)
+                } else {
+                    continue
                 }
+                if json { Output.line(JSONValue.object(shown).jsonString()) } else { Output.json(.object(shown)) }
             } catch SofaError.documentNotFound(let id) where ids.count > 1 {
                 missing.append(id)  // the others are still printed
             }
@@ -222,7 +228,19 @@ struct Put: SofaCommand {
     @OptionGroup var db: DatabaseArgument
     @Argument(help: "Document id.") var id: String
     @Argument(help: "The JSON body, or - (the default) to read standard input.") var json: String = "-"
+    @Flag(name: .customLong("json"), help: "Print CouchDB's answer ({\"ok\": true, \"id\", \"rev\"}), and a failure as JSON on standard output.")
+    var printJSON = false
     @OptionGroup(title: "Global options") var global: GlobalOptions
+    var printsJSON: Bool { printJSON }
+
+    /// The new revision, as the command's answer.
+    private func answer(_ rev: String) {
+        if printJSON {
+            Output.line(JSONValue.object(["ok": true, "id": .string(id), "rev": .string(rev)]).jsonString())
+        } else {
+            Output.line(rev)
+        }
+    }
 
     func execute() throws {
         let database = try db.open()
@@ -235,13 +253,13 @@ struct Put: SofaCommand {
         if let bodyID = document.id, bodyID != id { throw SofaError.invalidDocument(reason: "_id \(bodyID) does not match \(id)") }
         if DocumentID.isLocal(id) {
             try DocumentID.validate(id)
-            Output.line(try database.putLocalDocument(id, body: document.properties, rev: object["_rev"]?.stringValue))
+            answer(try database.putLocalDocument(id, body: document.properties, rev: object["_rev"]?.stringValue))
             return
         }
         var draft = try document.rev.map { try database.newRevision(of: id, from: $0) } ?? database.newRevision(of: id)
         let received = try database.storeInlineBodies(of: document)
         try draft.take(document, received: received, keepingAttachmentsIfUnlisted: true)
-        Output.line(try database.save(draft).revID.description)
+        answer(try database.save(draft).revID.description)
     }
 }
 

@@ -23,6 +23,9 @@ struct Mount: SofaCommand {
     @Argument(help: "An empty directory to mount on.", completion: .directory) var mountPoint: String
     @Flag(help: "Refuse every change.") var readOnly = false
     @Flag(name: [.short, .customLong("foreground")], help: "Stay in the foreground until unmounted.") var foreground = false
+    @Flag(help: "Say in JSON on standard output whether the background mount started ({\"ok\": true, \"mount_point\", \"log\"}) or why not.")
+    var json = false
+    var printsJSON: Bool { json }
     @Option(name: .short, help: "Mount options, comma-separated: FUSE's (allow_other, auto_unmount, ...), nonempty (mount over files), uid=N, gid=N and umask=OCTAL (the owner and permissions every file shows, as sshfs's).")
     var options: [String] = []
     @Option(help: "Fetch bodies that are not here from this database URL (default: where the database last pulled from).")
@@ -249,12 +252,24 @@ struct Mount: SofaCommand {
         if encrypted, let logPath, logWritable { log.info("the mount's log is \(logPath) (an encrypted database keeps none beside it)") }
         // Wait until the mount appears, or the child gives up.
         for _ in 0..<200 {
-            if MountTable.contains(mountPoint) { return }
+            if MountTable.contains(mountPoint) {
+                if json {
+                    Output.line(JSONValue.object(["ok": true, "mount_point": .string(mountPoint), "pid": .integer(Int64(pid)),
+                                                  "log": logWritable ? logPath.map(JSONValue.string) ?? .null : .null]).jsonString())
+                }
+                return
+            }
             var status: Int32 = 0
             if waitpid(pid, &status, WNOHANG) == pid {
                 let log = logPath.flatMap { try? String(contentsOfFile: $0, encoding: .utf8) } ?? ""  // the child's log, for the message; none is still an error
                 let lines = log.split(separator: "\n").suffix(5).joined(separator: "\n")
                 if !lines.isEmpty { FileHandle.standardError.write(Data((lines + "\n").utf8)) }
+                if json {
+                    // This attempt's lines (each mount starts its own log), as one reason.
+                    let reason = log.split(separator: "\n").suffix(5).map { $0.hasPrefix("sofa: ") ? String($0.dropFirst(6)) : String($0) }
+                    Output.line(JSONValue.object(["ok": false, "error": "mount_failed",
+                                                  "reason": .string(reason.isEmpty ? "the mount process ended" : reason.joined(separator: "; "))]).jsonString())
+                }
                 throw ExitCode((status >> 8) & 0xFF == 0 ? 1 : (status >> 8) & 0xFF)
             }
             usleep(50_000)

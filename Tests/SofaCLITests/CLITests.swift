@@ -256,6 +256,39 @@ import TestSupport
         #expect(try sofa("info", path, "--key-file", file).succeeded)
     }
 
+    /// `--json` on put, cat and mount, as on the other commands: an answer a program reads on
+    /// every exit.
+    @Test func putCatAndMountAnswerInJSON() throws {
+        let db = try create()
+        let put = try sofa("put", db, "doc", #"{"n":1}"#, "--json")
+        let answer = try JSONValue(parsing: put.stdout)
+        #expect(answer["ok"] == true && answer["id"] == "doc" && answer["rev"]?.stringValue?.hasPrefix("1-") == true, "\(put.stdout)")
+        let first = try #require(answer["rev"]?.stringValue)
+        #expect(try sofa("put", db, "doc", #"{"n":2}"#).succeeded)
+        let stale = try sofa("put", db, "doc", #"{"_rev":"\#(first)","n":3}"#, "--json")
+        let conflict = try JSONValue(parsing: stale.stdout)
+        #expect(stale.status == 1 && conflict["error"] == "conflict", "\(stale.stdout)")
+        #expect(try sofa("put", db, "other", "{}").succeeded)
+        let cat = try sofa("cat", db, "doc", "other", "--json")
+        let lines = try cat.stdout.split(separator: "\n").map { try JSONValue(parsing: String($0)) }
+        #expect(lines.map { $0["_id"]?.stringValue } == ["doc", "other"], "one document a line: \(cat.stdout)")
+        let missing = try sofa("cat", db, "nope", "--json")
+        let notFound = try JSONValue(parsing: missing.stdout)
+        #expect(missing.status == 1 && notFound["error"] == "not_found", "\(missing.stdout)")
+        guard isRoot else { return }
+        let mountPoint = directory.appending("json-mnt")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+        let mounted = try sofa("mount", db, mountPoint, "--json")
+        defer { _ = try? shell("fusermount3 -u '\(mountPoint)'") }
+        let started = try JSONValue(parsing: mounted.stdout)
+        #expect(mounted.succeeded && started["ok"] == true && started["mount_point"]?.stringValue == mountPoint, "\(mounted.stdout)")
+        #expect(try shell("fusermount3 -u '\(mountPoint)'").succeeded)
+        let failed = try sofa("mount", db, mountPoint, "--json", "-o", "not_an_option")
+        let why = try JSONValue(parsing: failed.stdout)
+        #expect(failed.status == 1 && why["error"] == "mount_failed" && why["reason"]?.stringValue?.contains("not_an_option") == true,
+                "\(failed.stdout)")
+    }
+
     /// A failed background mount shows its own log lines, never an earlier attempt's.
     @Test func aFailedMountShowsThisAttemptsLog() throws {
         #expect(isRoot, "mounting needs root (as CI has)")
