@@ -54,7 +54,10 @@ extension DocumentFileSystem {
     /// writing into a document folder it did not make, finds it as always.
     public func lookup(_ path: String, caller: pid_t) throws -> FileAttributes {
         let attributes = try attributes(of: path)
-        guard attributes.kind == .directory, let node = Node(path: path), case .attachment(let id, let folder) = node,
+        // Every lookup passes here: only a name that can be a document's attachments/ or
+        // blobs/ goes on to parse its path again.
+        guard attributes.kind == .directory, path.hasSuffix("/" + Node.attachmentsDirectoryName) || path.hasSuffix("/" + Node.blobsDirectoryName),
+              let node = Node(path: path), case .attachment(let id, let folder) = node,
               folder.isEmpty || folder == Node.blobsFolder,
               overlay.wasMade(id, by: caller, now: Date().timeIntervalSince1970),
               ["cp", "mv"].contains(Caller(tid: caller).program), try folderIsEmpty(path) else { return attributes }
