@@ -40,6 +40,7 @@ let package = Package(
         // BLIP, Couchbase Lite's replication transport: frames, messages, flow control.
         .target(name: "BLIP", dependencies: [
             "CGzip", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOWebSocket", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ]),
         // Couchbase Lite's replication over BLIP, one engine for the server's and the client's side.
         .target(name: "BLIPReplication", dependencies: [

@@ -35,12 +35,12 @@ extension BLIPReplicator {
     }
 
     private enum Upgrade: Sendable {
-        case webSocket(NIOAsyncChannel<WebSocketFrame, WebSocketFrame>)
+        case webSocket(WebSocketChannel)
         case refused(NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart>)
     }
 
     private static func webSocket(url: String, user: String?, password: String?, caFile: String?) async throws
-        -> NIOAsyncChannel<WebSocketFrame, WebSocketFrame> {
+        -> WebSocketChannel {
         guard let components = URLComponents(string: url), let host = components.host,
               let port = components.port ?? (url.hasPrefix("wss://") ? 443 : 80) as Int? else {
             throw BLIPConnectFailure.invalidURL("\(url): no host")

@@ -17,7 +17,7 @@ public enum WebSocketPump {
     }
 
     /// Runs until the connection ends; returns why, in words for a log.
-    public static func run(_ channel: NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, _ blip: BLIPConnection, side: Side) async -> String {
+    public static func run(_ channel: WebSocketChannel, _ blip: BLIPConnection, side: Side) async -> String {
         let mask: @Sendable () -> WebSocketMaskingKey? = { side == .client ? .random() : nil }
         // The one close frame this side sends: the reader's choice when the other side broke the
         // protocol, the writer's when this side ended it, none when the other side closed first
@@ -27,8 +27,9 @@ public enum WebSocketPump {
         do {
             reason = try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: (fromReader: Bool, reason: String).self) { group in
-                    @Sendable func read(_ inbound: NIOAsyncChannelInboundStream<WebSocketFrame>) async throws -> (fromReader: Bool, reason: String) {
-                        for try await frame in inbound {
+                    @Sendable func read(_ inbound: NIOAsyncChannelInboundStream<Handed<WebSocketFrame>>) async throws -> (fromReader: Bool, reason: String) {
+                        for try await handed in inbound {
+                            let frame = handed.value
                             switch frame.opcode {
                             case .binary:
                                 do {

@@ -41,7 +41,7 @@ extension CouchServer {
     }
 
     /// Serves one Couchbase Lite replicator over an upgraded connection until either side closes.
-    func serveBLIP(_ connection: NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, head: HTTPRequestHead) async {
+    func serveBLIP(_ connection: WebSocketChannel, head: HTTPRequestHead) async {
         let channel = connection.channel
         let name = (try? RequestTarget(head.uri).segments.first) ?? ""
         let peer = channel.remoteAddress.map { "\($0)" } ?? "?"

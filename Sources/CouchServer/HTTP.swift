@@ -130,11 +130,11 @@ struct RequestTarget {
 
 /// The incoming parts of one HTTP connection, read by one request at a time.
 final class InboundParts {
-    private var iterator: NIOAsyncChannelInboundStream<HTTPServerRequestPart>.AsyncIterator
+    private var iterator: NIOAsyncChannelInboundStream<Handed<HTTPServerRequestPart>>.AsyncIterator
     /// A head read while draining a previous body (pipelining).
     private var pendingHead: HTTPRequestHead?
 
-    init(_ inbound: NIOAsyncChannelInboundStream<HTTPServerRequestPart>) {
+    init(_ inbound: NIOAsyncChannelInboundStream<Handed<HTTPServerRequestPart>>) {
         iterator = inbound.makeAsyncIterator()
     }
 
@@ -143,7 +143,7 @@ final class InboundParts {
             pendingHead = nil
             return head
         }
-        while let part = try await iterator.next() {
+        while let part = try await iterator.next()?.value {
             if case .head(let head) = part { return head }
         }
         return nil
@@ -151,7 +151,7 @@ final class InboundParts {
 
     /// The next body chunk of the current request; nil at its end.
     func nextBodyChunk() async throws -> ByteBuffer? {
-        guard let part = try await iterator.next() else {
+        guard let part = try await iterator.next()?.value else {
             throw HTTPError(.badRequest, "bad_request", "the client closed the connection mid-body", closeConnection: true)
         }
         switch part {
@@ -535,14 +535,19 @@ final class DroppedHeadRestorer: ChannelInboundHandler, RemovableChannelHandler,
 
 /// Gives the request loop body bytes of their own, as `InboundFrameCopier` (BLIP) does a
 /// WebSocket's frames and for the same reason: NIO's pooled receive buffers never leave the
-/// event loop. A body is copied once more than before (a memcpy per chunk).
+/// event loop. A body is copied once more than before (a memcpy per chunk). Each part goes on
+/// `Handed`, as each frame does.
 final class InboundCopier: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
     // Sendable invariant: stateless.
     typealias InboundIn = HTTPServerRequestPart
-    typealias InboundOut = HTTPServerRequestPart
+    typealias InboundOut = Handed<HTTPServerRequestPart>
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .body(let buffer) = unwrapInboundIn(data) else { return context.fireChannelRead(data) }
-        context.fireChannelRead(wrapInboundOut(.body(buffer.ownCopy(context.channel.allocator))))
+        let part = unwrapInboundIn(data)
+        guard case .body(let buffer) = part else { return context.fireChannelRead(wrapInboundOut(Handed(part))) }
+        context.fireChannelRead(wrapInboundOut(Handed(.body(buffer.ownCopy(context.channel.allocator)))))
     }
 }
+
+/// An HTTP connection as its request loop reads it: parts from `InboundCopier`.
+typealias HTTPChannel = NIOAsyncChannel<Handed<HTTPServerRequestPart>, HTTPServerResponsePart>

@@ -151,7 +151,7 @@ public final class CouchServer: @unchecked Sendable {
                                     NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1 << 16,
                                                                 maxAccumulatedFrameSize: BLIPTuning.maximumFrameSize))
                                 try channel.pipeline.syncOperations.addHandler(InboundFrameCopier())
-                                let wrapped = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(wrappingChannelSynchronously: channel)
+                                let wrapped = try WebSocketChannel(wrappingChannelSynchronously: channel)
                                 return .webSocket(wrapped, head)
                             }
                         })
@@ -162,7 +162,7 @@ public final class CouchServer: @unchecked Sendable {
                                 channel.eventLoop.makeCompletedFuture {
                                     try channel.pipeline.syncOperations.addHandler(DroppedHeadRestorer(firstHead))
                                     try channel.pipeline.syncOperations.addHandler(InboundCopier())
-                                    return .http(try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(wrappingChannelSynchronously: channel))
+                                    return .http(try HTTPChannel(wrappingChannelSynchronously: channel))
                                 }
                             })))
                     // Before NIO's error handler (which answers 400), after the decoder.
@@ -356,7 +356,7 @@ public final class CouchServer: @unchecked Sendable {
         }
     }
 
-    private func serveHTTP(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
+    private func serveHTTP(_ connection: HTTPChannel) async {
         let channel = connection.channel
         // (Its entry in `connections` goes with the channel's close: see `accepted`.)
         do {
@@ -481,8 +481,8 @@ struct AcceptedConnection: Sendable {
 
 /// HTTP, or a WebSocket carrying BLIP (Couchbase Lite's replication) after an upgrade.
 enum ConnectionKind: Sendable {
-    case http(NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>)
-    case webSocket(NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, HTTPRequestHead)
+    case http(HTTPChannel)
+    case webSocket(WebSocketChannel, HTTPRequestHead)
 }
 
 /// One request being handled.
