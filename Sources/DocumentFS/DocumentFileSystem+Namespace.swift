@@ -36,7 +36,7 @@ extension DocumentFileSystem {
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }
             let target = scratchPath(id, relative)
             try makeParents(of: target)
-            guard mkdir(target, 0o755) == 0 else { throw SofaError.system("mkdir", path: target, errno: errno) }
+            guard LongPath.mkdir(target, 0o755) == 0 else { throw SofaError.system("mkdir", path: target, errno: errno) }
         case .view:
             throw MountError.readOnly(path, why: .view)
         default:
@@ -135,7 +135,7 @@ extension DocumentFileSystem {
             // Part of `rm -r conflicts/<rev>`; the branch goes with its folder.
             guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
         case .scratch(let id, let relative):
-            guard rmdir(scratchPath(id, relative)) == 0 else { throw SofaError.system("rmdir", path: scratchPath(id, relative), errno: errno) }
+            guard LongPath.rmdir(scratchPath(id, relative)) == 0 else { throw SofaError.system("rmdir", path: scratchPath(id, relative), errno: errno) }
         case .root, .docs, .statusDirectory, .query(.root):
             throw MountError.busy(path, why: "the mount's own folders stay")
         case .properties, .statusFile, .conflictProperties:
@@ -210,7 +210,7 @@ extension DocumentFileSystem {
             // Part of `rm -r conflicts/<rev>`; the branch goes with the folder.
             guard try conflictRevision(id, rev) != nil else { throw MountError.notFound(path) }
         case .scratch(let id, let relative):
-            guard Glibc.unlink(scratchPath(id, relative)) == 0 else { throw SofaError.system("unlink", path: scratchPath(id, relative), errno: errno) }
+            guard LongPath.unlink(scratchPath(id, relative)) == 0 else { throw SofaError.system("unlink", path: scratchPath(id, relative), errno: errno) }
         case .statusFile, .view, .query(.row):
             throw MountError.readOnly(path, why: Self.readOnlyReason(node))
         case .root, .docs, .statusDirectory, .document, .conflicts, .conflict, .query:

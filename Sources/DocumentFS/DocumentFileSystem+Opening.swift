@@ -223,8 +223,8 @@ extension DocumentFileSystem {
     }
 
     func makeParents(of path: String) throws {
-        let parent = (path as NSString).deletingLastPathComponent
-        guard !isDirectory(parent) else { return }
-        try FileManager.default.createDirectory(atPath: parent, withIntermediateDirectories: true)
+        guard LongPath.makeParents(of: path) == 0 else {
+            throw SofaError.system("mkdir", path: (path as NSString).deletingLastPathComponent, errno: errno)
+        }
     }
 }

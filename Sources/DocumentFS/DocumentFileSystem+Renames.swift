@@ -89,7 +89,7 @@ extension DocumentFileSystem {
             }
             _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .properties) { $0.properties = object }
             clearRejected(of: toID)
-            Glibc.unlink(file)
+            _ = LongPath.unlink(file)
         case let (.scratch(id, relative), .attachment(toID, name)) where !name.isEmpty:
             try AttachmentName.validate(name)
             guard try documentFolderExists(toID) else { throw MountError.notFound(to) }
@@ -110,7 +110,7 @@ extension DocumentFileSystem {
             _ = try saveAttachment(toID, name, blob: blob, contentType: existing?.contentType ?? MIMEType.forFileName(name),
                                    base: live?.revID, seen: existing?.digest, given: given, synced: durable)
             noteEntryChange(name, in: toID)
-            Glibc.unlink(file)
+            _ = LongPath.unlink(file)
         case let (.properties(id), .scratch(toID, relative)):
             guard let revision = try liveRevision(id), try documentFolderExists(toID) else { throw MountError.notFound(to) }
             try writeScratch(scratchPath(toID, relative), bytes: render(revision.properties))
@@ -128,7 +128,7 @@ extension DocumentFileSystem {
             guard try documentFolderExists(toID) else { throw MountError.notFound(to) }
             let destination = scratchPath(toID, toRelative)
             try makeParents(of: destination)
-            guard Glibc.rename(scratchPath(id, relative), destination) == 0 else { throw SofaError.system("rename", path: scratchPath(id, relative), errno: errno) }
+            guard LongPath.rename(scratchPath(id, relative), destination) == 0 else { throw SofaError.system("rename", path: scratchPath(id, relative), errno: errno) }
         case let (.document(fromID), .document(toID)):
             try renameDocument(fromID, to: toID)
         case let (.document(id), .scratch(toID, relative)) where toID == Node.rootScratchID:

@@ -8,7 +8,7 @@ import FuseKit
 extension DocumentFileSystem {
     func readSmallFile(_ path: String) throws -> [UInt8] {
         var info = stat()
-        guard stat(path, &info) == 0 else { throw SofaError.system("stat", path: path, errno: errno) }
+        guard LongPath.stat(path, &info) == 0 else { throw SofaError.system("stat", path: path, errno: errno) }
         guard scratch.contentLength(ofStoredSize: Int64(info.st_size)) <= PropertiesWriteHandle.maximumSize else {
             throw MountError.tooLarge(path, limit: Int64(PropertiesWriteHandle.maximumSize))
         }

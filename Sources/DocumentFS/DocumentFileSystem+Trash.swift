@@ -40,7 +40,7 @@ extension DocumentFileSystem {
             if isDirectory(source) && isDirectory(target) {
                 try moveScratchFiles(from: source, into: target)
             } else {
-                guard Glibc.rename(source, target) == 0 else { throw SofaError.system("rename", path: source, errno: errno) }
+                guard LongPath.rename(source, target) == 0 else { throw SofaError.system("rename", path: source, errno: errno) }
             }
         }
     }

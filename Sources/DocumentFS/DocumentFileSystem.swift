@@ -162,7 +162,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     func isDirectory(_ path: String) -> Bool {
         var info = stat()
-        return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
+        return LongPath.stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
     }
 
     func render(_ properties: JSONObject) -> [UInt8] {
@@ -368,7 +368,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     func scratchAttributes(_ path: String) throws -> FileAttributes {
         var info = stat()
-        guard lstat(path, &info) == 0 else { throw SofaError.system("lstat", path: path, errno: errno) }
+        guard LongPath.lstat(path, &info) == 0 else { throw SofaError.system("lstat", path: path, errno: errno) }
         let kind: FileAttributes.Kind = info.st_mode & S_IFMT == S_IFDIR ? .directory : .regularFile
         return FileAttributes(kind: kind, size: kind == .directory ? 0 : scratch.contentLength(ofStoredSize: Int64(info.st_size)), permissions: UInt32(info.st_mode & 0o7777),
                               modified: FileTime(info.st_mtim), accessed: FileTime(info.st_atim),

@@ -287,7 +287,7 @@ final class AttachmentWriteHandle: WriteHandle, @unchecked Sendable {
     func makeDurable(at keep: String) throws -> Bool {
         guard let file else { return false }
         try file.sync()
-        if access(keep, F_OK) != 0, Glibc.link(file.path, keep) != 0 {
+        if !LongPath.exists(keep), LongPath.link(file.path, keep) != 0 {
             throw SofaError.system("link", path: keep, errno: errno)
         }
         return true

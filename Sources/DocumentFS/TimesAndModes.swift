@@ -87,7 +87,7 @@ extension DocumentFileSystem {
         if case .scratch(let id, let relative) = node {
             let omit = timespec(tv_sec: 0, tv_nsec: Self.utimeOmit)
             var times = [accessed ?? omit, modified ?? omit]
-            guard utimensat(AT_FDCWD, scratchPath(id, relative), &times, 0) == 0 else { throw SofaError.system("utimensat", path: scratchPath(id, relative), errno: errno) }
+            guard LongPath.setTimes(scratchPath(id, relative), &times) == 0 else { throw SofaError.system("utimensat", path: scratchPath(id, relative), errno: errno) }
             return
         }
         let kind = try attributes(of: path).kind
@@ -132,7 +132,7 @@ extension DocumentFileSystem {
     public func setPermissions(_ path: String, _ mode: UInt32) throws {
         let node = Node(path: path)
         if case .scratch(let id, let relative) = node {
-            guard chmod(scratchPath(id, relative), mode_t(mode)) == 0 else { throw SofaError.system("chmod", path: scratchPath(id, relative), errno: errno) }
+            guard LongPath.chmod(scratchPath(id, relative), mode_t(mode)) == 0 else { throw SofaError.system("chmod", path: scratchPath(id, relative), errno: errno) }
             return
         }
         let kind = try attributes(of: path).kind

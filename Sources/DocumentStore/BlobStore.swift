@@ -159,7 +159,7 @@ public final class BlobStore: Sendable {
     /// Streams the file at `path` into the store (a pipe or FIFO works too).
     public func write(contentsOf path: String, expecting expected: BlobKey? = nil, durable: Bool = true,
                       progress: ((Int64) -> Void)? = nil) throws -> StoredBlob {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        let fd = LongPath.open(path, O_RDONLY)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         defer { close(fd) }
         return try write(fromDescriptor: fd, name: path, expecting: expected, durable: durable, progress: progress)
@@ -300,10 +300,10 @@ public final class BlobStore: Sendable {
         if contains(key) {
             // The same bytes are stored already. Touch the blob so that a compaction
             // running before this save commits sees it as fresh and keeps it.
-            unlink(temporaryPath)
+            _ = LongPath.unlink(temporaryPath)
             utimensat(AT_FDCWD, finalPath, nil, 0)
         } else {
-            guard rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
+            guard LongPath.rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
             if durable { try syncDirectory() }
         }
     }
@@ -324,16 +324,16 @@ public final class BlobStore: Sendable {
     public func adopt(fileAt path: String, keepingOriginal: Bool = false, durable: Bool = true) throws -> StoredBlob {
         if isSealed, !BlobStore.isSealedFile(path) {
             let blob = try write(contentsOf: path, durable: durable)
-            if !keepingOriginal { unlink(path) }
+            if !keepingOriginal { _ = LongPath.unlink(path) }
             return blob
         }
         var path = path
         if keepingOriginal {
             let link = "\(temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
-            guard Glibc.link(path, link) == 0 else { throw SofaError.system("link", path: path, errno: errno) }
+            guard LongPath.link(path, link) == 0 else { throw SofaError.system("link", path: path, errno: errno) }
             path = link
         }
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        let fd = LongPath.open(path, O_RDONLY)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         let digest = MessageDigest(.sha1)
         let length: Int64
@@ -350,7 +350,7 @@ public final class BlobStore: Sendable {
 
     /// Whether the file at `path` starts as a sealed body does.
     static func isSealedFile(_ path: String) -> Bool {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        let fd = LongPath.open(path, O_RDONLY)
         guard fd >= 0 else { return false }
         defer { close(fd) }
         var magic = [UInt8](repeating: 0, count: SealedBlob.magic.count)

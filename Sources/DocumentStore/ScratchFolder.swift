@@ -160,7 +160,7 @@ public final class ScratchFolder: Sendable {
     }
 
     static func storedNames(in directory: String) throws -> [String] {
-        guard let folder = opendir(directory) else {
+        guard let folder = LongPath.openFolder(directory) else {
             if errno == ENOENT || errno == ENOTDIR { return [] }
             throw SofaError.system("opendir", path: directory, errno: errno)
         }
@@ -199,7 +199,7 @@ public final class ScratchFolder: Sendable {
 
     static func isFolder(_ path: String) -> Bool {
         var info = stat()
-        return lstat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
+        return LongPath.lstat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
     }
 
     /// Sealed in place: the plain names and contents an earlier version kept in an encrypted
@@ -222,9 +222,9 @@ public final class ScratchFolder: Sendable {
             var path = "\(directory)/\(stored)"
             if shownName(stored) == nil, !stored.hasPrefix("~") {
                 let target = top ? folder(ofEscapedID: stored) : "\(directory)/\(storedName(stored))"
-                guard access(target, F_OK) != 0 else { continue }
+                guard !LongPath.exists(target) else { continue }
                 if ScratchFolder.isFolder(path) || BlobStore.isSealedFile(path) {
-                    guard rename(path, target) == 0 else { throw SofaError.system("rename", path: path, errno: errno) }
+                    guard LongPath.rename(path, target) == 0 else { throw SofaError.system("rename", path: path, errno: errno) }
                 } else {
                     try seal(path, to: target)
                 }
@@ -238,7 +238,7 @@ public final class ScratchFolder: Sendable {
 
     /// The plain file at `path` sealed into `target` (its mode and times kept), then removed.
     private func seal(_ path: String, to target: String) throws {
-        let plain = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        let plain = LongPath.open(path, O_RDONLY)
         guard plain >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         defer { Glibc.close(plain) }
         var info = stat()
@@ -255,13 +255,13 @@ public final class ScratchFolder: Sendable {
             }
             try file.sync()
             var times = [info.st_atim, info.st_mtim]
-            utimensat(AT_FDCWD, temporary, &times, 0)
-            guard rename(temporary, target) == 0 else { throw SofaError.system("rename", path: temporary, errno: errno) }
+            _ = LongPath.setTimes(temporary, &times)
+            guard LongPath.rename(temporary, target) == 0 else { throw SofaError.system("rename", path: temporary, errno: errno) }
         } catch {
-            unlink(temporary)
+            _ = LongPath.unlink(temporary)
             throw error
         }
-        unlink(path)
+        _ = LongPath.unlink(path)
     }
 
     /// Copies every folder and file of this scratch folder into `target` (which holds none):
@@ -309,9 +309,9 @@ public final class ScratchFolder: Sendable {
 
     private func copyEntry(_ path: String, to destination: String, in target: ScratchFolder) throws {
         var info = stat()
-        guard lstat(path, &info) == 0 else { throw SofaError.system("lstat", path: path, errno: errno) }
+        guard LongPath.lstat(path, &info) == 0 else { throw SofaError.system("lstat", path: path, errno: errno) }
         if info.st_mode & S_IFMT == S_IFDIR {
-            guard mkdir(destination, info.st_mode & 0o7777) == 0 else { throw SofaError.system("mkdir", path: destination, errno: errno) }
+            guard LongPath.mkdir(destination, info.st_mode & 0o7777) == 0 else { throw SofaError.system("mkdir", path: destination, errno: errno) }
             for stored in try ScratchFolder.storedNames(in: path) {
                 guard let name = shownName(stored) else { continue }
                 try copyEntry("\(path)/\(stored)", to: target.path(destination, name), in: target)
@@ -324,7 +324,7 @@ public final class ScratchFolder: Sendable {
             return  // a mount makes only folders and files here
         }
         var times = [info.st_atim, info.st_mtim]
-        utimensat(AT_FDCWD, destination, &times, 0)
+        _ = LongPath.setTimes(destination, &times)
     }
 
     // MARK: - Contents
@@ -337,7 +337,7 @@ public final class ScratchFolder: Sendable {
     /// Opens the stored file at `path` with `open(2)`'s `flags` (and `mode` when it is made).
     public func open(_ path: String, flags: Int32, mode: mode_t = 0o644) throws -> ScratchFile {
         guard let key else {
-            let fd = Glibc.open(path, flags | O_CLOEXEC, mode)
+            let fd = LongPath.open(path, flags, mode)
             guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
             return ScratchFile(path: path, fd: fd, sealing: nil)
         }
@@ -345,7 +345,7 @@ public final class ScratchFolder: Sendable {
         // read and write access, no O_APPEND (the offsets given are the body's), no O_TRUNC
         // (the header stays; the body is cut below).
         let writing = flags & O_ACCMODE != O_RDONLY
-        let fd = Glibc.open(path, (flags & ~(O_ACCMODE | O_APPEND | O_TRUNC)) | (writing ? O_RDWR : O_RDONLY) | O_CLOEXEC, mode)
+        let fd = LongPath.open(path, (flags & ~(O_ACCMODE | O_APPEND | O_TRUNC)) | (writing ? O_RDWR : O_RDONLY), mode)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
         let file = ScratchFile(path: path, fd: fd, sealing: (key.blobs, sealedAccess))
         if writing && flags & O_TRUNC != 0 {
@@ -388,7 +388,7 @@ public final class ScratchFolder: Sendable {
     /// Cuts or grows the stored file at `path` to `size` bytes.
     public func truncate(_ path: String, to size: Int64) throws {
         guard isSealed else {
-            guard Glibc.truncate(path, off_t(size)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
+            guard LongPath.truncate(path, off_t(size)) == 0 else { throw SofaError.system("truncate", path: path, errno: errno) }
             return
         }
         let file = try open(path, flags: O_WRONLY)
