@@ -104,6 +104,10 @@ public final class CouchServer: @unchecked Sendable {
         self.group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, System.coreCount))
     }
 
+    /// The databases this server has opened so far (for `AutoCompaction`): one is opened at its
+    /// first request; a deleted one leaves.
+    public var openDatabases: [Database] { registry.openDatabases }
+
     /// Binds the socket; returns the port (useful with port 0).
     public func start() async throws -> Int {
         pool.start()
@@ -650,6 +654,9 @@ final class DatabaseRegistry: @unchecked Sendable {
     }
 
     func path(of name: String) -> String? { lock.withLock { paths[name] ?? serveIfMade(name) } }
+
+    /// The databases opened so far (a database is opened at its first request).
+    var openDatabases: [Database] { lock.withLock { Array(open.values) } }
 
     func database(_ name: String) throws -> Database {
         try lock.withLock {

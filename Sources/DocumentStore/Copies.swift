@@ -263,9 +263,11 @@ extension Database {
 
     /// The bodies the blob dictionaries of stored revision bodies name (only bodies that hold
     /// `"@type"` are parsed). A blob is a blob however the revision that holds it arrived.
-    static func blobKeysNamedInBodies(in connection: SQLiteConnection) throws -> Set<BlobKey> {
+    /// With `leavesOnly`, only the bodies of leaf revisions (those a compaction keeps).
+    static func blobKeysNamedInBodies(in connection: SQLiteConnection, leavesOnly: Bool = false) throws -> Set<BlobKey> {
         var keys = Set<BlobKey>()
-        let bodies = try connection.query("SELECT body FROM revs WHERE body IS NOT NULL AND instr(body, '\"@type\"') > 0") { $0.text(0) }
+        let bodies = try connection.query("SELECT body FROM revs WHERE body IS NOT NULL AND instr(body, '\"@type\"') > 0"
+                                          + (leavesOnly ? " AND leaf = 1" : "")) { $0.text(0) }
         for body in bodies {
             guard let properties = try? JSONParser.parse(Array(body.utf8)).objectValue,
                   let found = try? Blobs.find(in: properties, docID: "", lenient: true) else { continue }

@@ -10,6 +10,12 @@ public enum Tuning {
     /// written, then the revision that refers to it is saved).
     public static let blobGracePeriod: Double = 600
 
+    /// How often `sofa serve` and `sofa mount` look at each open database for automatic
+    /// compaction (`AutoCompaction`). A database must also go a whole interval unwritten
+    /// before it is compacted: a minute of quiet, as smoosh re-weighs a database at most
+    /// every few minutes (its `staleness`, 5).
+    public static let autoCompactionInterval: Double = 60
+
     /// Documents per transaction when importing: large enough to amortise the
     /// commit, small enough that an interrupted import keeps most of its work.
     public static let importBatchSize = 500

@@ -48,6 +48,7 @@ struct Mount: SofaCommand {
     var noPassthrough = false
 
     /// The `-o` options, one by one. `nonempty` is Sofa's (libfuse 3 has none: it mounts anywhere).
+    @OptionGroup var compaction: AutoCompactionOption
     @OptionGroup(title: "Global options") var global: GlobalOptions
     var fuseOptions: [String] { options.flatMap { $0.split(separator: ",").map(String.init) } }
 
@@ -180,7 +181,9 @@ struct Mount: SofaCommand {
         signals.onSignal { mount.unmount() }
         log.info("mounted \(database.path) on \(mountPoint)")
         session?.start()
+        let compactor = readOnly || fileReadOnly ? nil : try compaction.start { [database] in [database] }
         mount.run()
+        compactor?.stop()
         fileSystem.saveSetAsideRemovals()
         fileSystem.foldAllBursts()
         session?.stop()

@@ -18,7 +18,7 @@ enum MountHelper {
     /// Options that are Sofa's, as `sofa mount` flags (a value after `=`).
     private static let flags: [String: String] = [
         "remote": "--remote", "user": "--user", "password_file": "--password-file", "cacert": "--cacert",
-        "fetch_timeout": "--fetch-timeout", "thumbnail_fetch_max": "--thumbnail-fetch-max", "seed": "--seed", "download_attachments_max": "--download-attachments-max",
+        "fetch_timeout": "--fetch-timeout", "auto_compact": "--auto-compact", "thumbnail_fetch_max": "--thumbnail-fetch-max", "seed": "--seed", "download_attachments_max": "--download-attachments-max",
         "download_attachments_types": "--download-attachments-types",
         "pull": "--pull", "push": "--push", "sync": "--sync", "continuous": "--continuous",
         "no_download_attachments": "--no-download-attachments", "download_attachments": "--download-attachments",

@@ -61,6 +61,7 @@ struct Serve: SofaCommand {
 
     @Option(help: "Open connections at most; past it the longest idle one closes to make room (default: the descriptor limit, less a reserve).")
     var maxConnections: Int?
+    @OptionGroup var compaction: AutoCompactionOption
     @OptionGroup(title: "Global options") var global: GlobalOptions
 
     func validate() throws {
@@ -142,7 +143,10 @@ struct Serve: SofaCommand {
             done.signal()
         }
         signals.onSignal { server.stop() }
+        // A read-only server writes nothing, compactions included.
+        let compactor = readOnly ? nil : try compaction.start { server.openDatabases }
         done.wait()
+        compactor?.stop()
         signals.cancel()
         if let error = outcome.error {
             throw SofaError.invalidArgument("cannot serve on \(host):\(port): \(Serve.explain(error))")

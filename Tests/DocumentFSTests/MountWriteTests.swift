@@ -530,7 +530,7 @@ import TestSupport
 
         // mount -t fuse.sofa DB MOUNTPOINT -o remote=URL,sync,continuous
         let url = "http://127.0.0.1:\(server.port)/source"
-        let mounted = try shell("timeout 30 mount -t fuse.sofa '\(db.path)' '\(mountPoint)' -o remote=\(url),sync,continuous,nofail 2>&1")
+        let mounted = try shell("timeout 30 mount -t fuse.sofa '\(db.path)' '\(mountPoint)' -o remote=\(url),sync,continuous,auto_compact=off,nofail 2>&1")
         defer { _ = try? shell("fusermount3 -u \(mountPoint)") }
         #expect(mounted.succeeded, "\(mounted.stdout)")
         #expect(MountedDatabase.isMounted(mountPoint))

@@ -143,13 +143,6 @@ import TestSupport
     let directory = TemporaryDirectory()
 
     /// Makes every blob look older than the grace period that protects fresh blobs.
-    func ageBlobs(_ db: Database) throws {
-        for name in try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory) where name.hasSuffix(".blob") {
-            var times = [timespec(tv_sec: time(nil) - 3600, tv_nsec: 0), timespec(tv_sec: time(nil) - 3600, tv_nsec: 0)]
-            #expect(utimensat(AT_FDCWD, db.blobs.directory + "/" + name, &times, 0) == 0)
-        }
-    }
-
     @Test func removesOrphansAndOldBodiesButKeepsAbsentReferencedBodies() throws {
         let db = try directory.makeDatabase()
         var draft = try db.newRevision(of: "doc")
