@@ -114,6 +114,9 @@ public final class AutoCompaction: @unchecked Sendable {
     private let condition = NSCondition()
     private var state: [String: Seen] = [:]
     private var stopped = false
+    /// A pass is under way (`stop` waits for it: a compaction cut short by the process's end
+    /// would have removed blob files of revisions whose removal then rolls back).
+    private var passing = false
 
     /// `databases` are those to look after, asked at each pass; `report` hears of each
     /// compaction run (or failed).
@@ -124,15 +127,22 @@ public final class AutoCompaction: @unchecked Sendable {
 
     public func start() {
         Thread.detachNewThread { [self] in
-            while waitForNextPass() { pass() }
+            while waitForNextPass() {
+                pass()
+                condition.withLock {
+                    passing = false
+                    condition.broadcast()
+                }
+            }
         }
     }
 
-    /// Ends the loop (a compaction under way finishes first).
+    /// Ends the loop; returns once a pass under way (a compaction) has finished.
     public func stop() {
         condition.withLock {
             stopped = true
             condition.broadcast()
+            while passing { condition.wait() }
         }
     }
 
@@ -140,6 +150,7 @@ public final class AutoCompaction: @unchecked Sendable {
         condition.withLock {
             let until = Date(timeIntervalSinceNow: policy.interval)
             while !stopped && condition.wait(until: until) {}
+            passing = !stopped
             return !stopped
         }
     }
