@@ -134,6 +134,8 @@ extension Database {
                 return (try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0], 0)
             }
             guard try lastSequence > sequence else { return (indexID, sequence) }
+            // The batches' documents, answers and rows are freed by now: give the memory back.
+            defer { ReturnedMemory.trim() }
             try QueryServerPool.shared.withProcess { process in
                 let timeout = QueryServerPool.shared.timeout
                 do {
