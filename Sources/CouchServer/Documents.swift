@@ -349,20 +349,37 @@ extension CouchServer {
         let bodies = received
         return try await blocking { [refused] in
             if newEdits {
+                func answer(_ error: SofaError, _ document: IncomingDocument) -> any Error {
+                    switch error {
+                    case .conflict, .revisionNotFound: HTTPError.conflict
+                    case .documentNotFound where document.rev != nil: HTTPError.conflict
+                    case .sqlite, .io, .diskFull, .readOnlyFileSystem, .blobCorrupted: error
+                    default: HTTPError(error)
+                    }
+                }
+                // Drafts made and validated before the write lock: a slow validate_doc_update
+                // holds up no other save, and the saves of one database validate at once, as
+                // CouchDB's do. The save validates again only if what they saw changed.
+                let validating = try db.hasValidators()
+                let drafts = accepted.map { id, document in
+                    Result { () -> (RevisionDraft, Database.Validated?) in
+                        if let error = refused[id] { throw error }
+                        do {
+                            let draft = try self.draft(for: document, id: id, db: db, received: bodies[id] ?? [:])
+                            return (draft, validating ? try db.prevalidate(draft) : nil)
+                        } catch let error as SofaError {
+                            throw answer(error, document)
+                        }
+                    }
+                }
                 return try db.inBatch { batch in
-                    accepted.map { id, document in
+                    zip(accepted, drafts).map { accepted, prepared in
                         Result {
-                            if let error = refused[id] { throw error }
+                            let (draft, validated) = try prepared.get()
                             do {
-                                let draft = try self.draft(for: document, id: id, db: db, received: bodies[id] ?? [:])
-                                return try batch.save(draft).revID
+                                return try batch.save(draft, validated: validated).revID
                             } catch let error as SofaError {
-                                switch error {
-                                case .conflict, .revisionNotFound: throw HTTPError.conflict
-                                case .documentNotFound where document.rev != nil: throw HTTPError.conflict
-                                case .sqlite, .io, .diskFull, .readOnlyFileSystem, .blobCorrupted: throw error
-                                default: throw HTTPError(error)
-                                }
+                                throw answer(error, accepted.document)
                             }
                         }.mapError(HTTPError.from)
                     }

@@ -46,9 +46,50 @@ extension Database {
     /// `SofaError.conflict` unless `allowConflict` is true, in which case the draft
     /// becomes a new branch (a conflict) and nothing is lost. Saving content
     /// identical to an existing child of the parent returns that revision.
+    ///
+    /// The design documents' `validate_doc_update` functions run before the write lock is
+    /// taken, on a snapshot, so that saves of one database validate at once (as CouchDB runs
+    /// them) and a slow validator holds no other save up; the save under the lock validates
+    /// again only when what they were shown changed meanwhile (the document's current
+    /// revision, the validators).
     @discardableResult
     public func save(_ draft: RevisionDraft, allowConflict: Bool = false) throws -> Revision {
-        try write { try save(draft, allowConflict: allowConflict, in: $0) }
+        let validated = try prevalidate(draft, allowConflict: allowConflict)
+        return try write { try save(draft, allowConflict: allowConflict, validated: validated, in: $0) }
+    }
+
+    /// Runs the validators on `draft` now, outside the write lock, for a save that passes what
+    /// this returns to `Batch.save(_:allowConflict:validated:)`. Throws as that save would for
+    /// a refusal or a conflict seen now.
+    public func prevalidate(_ draft: RevisionDraft, allowConflict: Bool = false) throws -> Validated? {
+        try read { try prevalidate(draft, allowConflict: allowConflict, in: $0) }
+    }
+
+    /// Whether any design document holds a `validate_doc_update` (one read, for a caller that
+    /// would prevalidate many drafts).
+    public func hasValidators() throws -> Bool {
+        try read { try !validatorSignature(in: $0).isEmpty }
+    }
+
+    /// What a validation run before the write lock was shown; equal state under the lock
+    /// means the same inputs, and the same answer.
+    public struct Validated: Equatable, Sendable {
+        let current: RevisionID?
+        let deleted: Bool
+        let validators: [String]
+        let author: Author
+    }
+
+    /// Validates `draft` against `connection`'s snapshot; nil when there was nothing to run
+    /// (no validators, a design or `_local` document).
+    private func prevalidate(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> Validated? {
+        guard try !validatorSignature(in: connection).isEmpty, !draft.docID.hasPrefix("_design/"), !DocumentID.isLocal(draft.docID) else {
+            return nil
+        }
+        let prepared = try prepare(draft, allowConflict: allowConflict, in: connection)
+        try validate(prepared, draft: draft, in: connection)
+        return Validated(current: prepared.row?.current, deleted: prepared.row?.deleted ?? false,
+                         validators: try validatorSignature(in: connection), author: Author.current)
     }
 
     /// Deletes a document by saving a tombstone on top of `revID` (or the current revision).
@@ -102,7 +143,20 @@ extension Database {
         try write { try insert(revision, in: $0) }
     }
 
-    func save(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> Revision {
+    /// A draft made ready to save against `connection`'s state: its row and tree, its parent,
+    /// its attachments (with their revpos) and properties, as the revision will have them.
+    struct PreparedSave {
+        let row: DocumentRow?
+        let tree: RevisionTree
+        let parent: RevisionID?
+        let attachments: [Attachment]
+        let properties: JSONObject
+        let parentAttachments: [String: Attachment]
+        let parentMD5s: [String: [UInt8]]
+        let generation: Int
+    }
+
+    private func prepare(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> PreparedSave {
         try DocumentID.validate(draft.docID)
         guard !DocumentID.isLocal(draft.docID) else {
             throw SofaError.invalidDocumentID(draft.docID, reason: "_local documents are saved with putLocalDocument")
@@ -153,15 +207,35 @@ extension Database {
             return attachment.with(revpos: unchanged ? old!.revpos : generation)
         }
         let properties = draft.deleted ? JSONObject() : draft.properties
+        return PreparedSave(row: row, tree: tree, parent: parent, attachments: attachments, properties: properties,
+                            parentAttachments: parentAttachments, parentMD5s: parentMD5s, generation: generation)
+    }
+
+    /// Runs the validators on a prepared save.
+    private func validate(_ prepared: PreparedSave, draft: RevisionDraft, in connection: SQLiteConnection) throws {
+        let (row, tree, parent) = (prepared.row, prepared.tree, prepared.parent)
         try validate(docID: draft.docID, newDocument: {
             Database.validationJSON(docID: draft.docID, rev: parent, history: parent.map { [$0] } ?? [], deleted: draft.deleted,
-                                    properties: properties, attachments: attachments)
+                                    properties: prepared.properties, attachments: prepared.attachments)
         }, oldDocument: {
             guard let parent, let key = row?.key, let old = try loadRevision(docKey: key, docID: draft.docID, revID: parent, in: connection),
                   !old.deleted else { return nil }
             return Database.validationJSON(docID: draft.docID, rev: parent, history: tree.history(of: parent), deleted: false,
                                            properties: old.properties, attachments: old.attachments)
         }, author: Author.current, in: connection)
+    }
+
+    /// Saves `draft` under the write lock. `validated`: the validators already ran before the
+    /// lock (see `save(_:allowConflict:)`); they run again if what they saw has changed.
+    func save(_ draft: RevisionDraft, allowConflict: Bool, validated: Validated? = nil, in connection: SQLiteConnection) throws -> Revision {
+        let prepared = try prepare(draft, allowConflict: allowConflict, in: connection)
+        let seen = validated.map { _ in
+            Validated(current: prepared.row?.current, deleted: prepared.row?.deleted ?? false,
+                      validators: (try? validatorSignature(in: connection)) ?? ["?"], author: Author.current)
+        }
+        if validated == nil || seen != validated { try validate(prepared, draft: draft, in: connection) }
+        let (row, tree, parent, attachments, properties) = (prepared.row, prepared.tree, prepared.parent, prepared.attachments, prepared.properties)
+        let (parentAttachments, parentMD5s, generation) = (prepared.parentAttachments, prepared.parentMD5s, prepared.generation)
         let couchMD5s = try couchMD5s(of: attachments, parentAttachments: parentAttachments, parentMD5s: parentMD5s, in: connection)
         // A tombstone keeps no properties here, but CouchDB's id covers those it was sent with.
         let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: draft.properties, attachments: attachments.map {

@@ -339,8 +339,8 @@ public final class Database: @unchecked Sendable {
         let connection: SQLiteConnection
 
         @discardableResult
-        public func save(_ draft: RevisionDraft, allowConflict: Bool = false) throws -> Revision {
-            try database.save(draft, allowConflict: allowConflict, in: connection)
+        public func save(_ draft: RevisionDraft, allowConflict: Bool = false, validated: Validated? = nil) throws -> Revision {
+            try database.save(draft, allowConflict: allowConflict, validated: validated, in: connection)
         }
 
         @discardableResult

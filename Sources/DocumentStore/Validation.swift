@@ -55,6 +55,15 @@ final class Validators: @unchecked Sendable {
 }
 
 extension Database {
+    /// The design documents that hold a `validate_doc_update`, with their revisions, in
+    /// `connection`'s view: what a validation ran with (empty: none to run).
+    func validatorSignature(in connection: SQLiteConnection) throws -> [String] {
+        try validators.current(in: connection) { id, rev in
+            guard let row = try Database.documentRow(id, in: connection) else { return nil }
+            return try loadRevision(docKey: row.key, docID: id, revID: rev, in: connection)?.properties
+        }.map { "\($0.designID) \($0.revision)" }
+    }
+
     /// The database's name as `userCtx.db` shows it: the file's name without `.sofa`.
     public var validationName: String {
         let file = (path as NSString).lastPathComponent
