@@ -62,7 +62,10 @@ extension Database {
     /// this returns to `Batch.save(_:allowConflict:validated:)`. Throws as that save would for
     /// a refusal or a conflict seen now.
     public func prevalidate(_ draft: RevisionDraft, allowConflict: Bool = false) throws -> Validated? {
-        try read { try prevalidate(draft, allowConflict: allowConflict, in: $0) }
+        // A database last seen without validators costs its saves no read here (the save under
+        // the lock validates whatever it finds then).
+        guard validators.mayHaveAny else { return nil }
+        return try read { try prevalidate(draft, allowConflict: allowConflict, in: $0) }
     }
 
     /// Whether any design document holds a `validate_doc_update` (one read, for a caller that
@@ -83,13 +86,11 @@ extension Database {
     /// Validates `draft` against `connection`'s snapshot; nil when there was nothing to run
     /// (no validators, a design or `_local` document).
     private func prevalidate(_ draft: RevisionDraft, allowConflict: Bool, in connection: SQLiteConnection) throws -> Validated? {
-        guard try !validatorSignature(in: connection).isEmpty, !draft.docID.hasPrefix("_design/"), !DocumentID.isLocal(draft.docID) else {
-            return nil
-        }
+        let signature = try validatorSignature(in: connection)
+        guard !signature.isEmpty, !draft.docID.hasPrefix("_design/"), !DocumentID.isLocal(draft.docID) else { return nil }
         let prepared = try prepare(draft, allowConflict: allowConflict, in: connection)
         try validate(prepared, draft: draft, in: connection)
-        return Validated(current: prepared.row?.current, deleted: prepared.row?.deleted ?? false,
-                         validators: try validatorSignature(in: connection), author: Author.current)
+        return Validated(current: prepared.row?.current, deleted: prepared.row?.deleted ?? false, validators: signature, author: Author.current)
     }
 
     /// Deletes a document by saving a tombstone on top of `revID` (or the current revision).

@@ -34,6 +34,10 @@ final class Validators: @unchecked Sendable {
     private let lock = NSLock()
     private var cached: (signature: [String], validators: [Validator])?
 
+    /// Whether the last look found any validator (true before the first look): a hint that
+    /// lets a save skip validating outside the lock, never a reason to skip validating.
+    var mayHaveAny: Bool { lock.withLock { cached.map { !$0.validators.isEmpty } ?? true } }
+
     /// The validators of the design documents live in `connection`'s view of the database.
     func current(in connection: SQLiteConnection, load: (String, RevisionID) throws -> JSONObject?) throws -> [Validator] {
         let rows = try connection.query("""
@@ -58,10 +62,15 @@ extension Database {
     /// The design documents that hold a `validate_doc_update`, with their revisions, in
     /// `connection`'s view: what a validation ran with (empty: none to run).
     func validatorSignature(in connection: SQLiteConnection) throws -> [String] {
+        try currentValidators(in: connection).map { "\($0.designID) \($0.revision)" }
+    }
+
+    /// The validators in `connection`'s view of the database.
+    private func currentValidators(in connection: SQLiteConnection) throws -> [Validator] {
         try validators.current(in: connection) { id, rev in
             guard let row = try Database.documentRow(id, in: connection) else { return nil }
             return try loadRevision(docKey: row.key, docID: id, revID: rev, in: connection)?.properties
-        }.map { "\($0.designID) \($0.revision)" }
+        }
     }
 
     /// The database's name as `userCtx.db` shows it: the file's name without `.sofa`.
@@ -77,10 +86,7 @@ extension Database {
     func validate(docID: String, newDocument: () -> JSONObject, oldDocument: () throws -> JSONObject?, author: Author,
                   in connection: SQLiteConnection) throws {
         guard !docID.hasPrefix("_design/"), !DocumentID.isLocal(docID) else { return }
-        let validators = try validators.current(in: connection) { id, rev in
-            guard let row = try Database.documentRow(id, in: connection) else { return nil }
-            return try loadRevision(docKey: row.key, docID: id, revID: rev, in: connection)?.properties
-        }
+        let validators = try currentValidators(in: connection)
         guard !validators.isEmpty else { return }
         let arguments: [JSONValue] = [
             .object(newDocument()), try oldDocument().map(JSONValue.object) ?? .null,
