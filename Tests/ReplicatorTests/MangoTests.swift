@@ -90,7 +90,10 @@ extension CouchDBInteropTests {
         record("explain", try request("POST", "/\(db)/_explain", ["selector": ["type": "a", "n": ["$gt": 2]]]), keys: ["index", "limit", "skip"])
         // Removing indexes.
         record("delete", try request("DELETE", "/\(db)/_index/tn/json/type-n", nil))
-        record("delete again", try request("DELETE", "/\(db)/_index/_design/tn/json/type-n", nil))
+        // The status only: CouchDB's body here depends on whether its design document cache has
+        // seen the deletion yet ("invalid_index … not found in this design doc" or "missing"),
+        // which a busy machine changes (a fresh-clone run, 2026-11-29).
+        record("delete again", try request("DELETE", "/\(db)/_index/_design/tn/json/type-n", nil), keys: [])
         record("list after", try request("GET", "/\(db)/_index", nil))
         try find("after delete", ["selector": ["type": "b", "n": ["$gt": 6]]])
         // A partial filter is listed in CouchDB's normal form (dotted paths, $and, $not pushed down).
