@@ -28,8 +28,8 @@ extension Database {
     public func activityMark() throws -> [Int64] {
         try read { connection in
             var mark = [try Database.lastSequence(in: connection)]
-            if hasBodyEvents { mark += try connection.query("SELECT COALESCE(MAX(seq), 0) FROM body_events") { $0.int64(0) } }
-            if hasStaging { mark += try connection.query("SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM staged_attachments") { [$0.int64(0), $0.int64(1)] }[0] }
+            if schema.has(Schema.bodyEvents) { mark += try connection.query("SELECT COALESCE(MAX(seq), 0) FROM body_events") { $0.int64(0) } }
+            mark += try schema.activity(in: connection)
             return mark
         }
     }
@@ -51,10 +51,7 @@ extension Database {
                     WHERE r.leaf = 1 AND a.blob_key IS NOT NULL
                 """) { $0.text(0) }.compactMap(BlobKey.init(hex:)).map { blobs.fileName(for: $0) })
             keys.formUnion(try Database.blobKeysNamedInBodies(in: connection, leavesOnly: true).map { blobs.fileName(for: $0) })
-            if hasStaging {
-                keys.formUnion(try connection.query("SELECT DISTINCT blob_key FROM staged_attachments") { $0.text(0) }
-                    .compactMap(BlobKey.init(hex:)).map { blobs.fileName(for: $0) })
-            }
+            keys.formUnion(try schema.heldBlobKeys(in: connection).compactMap(BlobKey.init(hex:)).map { blobs.fileName(for: $0) })
             return keys
         }
         let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod

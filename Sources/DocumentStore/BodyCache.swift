@@ -57,7 +57,7 @@ public struct CacheTrim: Hashable, Sendable {
 extension Database {
     /// The limit of the cache, if one is set. A failed read throws: it is not "no limit".
     public func cacheLimit() throws -> Int64? {
-        guard hasBodyCache else { return nil }
+        guard schema.has(CachedBody.schemaStep) else { return nil }
         return try read { try $0.query("SELECT value FROM meta WHERE key = 'cache_limit'") { $0.int64(0) }.first }
     }
 
@@ -78,7 +78,7 @@ extension Database {
     /// seconds (an open must not cost a write: `cat` of 10,000 small files took 2.6× as
     /// long with one each). Never fails.
     public func noteRead(digest: String) {
-        guard hasBodyCache, !isReadOnly else { return }
+        guard schema.has(CachedBody.schemaStep), !isReadOnly else { return }
         let now = Date().timeIntervalSince1970
         let checkLimit = readNotesLock.withLock { now - readNotes.limitChecked > 5 }
         // A limit that cannot be read now counts as set: reads are noted, as they must be if it is.
@@ -127,13 +127,13 @@ extension Database {
     }
 
     public func isPinned(digest: String) throws -> Bool {
-        guard hasBodyCache else { return false }
+        guard schema.has(CachedBody.schemaStep) else { return false }
         return try read { try $0.query("SELECT pinned FROM body_cache WHERE digest = ?", .text(digest)) { $0.int(0) }.first } == 1
     }
 
     /// Bodies here that the cache knows (fetched or pinned).
     public func cachedBodies() throws -> [CachedBody] {
-        guard hasBodyCache else { return [] }
+        guard schema.has(CachedBody.schemaStep) else { return [] }
         let rows = try read { connection in
             try connection.query("""
                 SELECT c.digest, c.last_read, c.fetched, c.pinned, MAX(a.blob_key), MAX(a.length) FROM body_cache c
@@ -162,7 +162,7 @@ extension Database {
             use.partialCount += 1
             use.partialBytes += partial.length
         }
-        if hasBodyCache {
+        if schema.has(CachedBody.schemaStep) {
             use.pinnedMissing = try read { connection in
                 try connection.query("""
                     SELECT COUNT(*) FROM body_cache c WHERE c.pinned = 1
@@ -231,7 +231,7 @@ extension Database {
 
     /// Marks the body `digest` arrived from the remote. In the transaction that attached it.
     func noteFetched(_ digest: String, renaming oldDigest: String?, in connection: SQLiteConnection) throws {
-        guard hasBodyCache else { return }
+        guard schema.has(CachedBody.schemaStep) else { return }
         if let oldDigest, oldDigest != digest {
             // A pin given under the name the remote used follows the body to the name it has here.
             try connection.run("UPDATE OR IGNORE body_cache SET digest = ? WHERE digest = ?", .text(digest), .text(oldDigest))
@@ -244,7 +244,7 @@ extension Database {
 
     /// Bodies a local revision introduced are this machine's own, not the cache's.
     func noteSavedHere(_ digests: [String], in connection: SQLiteConnection) throws {
-        guard hasBodyCache else { return }
+        guard schema.has(CachedBody.schemaStep) else { return }
         for digest in digests {
             try connection.run("UPDATE body_cache SET fetched = 0 WHERE digest = ? AND fetched = 1", .text(digest))
         }
@@ -252,7 +252,7 @@ extension Database {
 
     /// Other names the body `key` is known by (`body_digests`: the digest of an encoded form).
     public func digestNames(of key: BlobKey) -> [String] {
-        guard hasBodyDigests else { return [] }
+        guard schema.has(Schema.bodyDigests) else { return [] }
         // Other names to recognise a body by (an ETag): a failed read only narrows the match.
         return (try? read { try $0.query("SELECT digest FROM body_digests WHERE blob_key = ?", .text(key.hex)) { $0.text(0) } }) ?? []
     }
@@ -270,128 +270,19 @@ extension Database {
     }
 
     private func requireBodyCache() throws {
-        guard hasBodyCache else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        guard schema.has(CachedBody.schemaStep) else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
     }
 }
 
-/// A file a mount was writing, made durable by an fsync before it was saved as a revision.
-public struct PendingSave: Hashable, Sendable {
-    public let id: String
-    /// The mount process that wrote it.
-    public let pid: pid_t
-    public let docID: String
-    /// The attachment; nil for properties.json.
-    public let name: String?
-    public let base: RevisionID?
-    public let contentType: String?
-    /// Its bytes, synced to disk.
-    public let file: String
-
-    public init(id: String, pid: pid_t, docID: String, name: String?, base: RevisionID?, contentType: String?, file: String) {
-        (self.id, self.pid, self.docID, self.name, self.base, self.contentType, self.file) = (id, pid, docID, name, base, contentType, file)
-    }
-}
-
-extension Database {
-    /// Where a pending save keeps its bytes: beside the blob store's temporary files, under a
-    /// name compaction never sweeps.
-    public func pendingSaveFile(_ id: String) -> String { "\(blobs.directory)/tmp/pending-\(id).keep" }
-
-    /// Writes a pending save's small body (a properties.json made durable by fsync) to `path`,
-    /// synced; sealed in an encrypted database, as every body is.
-    public func writePendingSave(_ bytes: [UInt8], to path: String) throws {
-        let fd = Glibc.open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
-        defer { Glibc.close(fd) }
-        if let key = blobs.key?.blobs {
-            let file = try SealedFile(creating: fd, path: path, key: key)
-            try bytes.withUnsafeBytes { try file.write($0, at: 0) }
-        } else {
-            try bytes.withUnsafeBytes { try writeFully(fd, $0, path: path) }
-        }
-        guard fdatasync(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
-    }
-
-    /// Reads back what `writePendingSave` wrote (at most `limit` bytes).
-    public func readPendingSave(_ path: String, limit: Int) throws -> [UInt8] {
-        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
-        defer { Glibc.close(fd) }
-        var length: Int64
-        var file: SealedFile?
-        if let key = blobs.key?.blobs {
-            do { file = try SealedFile(opening: fd, path: path, key: key) } catch let damage as SealedBlobDamaged {
-                throw SofaError.blobCorrupted(key: "(pending save)", path: damage.path)
-            }
-            length = file!.length
-        } else {
-            var info = stat()
-            fstat(fd, &info)
-            length = Int64(info.st_size)
-        }
-        guard length <= Int64(limit) else { throw SofaError.invalidArgument("\(path) is larger than \(limit) bytes") }
-        var bytes = [UInt8](repeating: 0, count: Int(length))
-        let got = try bytes.withUnsafeMutableBytes { buffer -> Int in
-            if let file {
-                do { return try file.read(into: buffer, at: 0) } catch let damage as SealedBlobDamaged {
-                    throw SofaError.blobCorrupted(key: "(pending save)", path: damage.path)
-                }
-            }
-            return pread(fd, buffer.baseAddress, buffer.count, 0)
-        }
-        guard got == bytes.count else { throw SofaError.system("read", path: path, errno: EIO) }
-        return bytes
-    }
-
-    public func recordPendingSave(_ save: PendingSave) throws {
-        guard hasBodyCache else { return }
-        try write { connection in
-            try connection.run("""
-                INSERT OR REPLACE INTO pending_saves (id, pid, doc_id, name, base_rev, content_type, file) VALUES (?, ?, ?, ?, ?, ?, ?)
-                """, .text(save.id), .integer(Int64(save.pid)), .text(save.docID), SQLValue(save.name), SQLValue(save.base?.description),
-                SQLValue(save.contentType), .text(save.file))
-        }
-    }
-
-    /// Forgets a pending save (saved, or dropped) and deletes its bytes.
-    public func removePendingSave(_ id: String) {
-        guard hasBodyCache else { return }
-        do {
-            let file = try read { try $0.query("SELECT file FROM pending_saves WHERE id = ?", .text(id)) { $0.text(0) }.first }
-            try write { try $0.run("DELETE FROM pending_saves WHERE id = ?", .text(id)) }
-            if let file { unlink(file) }
-        } catch {
-            // The row stays: the next mount finds the save it records already made (its base
-            // revision is no longer current) and keeps it as a conflict at worst, never loses it.
-            Logger(label: "sofa.store").error("pending save \(id) was saved but is still recorded: \(error)")
-        }
-    }
-
-    /// Deletes the bytes of pending saves that no row names any more (a mount stopped between
-    /// the two), once older than `Tuning.blobGracePeriod` (a mount may be about to record one).
-    /// Returns the bytes freed.
-    func removeOrphanedPendingSaveFiles(dryRun: Bool = false) -> Int64 {
-        // Unknown which files are recorded: none is removed (a sweep that can wait).
-        guard hasBodyCache, let recorded = try? Set(pendingSaves().map(\.file)) else { return 0 }
-        let folder = "\(blobs.directory)/tmp"
-        let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
-        var freed: Int64 = 0
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []  // no folder: nothing to sweep
-        where name.hasPrefix("pending-") && name.hasSuffix(".keep") && !recorded.contains("\(folder)/\(name)") {
-            var info = stat()
-            guard stat("\(folder)/\(name)", &info) == 0, Double(info.st_mtim.tv_sec) < cutoff else { continue }
-            if dryRun || unlink("\(folder)/\(name)") == 0 { freed += Int64(info.st_blocks) * 512 }
-        }
-        return freed
-    }
-
-    public func pendingSaves() throws -> [PendingSave] {
-        guard hasBodyCache else { return [] }
-        return try read { connection in
-            try connection.query("SELECT id, pid, doc_id, name, base_rev, content_type, file FROM pending_saves") { row in
-                PendingSave(id: row.text(0), pid: pid_t(row.int64(1)), docID: row.text(2), name: row.optionalText(3),
-                            base: row.optionalText(4).flatMap(RevisionID.init), contentType: row.optionalText(5), file: row.text(6))
-            }
-        }
-    }
+extension CachedBody {
+    /// `body_cache` (version 4): per body digest, when it was last read, whether it was fetched
+    /// from the remote (it can be fetched again, so it may be evicted), whether it is pinned.
+    static let schemaStep = SchemaStep("body cache", numberedVersion: 4, sql: """
+        CREATE TABLE IF NOT EXISTS body_cache (
+            digest TEXT PRIMARY KEY,
+            last_read REAL NOT NULL DEFAULT 0,
+            fetched INTEGER NOT NULL DEFAULT 0,
+            pinned INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID;
+        """)
 }

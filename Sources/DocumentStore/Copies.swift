@@ -208,7 +208,7 @@ extension Database {
                 try keepJournalInMemoryUntilWAL(connection)
                 let problems: [String]
                 do {
-                    try Schema.check(connection, path: zip, readOnly: false)
+                    _ = try Schema.check(connection, path: zip, readOnly: false)
                     problems = try connection.query("PRAGMA integrity_check") { $0.text(0) }.filter { $0 != "ok" }
                 } catch SofaError.sqlite(_, let message, _) {
                     throw SofaError.notADatabase(path: zip, reason: "its \(databaseFileName) is not a SQLite database (\(message))")

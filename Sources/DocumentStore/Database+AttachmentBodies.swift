@@ -38,7 +38,7 @@ extension Database {
 
     /// Notes that the bodies named `digests` arrived or went, for mounts in other processes.
     func recordBodyEvent(_ digests: Set<String>, in connection: SQLiteConnection) throws {
-        guard hasBodyEvents else { return }
+        guard schema.has(Schema.bodyEvents) else { return }
         connection.wroteChanges = true
         for digest in digests.sorted() {
             try connection.run("INSERT INTO body_events (digest) VALUES (?)", .text(digest))
@@ -48,14 +48,14 @@ extension Database {
 
     /// The latest body event (0 for none).
     public func lastBodyEvent() throws -> Int64 {
-        guard hasBodyEvents else { return 0 }
+        guard schema.has(Schema.bodyEvents) else { return 0 }
         return try read { try $0.query("SELECT COALESCE(MAX(seq), 0) FROM body_events") { $0.int64(0) }[0] }
     }
 
     /// Documents whose attachments (in any revision) use a body that arrived or went after
     /// event `seq`, and the latest event.
     public func documentsWithBodyEvents(after seq: Int64) throws -> (docIDs: [String], last: Int64) {
-        guard hasBodyEvents else { return ([], seq) }
+        guard schema.has(Schema.bodyEvents) else { return ([], seq) }
         return try read { connection in
             let events = try connection.query("SELECT seq, digest FROM body_events WHERE seq > ? ORDER BY seq", .integer(seq)) {
                 ($0.int64(0), $0.text(1))
@@ -77,7 +77,7 @@ extension Database {
     }
 
     func recordAlias(_ digest: String, of key: BlobKey, in connection: SQLiteConnection) throws {
-        guard hasBodyDigests, digest != key.digestString else { return }
+        guard schema.has(Schema.bodyDigests), digest != key.digestString else { return }
         try connection.run("INSERT OR REPLACE INTO body_digests (digest, blob_key) VALUES (?, ?)", .text(digest), .text(key.hex))
     }
 
@@ -98,11 +98,11 @@ extension Database {
             let keys = try connection.query("SELECT DISTINCT blob_key FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL",
                                             .text(digest)) { $0.text(0) }
             var names: Set<String> = [digest]
-            if hasBodyDigests, keys.count == 1,
+            if schema.has(Schema.bodyDigests), keys.count == 1,
                let remoteName = try connection.query("SELECT digest FROM body_digests WHERE blob_key = ? ORDER BY digest LIMIT 1",
                                                      .text(keys[0]), row: { $0.text(0) }).first {
                 try connection.run("UPDATE rev_attachments SET blob_key = NULL, digest = ? WHERE digest = ?", .text(remoteName), .text(digest))
-                if hasBodyCache {
+                if schema.has(CachedBody.schemaStep) {
                     try connection.run("UPDATE OR IGNORE body_cache SET digest = ? WHERE digest = ?", .text(remoteName), .text(digest))
                 }
                 names.insert(remoteName)
@@ -132,7 +132,7 @@ extension Database {
             var keys = try connection.query("SELECT blob_key, length FROM rev_attachments WHERE digest = ? AND blob_key IS NOT NULL", .text(digest)) { row in
                 (row.text(0), Optional(row.int64(1)))
             }
-            if hasBodyDigests {
+            if schema.has(Schema.bodyDigests) {
                 keys += try connection.query("SELECT blob_key FROM body_digests WHERE digest = ?", .text(digest)) { row in
                     (row.text(0), Int64?.none)
                 }

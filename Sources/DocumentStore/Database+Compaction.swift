@@ -16,11 +16,7 @@ extension Database {
                 var referenced = try connection.query("SELECT EXISTS (SELECT 1 FROM rev_attachments WHERE blob_key = ?)", .text(key.hex)) {
                     $0.bool(0)
                 }[0]
-                if hasStaging && !referenced {
-                    referenced = try connection.query("SELECT EXISTS (SELECT 1 FROM staged_attachments WHERE blob_key = ?)", .text(key.hex)) {
-                        $0.bool(0)
-                    }[0]
-                }
+                if !referenced { referenced = try schema.holds(blobKey: key.hex, in: connection) }
                 var info = stat()
                 guard !referenced, stat(blobs.path(for: key), &info) == 0,
                       Double(info.st_mtim.tv_sec) + 1 >= since.timeIntervalSince1970 else { continue }
@@ -69,10 +65,8 @@ extension Database {
                     report.bodiesDropped = connection.changes
                     // Still under the write lock: no save in this process can reference a blob meanwhile.
                     var referenced = Set(try Database.referencedBlobKeys(in: connection).map(\.hex))
-                    if hasStaging {
-                        // Bodies a mount saved that wait to be folded into a revision.
-                        referenced.formUnion(try connection.query("SELECT DISTINCT blob_key FROM staged_attachments") { $0.text(0) })
-                    }
+                    // Bodies other parts hold that no revision names yet (a mount's staged files).
+                    referenced.formUnion(try schema.heldBlobKeys(in: connection))
                     let cutoff = alone && noOtherProcess ? Double.infinity : Date().timeIntervalSince1970 - Tuning.blobGracePeriod
                     // Compared by file name: an encrypted store's names do not give the key back.
                     let referencedFiles = Set(referenced.compactMap(BlobKey.init(hex:)).map(blobs.fileName(for:)))
@@ -88,7 +82,7 @@ extension Database {
                         report.blobBytesFreed += blob.size
                     }
                     if dryRun { throw RollBack() }
-                    if hasBodyDigests {
+                    if schema.has(Schema.bodyDigests) {
                         // Aliases of bodies that are gone (deleted above, purged, or never kept).
                         let aliased = try connection.query("SELECT DISTINCT blob_key FROM body_digests") { $0.text(0) }
                         for hex in aliased {

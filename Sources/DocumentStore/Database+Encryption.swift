@@ -62,11 +62,9 @@ extension Database {
                 try copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 let problems = try copy.query("PRAGMA integrity_check") { $0.text(0) }.filter { $0 != "ok" }
                 guard problems.isEmpty else { throw SofaError.notADatabase(path: stage, reason: problems.prefix(3).joined(separator: "; ")) }
-                // Every body the revisions or a mount's staged saves refer to, read here and written there.
+                // Every body the revisions or other parts' rows (a mount's staged saves) refer to, read here and written there.
                 var keysToCopy = Set(try Database.referencedBlobKeys(in: copy))
-                if hasStaging {
-                    keysToCopy.formUnion(try copy.query("SELECT DISTINCT blob_key FROM staged_attachments") { BlobKey(hex: $0.text(0)) }.compactMap { $0 })
-                }
+                keysToCopy.formUnion(try schema.heldBlobKeys(in: copy).compactMap(BlobKey.init(hex:)))
                 let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
                 defer { buffer.deallocate() }
                 for key in keysToCopy.sorted() where self.blobs.contains(key) {

@@ -60,8 +60,8 @@ extension Database {
     func loadAttachmentRows(docKey: Int64, revID: RevisionID, in connection: SQLiteConnection,
                             blobs: BlobStore?) throws -> [(attachment: Attachment, couchMD5: [UInt8]?)] {
         try connection.query("""
-            SELECT name, content_type, length, digest, blob_key, revpos, \(hasAttachmentOrder ? "couch_md5" : "NULL") FROM rev_attachments
-            WHERE doc_key = ? AND rev_id = ? ORDER BY \(hasAttachmentOrder ? "position, " : "")name
+            SELECT name, content_type, length, digest, blob_key, revpos, \(schema.has(Schema.attachmentOrder) ? "couch_md5" : "NULL") FROM rev_attachments
+            WHERE doc_key = ? AND rev_id = ? ORDER BY \(schema.has(Schema.attachmentOrder) ? "position, " : "")name
             """, .integer(docKey), .text(revID.description)
         ) { row in
             let key = row.optionalText(4).flatMap(BlobKey.init(hex:))

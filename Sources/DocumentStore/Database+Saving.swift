@@ -353,7 +353,7 @@ extension Database {
             """, .integer(docKey), .text(revID.description), SQLValue(parent?.description), SQLValue(revID.generation),
             SQLValue(deleted), .text(body), .real(savedAt.timeIntervalSince1970))
         for (position, attachment) in attachments.enumerated() {
-            if hasAttachmentOrder {
+            if schema.has(Schema.attachmentOrder) {
                 try connection.run("""
                     INSERT INTO rev_attachments (doc_key, rev_id, name, content_type, length, digest, blob_key, revpos, position, couch_md5)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -408,7 +408,7 @@ extension Database {
     /// CouchDB's MD5 of the gzip form of body `key`, when it came gzip-encoded from CouchDB
     /// (`body_digests`).
     private func encodedBodyMD5(of key: BlobKey, in connection: SQLiteConnection) throws -> [UInt8]? {
-        guard hasBodyDigests else { return nil }
+        guard schema.has(Schema.bodyDigests) else { return nil }
         return try connection.query("SELECT digest FROM body_digests WHERE blob_key = ? AND digest LIKE 'md5-%' LIMIT 1", .text(key.hex)) {
             $0.text(0)
         }.first.flatMap(CouchAttachmentMD5.md5(ofDigest:))
@@ -416,7 +416,7 @@ extension Database {
 
     /// An MD5 worked out before for the body `key` stored as CouchDB stores `compressible` types or not.
     private func knownCouchMD5(of key: BlobKey, compressible: Bool, in connection: SQLiteConnection) throws -> [UInt8]? {
-        guard hasAttachmentOrder else { return nil }
+        guard schema.has(Schema.attachmentOrder) else { return nil }
         return try connection.query("""
             SELECT content_type, couch_md5 FROM rev_attachments WHERE blob_key = ? AND couch_md5 IS NOT NULL LIMIT 8
             """, .text(key.hex)) { (type: $0.text(0), md5: $0.bytes(1)) }

@@ -38,22 +38,9 @@ public final class Database: @unchecked Sendable {
     public let isReadOnly: Bool
     /// Opened for reading because the disk was full (`open(at:)`): writes say so.
     public let openedOnAFullDisk: Bool
-    /// Whether the file has `body_digests` (a version 1 database opened read-only has not).
-    let hasBodyDigests: Bool
-    /// Whether the file has `body_events` (version 3).
-    let hasBodyEvents: Bool
-    /// Whether the file has `body_cache` (version 4).
-    let hasBodyCache: Bool
-    /// Whether the file has `mango_indexes` and `mango_keys` (version 5).
-    let hasMangoIndexes: Bool
-    /// Whether the file has `staged_attachments` (version 6).
-    let hasStaging: Bool
-    /// Whether the file has `local_attributes` (version 7; older ones opened read-only keep
-    /// `attachment_times`).
-    let hasLocalAttributes: Bool
-    /// Whether `rev_attachments` has `position` and `couch_md5` (version 8; a read-only
-    /// older file does not).
-    let hasAttachmentOrder: Bool
+    /// The schema steps the file has: every one, unless it was opened read-only as an older
+    /// Sofa left it (a version 1 file has no `body_digests`).
+    let schema: AppliedSchema
     /// Every commit, this process's and others' (see `ChangeStream`).
     public let changeStream = ChangeStream()
     /// The design documents' `validate_doc_update` functions, read again when one changes.
@@ -89,20 +76,14 @@ public final class Database: @unchecked Sendable {
     public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }
 
     private init(path: String, writer: SQLiteConnection, readOnly: Bool = false, fullDisk: Bool = false,
-                 schemaVersion: Int = Schema.version, encryption: DatabaseKey? = nil) throws {
+                 schema: AppliedSchema = AppliedSchema(names: Set(Schema.steps.map(\.name))), encryption: DatabaseKey? = nil) throws {
         self.path = path
         self.writer = writer
         self.encryption = encryption
         self.sealedPages = writer.sealed
         self.isReadOnly = readOnly
         self.openedOnAFullDisk = fullDisk
-        self.hasBodyDigests = schemaVersion >= 2
-        self.hasBodyEvents = schemaVersion >= 3
-        self.hasBodyCache = schemaVersion >= 4
-        self.hasMangoIndexes = schemaVersion >= 5
-        self.hasStaging = schemaVersion >= 6
-        self.hasLocalAttributes = schemaVersion >= 7
-        self.hasAttachmentOrder = schemaVersion >= 8
+        self.schema = schema
         self.blobs = BlobStore(directory: "\(path)/\(Database.attachmentsDirectoryName)", key: encryption)
         let meta = try writer.query("SELECT key, value FROM meta WHERE key IN ('public_uuid', 'private_uuid')") { row in
             (row.text(0), row.text(1))
@@ -210,7 +191,7 @@ public final class Database: @unchecked Sendable {
         let encryption = try unlocked ?? unlock(path, secret: secret)
         let pages = try encryption.map { try SealedPages(key: $0.pages) }
         var connection = try SQLiteConnection(path: file, create: false, immutable: readOnly, sealed: pages)
-        var found: Int
+        var found: SchemaMigrator.Outcome
         do {
             found = try Schema.check(connection, path: path, readOnly: readOnly)
         } catch SofaError.sqlite(let code, _, _) where code & 0xFF == 10 /* SQLITE_IOERR */ && Database.diskIsFull(path) {
@@ -227,14 +208,15 @@ public final class Database: @unchecked Sendable {
         }
         let database = try Database(path: path, writer: connection, readOnly: readOnly,
                                     fullDisk: readOnly && fileSystem.f_flag & UInt(ST_RDONLY) == 0,
-                                    schemaVersion: readOnly ? found : Schema.version, encryption: encryption)
+                                    schema: found.schema, encryption: encryption)
         if !readOnly {
             try database.blobs.createDirectories()
             // What killed writers left (an attach, import or pull cut short) goes on the next open.
             _ = database.blobs.removeAbandonedTemporaryFiles()
         }
-        if !readOnly && found == 1 { try database.upgradeDigestsFromVersion1() }
-        if !readOnly && found < 5 { try database.buildMangoIndexesFromDesignDocuments() }
+        // The work that follows a step the file got just now.
+        if found.added.contains(Schema.bodyDigests.name) { try database.upgradeDigestsFromVersion1() }
+        if found.added.contains(MangoIndex.schemaStep.name) { try database.buildMangoIndexesFromDesignDocuments() }
         return database
     }
 

@@ -44,9 +44,8 @@ extension Database {
                         INSERT INTO meta (key, value) VALUES ('last_purged_key', ?)
                         ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)
                         """, .integer(row.key))
-                    if hasLocalAttributes {
-                        try connection.run("DELETE FROM local_attributes WHERE doc_id = ?", .text(id))
-                    }
+                    // Other parts' rows of the document (a mount's local attributes).
+                    for forget in schema.forgetDocumentStatements { try connection.run(forget, .text(id)) }
                 }
             }
             try connection.run("INSERT INTO meta (key, value) VALUES ('purge_seq', 1) ON CONFLICT (key) DO UPDATE SET value = value + 1")

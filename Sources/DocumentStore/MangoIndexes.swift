@@ -10,10 +10,33 @@ import Foundation
 /// the transaction that changes a document's winning revision, and an index is built in the
 /// transaction that saves the design document defining it: a query never sees an index that
 /// is behind, and never has to write.
+extension MangoIndex {
+    /// `mango_indexes` and `mango_keys` (version 5): the indexes and their entries (key,
+    /// document id, the indexed values as a JSON array, which let a query skip documents
+    /// without reading them).
+    static let schemaStep = SchemaStep("mango indexes", numberedVersion: 5, sql: """
+        CREATE TABLE IF NOT EXISTS mango_indexes (
+            index_id INTEGER PRIMARY KEY,
+            ddoc TEXT NOT NULL,
+            name TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            UNIQUE (ddoc, name)
+        );
+        CREATE TABLE IF NOT EXISTS mango_keys (
+            index_id INTEGER NOT NULL,
+            key BLOB NOT NULL,
+            doc_id TEXT NOT NULL,
+            field_values TEXT NOT NULL,
+            PRIMARY KEY (index_id, key, doc_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS mango_keys_by_doc ON mango_keys (doc_id);
+        """)
+}
+
 extension Database {
     /// The indexes defined in this database, by design document and name.
     public func mangoIndexes() throws -> [MangoIndex] {
-        guard hasMangoIndexes else { return [] }
+        guard schema.has(MangoIndex.schemaStep) else { return [] }
         return try read { try Database.mangoIndexes(in: $0).map(\.index) }
     }
 
@@ -29,7 +52,7 @@ extension Database {
     /// redefined and built anew when their definition changed.
     func documentChanged(docKey: Int64?, docID: String, winner: (revID: RevisionID, deleted: Bool)?,
                          in connection: SQLiteConnection) throws {
-        guard hasMangoIndexes else { return }
+        guard schema.has(MangoIndex.schemaStep) else { return }
         if DocumentID.isDesign(docID) {
             try designDocumentChanged(docKey: docKey, docID: docID, winner: winner, in: connection)
             return

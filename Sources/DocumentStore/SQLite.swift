@@ -167,6 +167,7 @@ final class SQLiteConnection: @unchecked Sendable {
 struct SQLiteRow {
     let statement: OpaquePointer
 
+    var columnCount: Int32 { sqlite3_column_count(statement) }
     func isNull(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_NULL }
     func int(_ column: Int32) -> Int { Int(sqlite3_column_int64(statement, column)) }
     func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }

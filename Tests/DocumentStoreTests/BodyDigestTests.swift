@@ -43,7 +43,7 @@ import TestSupport
         // What a database made before schema 2 looks like, with a text body pulled from CouchDB:
         // decoded bytes, but CouchDB's digest of its gzip form.
         let downgrade = try shell("""
-            python3 -c "import sqlite3; c = sqlite3.connect('\(path)/db.sqlite3'); c.execute('DROP TABLE body_digests'); \
+            python3 -c "import sqlite3; c = sqlite3.connect('\(path)/db.sqlite3'); c.execute('DROP TABLE body_digests'); c.execute('DROP TABLE schema_steps'); \
             c.execute(\\"UPDATE rev_attachments SET digest = 'md5-CzDfAHx884e72GgEVUS6Ug==' WHERE name = 'pulled.txt'\\"); \
             c.execute('PRAGMA user_version = 1'); c.commit()"
             """)

@@ -100,8 +100,8 @@ import TestSupport
         for n in 0..<20 { try db.put("d\(n)", ["n": .integer(Int64(n))]) }
         try db.createIndex(MangoIndex(request: ["index": ["fields": ["n"]], "ddoc": "i", "name": "n"]))
         let path = db.path
-        // Make it a version 4 file (no index tables), as an older Sofa left it.
-        try sqlite(path, "DROP TABLE mango_keys; DROP TABLE mango_indexes; PRAGMA user_version = 4;")
+        // Make it a version 4 file (no index tables, no step names), as an older Sofa left it.
+        try sqlite(path, "DROP TABLE mango_keys; DROP TABLE mango_indexes; DROP TABLE schema_steps; PRAGMA user_version = 4;")
         let reopened = try Database.open(at: path)
         let result = try reopened.find(query(["selector": ["n": ["$gt": 16]], "execution_stats": true]))
         #expect(result.plan.index?.name == "n" && ids(result) == ["d17", "d18", "d19"] && result.keysExamined == 3)

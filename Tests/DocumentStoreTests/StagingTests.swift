@@ -95,7 +95,7 @@ import TestSupport
         }
         // What version 6 kept: seconds as REAL in attachment_times.
         let downgrade = try shell("""
-            python3 -c "import sqlite3; c = sqlite3.connect('\(path)/db.sqlite3'); c.execute('DROP TABLE local_attributes'); \
+            python3 -c "import sqlite3; c = sqlite3.connect('\(path)/db.sqlite3'); c.execute('DROP TABLE local_attributes'); c.execute('DROP TABLE schema_steps'); \
             c.execute('CREATE TABLE attachment_times (doc_id TEXT NOT NULL, name TEXT NOT NULL, digest TEXT NOT NULL, modified REAL NOT NULL, PRIMARY KEY (doc_id, name)) WITHOUT ROWID'); \
             c.execute(\\"INSERT INTO attachment_times VALUES ('doc', 'a.txt', '\(digest)', 946684799.25)\\"); \
             c.execute('PRAGMA user_version = 6'); c.commit()"

@@ -46,13 +46,40 @@ public struct LocalAttributes: Sendable, Equatable {
     public static func nanoseconds(_ seconds: Double) -> Int64 { Int64((seconds * 1e9).rounded()) }
 }
 
+extension LocalAttributes {
+    /// `local_attributes` (version 7). Versions 4 to 6 kept modification times (seconds, as
+    /// REAL) in `attachment_times`; their rows move here, to the nanosecond. A purged
+    /// document's rows go with it.
+    static let schemaStep = SchemaStep("local attributes", numberedVersion: 7,
+                                       forgetDocument: "DELETE FROM local_attributes WHERE doc_id = ?") { connection in
+        try connection.execute("""
+            CREATE TABLE IF NOT EXISTS local_attributes (
+                doc_id TEXT NOT NULL,
+                name TEXT NOT NULL,
+                digest TEXT,
+                modified INTEGER,
+                accessed INTEGER,
+                mode INTEGER,
+                PRIMARY KEY (doc_id, name)
+            ) WITHOUT ROWID;
+            """)
+        let found = try connection.query("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'attachment_times'") { $0.int(0) }[0]
+        guard found > 0 else { return }
+        try connection.execute("""
+            INSERT OR IGNORE INTO local_attributes (doc_id, name, digest, modified)
+                SELECT doc_id, name, digest, CAST(round(modified * 1e9) AS INTEGER) FROM attachment_times;
+            DROP TABLE attachment_times;
+            """)
+    }
+}
+
 extension Database {
     /// The local attributes of a document's files and folders, by row name.
     public func localAttributes(ofDocument id: String) throws -> [String: LocalAttributes] {
-        guard hasBodyCache else { return [:] }
+        guard schema.has(CachedBody.schemaStep) else { return [:] }
         return try read { connection in
             var result: [String: LocalAttributes] = [:]
-            if hasLocalAttributes {
+            if schema.has(LocalAttributes.schemaStep) {
                 try connection.forEach("SELECT name, digest, modified, accessed, mode FROM local_attributes WHERE doc_id = ?", .text(id)) { row in
                     result[row.text(0)] = LocalAttributes(digest: row.optionalText(1), modified: row.optionalInt64(2),
                                                           accessed: row.optionalInt64(3), mode: row.optionalInt64(4).map { UInt32($0) })
@@ -68,7 +95,7 @@ extension Database {
 
     /// The local attributes of one file or folder (`name`, or a folder's row name).
     public func localAttributes(docID: String, name: String) throws -> LocalAttributes? {
-        guard hasLocalAttributes else { return try localAttributes(ofDocument: docID)[name] }
+        guard schema.has(LocalAttributes.schemaStep) else { return try localAttributes(ofDocument: docID)[name] }
         return try read { try Database.localAttributes(docID, name, in: $0) }
     }
 
@@ -76,7 +103,7 @@ extension Database {
     /// a row left with nothing in it goes. Returns what the row now holds.
     @discardableResult
     public func updateLocalAttributes(docID: String, name: String, _ change: (inout LocalAttributes) -> Void) throws -> LocalAttributes? {
-        guard hasLocalAttributes else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        guard schema.has(LocalAttributes.schemaStep) else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
         return try write { connection in
             var attributes = try Database.localAttributes(docID, name, in: connection) ?? LocalAttributes()
             change(&attributes)
@@ -88,7 +115,7 @@ extension Database {
     /// and drops those of `removed` names, in one transaction.
     public func moveLocalAttributes(docID: String, moves: [(from: String, to: String)], toDocument target: String? = nil,
                                     removing removed: [String] = []) throws {
-        guard hasLocalAttributes, !(moves.isEmpty && removed.isEmpty) else { return }
+        guard schema.has(LocalAttributes.schemaStep), !(moves.isEmpty && removed.isEmpty) else { return }
         try write { connection in
             var moved: [(String, LocalAttributes)] = []
             for (from, to) in moves {

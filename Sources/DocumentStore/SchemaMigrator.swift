@@ -1,0 +1,150 @@
+import DocumentModel
+import Foundation
+
+/// One named change to `db.sqlite3`'s schema, applied once per file, in the order of
+/// `Schema.steps`, as GRDB's `DatabaseMigrator` applies its migrations.
+///
+/// Each part that keeps tables declares its own step beside its code (`Staging.swift`,
+/// `LocalAttributes.swift`, `BodyCache.swift`, `MangoIndexes.swift`…), and says what the rest
+/// of the store must know of them: which blobs its rows hold (compaction and encryption keep
+/// those bodies without naming the table) and how a purged document's rows go. Nothing else
+/// branches on a version number.
+///
+/// Invariants: a step's `migrate` is idempotent (`IF NOT EXISTS`, columns checked first), since
+/// a file from before steps had names runs every step once to be sure; steps are never renamed
+/// or reordered once released; a new one goes at the end.
+struct SchemaStep: Sendable, Hashable {
+    /// Its name in `schema_steps`, for good.
+    let name: String
+    /// The numbered version (1–8) that brought it, for files from before steps had names
+    /// (`PRAGMA user_version`); nil for steps made since.
+    let numberedVersion: Int?
+    let migrate: @Sendable (SQLiteConnection) throws -> Void
+    /// A query giving, in a column named `blob_key`, the blob keys (hex) its rows hold: bodies
+    /// that no revision may name yet and that compaction and encryption must keep.
+    let blobKeys: String?
+    /// A query whose one row of integers changes whenever its rows do (automatic compaction
+    /// waits for a database to be quiet).
+    let activity: String?
+    /// A statement forgetting a purged document's rows (`?`: its id).
+    let forgetDocument: String?
+
+    init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
+         migrate: @escaping @Sendable (SQLiteConnection) throws -> Void) {
+        (self.name, self.numberedVersion, self.blobKeys, self.activity, self.forgetDocument, self.migrate) =
+            (name, numberedVersion, blobKeys, activity, forgetDocument, migrate)
+    }
+
+    init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
+         sql: String) {
+        self.init(name, numberedVersion: numberedVersion, blobKeys: blobKeys, activity: activity, forgetDocument: forgetDocument) {
+            try $0.execute(sql)
+        }
+    }
+
+    static func == (lhs: SchemaStep, rhs: SchemaStep) -> Bool { lhs.name == rhs.name }
+    func hash(into hasher: inout Hasher) { hasher.combine(name) }
+}
+
+/// The steps a file has: all of `Schema.steps` once opened for writing; a read-only file keeps
+/// what it was made with (a read-only version 1 file has no `body_digests`).
+struct AppliedSchema: Sendable {
+    let names: Set<String>
+
+    func has(_ step: SchemaStep) -> Bool { names.contains(step.name) }
+
+    /// The applied steps' statements forgetting a purged document's rows.
+    var forgetDocumentStatements: [String] { Schema.steps.filter(has).compactMap(\.forgetDocument) }
+
+    /// The blob keys (hex) the applied steps' rows hold (`SchemaStep.blobKeys`).
+    func heldBlobKeys(in connection: SQLiteConnection) throws -> Set<String> {
+        var keys = Set<String>()
+        for query in Schema.steps.filter(has).compactMap(\.blobKeys) { keys.formUnion(try connection.query(query) { $0.text(0) }) }
+        return keys
+    }
+
+    /// Whether an applied step's rows hold the blob `key` (hex).
+    func holds(blobKey key: String, in connection: SQLiteConnection) throws -> Bool {
+        try Schema.steps.filter(has).compactMap(\.blobKeys).contains { query in
+            try connection.query("SELECT EXISTS (SELECT 1 FROM (\(query)) WHERE blob_key = ?)", .text(key)) { $0.bool(0) }[0]
+        }
+    }
+
+    /// The applied steps' activity rows, one after another (`SchemaStep.activity`).
+    func activity(in connection: SQLiteConnection) throws -> [Int64] {
+        try Schema.steps.filter(has).compactMap(\.activity).flatMap { query in
+            try connection.query(query) { row in (0..<row.columnCount).map { row.int64($0) } }.first ?? []
+        }
+    }
+}
+
+/// Applies `Schema.steps` to a file and says which it has.
+enum SchemaMigrator {
+    /// The table naming the steps a file has had. A file without it is from before steps had
+    /// names: its `user_version` says which it has.
+    static let table = "schema_steps"
+    /// The last numbered version, which `user_version` stays at: a Sofa from before named steps
+    /// opens a file of this one, and one that knows names reads `schema_steps`.
+    static let lastNumberedVersion = 8
+
+    /// What `migrate` did: the steps the file has now, and those it got just now (for the work
+    /// that follows a step: digests worked out again, indexes built from design documents).
+    struct Outcome {
+        let schema: AppliedSchema
+        let added: Set<String>
+    }
+
+    /// The steps a file has, read without writing.
+    static func applied(_ connection: SQLiteConnection, path: String) throws -> (names: Set<String>, named: Bool) {
+        let userVersion = try connection.query("PRAGMA user_version") { $0.int(0) }[0]
+        guard (1...lastNumberedVersion).contains(userVersion) else {
+            throw SofaError.notADatabase(path: path, reason: userVersion == 0
+                ? "\(Database.databaseFileName) holds no Sofa schema"
+                : "schema version \(userVersion) is not supported (expected \(lastNumberedVersion))")
+        }
+        let hasTable = try connection.query("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", .text(table)) {
+            $0.int(0)
+        }[0] > 0
+        guard hasTable else {
+            return (Set(Schema.steps.filter { ($0.numberedVersion ?? .max) <= userVersion }.map(\.name)), false)
+        }
+        return (Set(try connection.query("SELECT name FROM \(table)") { $0.text(0) }), true)
+    }
+
+    /// Brings a writable file up to every step of `Schema.steps`, in one transaction, and
+    /// refuses a file with steps this Sofa does not know (a newer one made them: its
+    /// invariants are not this one's to keep). Read-only, it only reads. `creating` a new file,
+    /// every step runs and `finish` writes what else it needs, in the same transaction.
+    static func migrate(_ connection: SQLiteConnection, path: String, readOnly: Bool, creating: Bool = false,
+                        finish: () throws -> Void = {}) throws -> Outcome {
+        let (found, named) = creating ? ([], true) : try applied(connection, path: path)
+        let unknown = found.subtracting(Schema.steps.map(\.name))
+        if readOnly { return Outcome(schema: AppliedSchema(names: found), added: []) }
+        guard unknown.isEmpty else {
+            throw SofaError.notADatabase(path: path, reason: "a newer Sofa changed its schema (\(unknown.sorted().joined(separator: ", "))): "
+                + "open it with that Sofa, or read-only")
+        }
+        let all = Set(Schema.steps.map(\.name))
+        guard creating || !named || found != all else { return Outcome(schema: AppliedSchema(names: all), added: []) }
+        try connection.execute("BEGIN IMMEDIATE")
+        do {
+            // Read again under the lock: another process may have just done it.
+            let (before, namedNow) = creating ? ([], true) : try applied(connection, path: path)
+            try connection.execute("CREATE TABLE IF NOT EXISTS \(table) (name TEXT PRIMARY KEY, applied_at REAL NOT NULL) WITHOUT ROWID")
+            for step in Schema.steps where !(namedNow && before.contains(step.name)) {
+                // A file without names runs every step (each is idempotent): one at the last
+                // numbered version may still lack a table a step added to it later.
+                try step.migrate(connection)
+                try connection.run("INSERT OR IGNORE INTO \(table) (name, applied_at) VALUES (?, ?)",
+                                   .text(step.name), .real(Date().timeIntervalSince1970))
+            }
+            try connection.execute("PRAGMA user_version = \(lastNumberedVersion)")
+            try finish()
+            try connection.execute("COMMIT")
+            return Outcome(schema: AppliedSchema(names: all), added: all.subtracting(before))
+        } catch {
+            try? connection.execute("ROLLBACK")  // the error thrown below is the one that matters
+            throw error
+        }
+    }
+}
