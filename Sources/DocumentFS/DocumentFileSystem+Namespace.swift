@@ -87,7 +87,9 @@ extension DocumentFileSystem {
             let scratch = scratchDirectory(id)
             if let revision = try liveRevision(id) {
                 let removal = self.removal(id) ?? Removal()
-                guard removal.properties, visibleAttachments(revision).isEmpty,
+                // Empty properties go with the folder (`rm -r` may not have seen them: they are not
+                // shown while the document fills); nothing is lost.
+                guard removal.properties || revision.properties.isEmpty, visibleAttachments(revision).isEmpty,
                       try database.revisionTree(of: id).conflicts.isEmpty,
                       scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
                 try deleteDocument(id)
@@ -193,7 +195,7 @@ extension DocumentFileSystem {
         switch node {
         case .properties(let id):
             // Starts a removal: the document is deleted by the rmdir of its folder.
-            guard try liveRevision(id) != nil, removal(id)?.properties != true else { throw MountError.notFound(path) }
+            guard let revision = try liveRevision(id), showsProperties(of: id, revision) else { throw MountError.notFound(path) }
             overlay.startRemoval(id)
         case .attachment(let id, let name):
             guard let revision = try liveRevision(id), try visibleAttachment(name, in: id) != nil else {

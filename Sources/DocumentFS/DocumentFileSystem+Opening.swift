@@ -19,7 +19,7 @@ extension DocumentFileSystem {
         switch node {
         case .properties(let id):
             let entry = try cached(id)
-            guard let revision = entry.revision, removal(id)?.properties != true else { throw MountError.notFound(path) }
+            guard let revision = entry.revision, showsProperties(of: id, revision) else { throw MountError.notFound(path) }
             let rendered = entry.rendered
             if writing {
                 let handle = PropertiesWriteHandle(path: path, docID: id, base: revision.revID, initial: truncating ? [] : rendered)

@@ -132,6 +132,18 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     func removal(_ id: String) -> Removal? { overlay.removal(id) }
 
+    /// Whether document `id`'s properties.json is shown: not once `rm` removed it (a removal
+    /// under way), and not while this mount is filling a document whose properties are empty.
+    /// There, `{}` would stand where `cp -r` of a document folder from a disk creates
+    /// properties.json (with O_EXCL: it made the folder), after the attachments when the
+    /// source lists those first; the file appears, `{}`, once the document has been quiet for
+    /// `Tuning.emptyPropertiesUnshownFor`.
+    func showsProperties(of id: String, _ revision: Revision) -> Bool {
+        guard removal(id)?.properties != true else { return false }
+        return !(revision.properties.isEmpty
+                 && ledger.savedRecently(id, within: Tuning.emptyPropertiesUnshownFor, now: Date().timeIntervalSince1970))
+    }
+
     /// The file being written at `path`, if one is.
     func pendingFile(at path: String) -> WriteHandle? { pending.file(at: path) }
 
@@ -296,7 +308,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             return directory(mountTime)
         case .properties(let id):
             let entry = try cached(id)
-            guard let revision = entry.revision, removal(id)?.properties != true else { throw MountError.notFound(path) }
+            guard let revision = entry.revision, showsProperties(of: id, revision) else { throw MountError.notFound(path) }
             var attributes = file(Int64(entry.rendered.count), revision.savedAt.timeIntervalSince1970)
             attributes.number = entry.number(.properties)
             return attributes
@@ -458,7 +470,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             if let revision = entry.revision {
                 let modified = revision.savedAt.timeIntervalSince1970
                 // properties.json first, so that `rm -r` starts the removal before it empties attachments/.
-                if removal(id)?.properties != true {
+                if showsProperties(of: id, revision) {
                     var attributes = file(Int64(entry.rendered.count), modified)
                     attributes.number = entry.number(.properties)
                     entries.append(DirectoryEntry(name: Node.propertiesFileName, attributes: attributes, position: ListingPosition.first))

@@ -44,6 +44,13 @@ final class SaveLedger: @unchecked Sendable {
         lock.withLock { isBusy(id, at: now) }
     }
 
+    /// Whether document `id` has a burst, or this mount saved into it less than `seconds` before
+    /// `now` (as long as `recentSaves` keeps it: past `Tuning.mountRecentSaves` documents, only
+    /// those of the quiet window).
+    func savedRecently(_ id: String, within seconds: Double, now: Double) -> Bool {
+        lock.withLock { bursts[id] != nil || now - (recentSaves[id] ?? 0) < seconds }
+    }
+
     private func isBusy(_ id: String, at now: Double) -> Bool {
         bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow
     }

@@ -81,6 +81,12 @@ public enum Tuning {
     /// how many revisions a long copy makes (one per this many seconds).
     public static let burstLongestDelay = 2.0
 
+    /// How long after this mount last saved a document with empty properties its
+    /// properties.json stays unshown (`DocumentFileSystem.showsProperties`): longer than the
+    /// quiet window, so that a `cp -r` held up a moment on a busy machine between its last
+    /// attachment and properties.json still finds no `{}` in its way.
+    public static let emptyPropertiesUnshownFor = 2.0
+
     /// After a fold failed (a full disk, a locked database), when it is tried again.
     public static let burstRetryDelay = 1.0
 

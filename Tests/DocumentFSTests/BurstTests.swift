@@ -233,4 +233,33 @@ import TestSupport
         // A folder that holds something is there: mkdir says so, as on any disk.
         #expect(!(try shell("mkdir \(mount.path("docs/a/attachments"))")).succeeded)
     }
+
+    /// `cp -r` of a document folder whose source lists attachments/ first (ext4 often does): the
+    /// attachments make the document, then cp creates properties.json with O_EXCL (it made the
+    /// folder). The `{}` standing there failed that with "File exists", and the properties
+    /// were not copied. Done here step by step, as cp does it, so the order is certain.
+    @Test func propertiesCreatedExclusivelyAfterTheAttachmentsOfANewDocument() throws {
+        #expect(isRoot, "mount tests need root (as CI has) for /dev/fuse and umount")
+        let db = try directory.makeDatabase()
+        let mount = try MountedDatabase(db.path)
+        let doc = mount.path("docs/e")
+        // bash's noclobber (`set -C`) opens with O_CREAT|O_EXCL, as cp does in a folder it made.
+        try sh("mkdir \(doc) && for i in 1 2 3; do echo $i > \(doc)/attachments/f$i.txt; done && set -C && echo '{\"title\": \"e\"}' > \(doc)/properties.json")
+        let copied = try waitUntil(60) { try document(db, "e")?.properties["title"] == "e" && document(db, "e")?.attachments.count == 3 }
+        #expect(copied, "\(String(describing: try? document(db, "e")))")
+        // Properties that hold something are there: O_EXCL fails, as on any disk, and they stay.
+        #expect(!(try shell("set -C; echo '{}' > \(doc)/properties.json")).succeeded)
+        #expect(try document(db, "e")?.properties["title"] == "e")
+        // A document its attachments alone made shows `{}` once quiet.
+        try sh("mkdir \(mount.path("docs/f")) && echo x > \(mount.path("docs/f/attachments/x"))")
+        let shown = try waitUntil(60) {
+            try shell("cat \(mount.path("docs/f/properties.json"))").stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "{}"
+        }
+        #expect(shown, "docs/f/properties.json never came")
+        // `rm -r` of one still filling removes it (its empty properties go with the folder).
+        try sh("mkdir \(mount.path("docs/g")) && echo x > \(mount.path("docs/g/attachments/x")) && echo y > \(mount.path("docs/g/attachments/y"))"
+               + " && rm -r \(mount.path("docs/g"))")
+        #expect(try waitUntil(60) { try db.currentRevision(of: "g")?.deleted ?? true }, "docs/g was removed")
+        #expect(!FileManager.default.fileExists(atPath: mount.path("docs/g")))
+    }
 }
