@@ -58,9 +58,13 @@ let package = Package(
             .product(name: "ZIPFoundation", package: "ZIPFoundation"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // The mount's own tables (staged files, local attributes), over the store's connection.
+        .target(name: "MountTables", dependencies: [
+            "DocumentModel", "DocumentStore", .product(name: "Logging", package: "swift-log"),
+        ]),
         .target(name: "FuseKit", dependencies: ["CFuse3", .product(name: "Logging", package: "swift-log")]),
         .target(name: "DocumentFS", dependencies: [
-            "DocumentModel", "DocumentStore", "FuseKit",
+            "DocumentModel", "DocumentStore", "MountTables", "FuseKit",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "CouchServer", dependencies: [
@@ -93,9 +97,9 @@ let package = Package(
         // Helpers shared by the test targets: temporary directories, subprocesses, fixtures.
         .target(name: "TestSupport", dependencies: ["DocumentModel", "DocumentStore"], path: "Tests/TestSupport"),
         .testTarget(name: "DocumentModelTests", dependencies: ["DocumentModel", "TestSupport"]),
-        .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
+        .testTarget(name: "DocumentStoreTests", dependencies: ["DocumentModel", "DocumentStore", "MountTables", "TestSupport"]),
         .testTarget(name: "SofaCLITests", dependencies: ["DocumentModel", "DocumentStore", "TestSupport"]),
-        .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "DocumentFS", "FuseKit", "TestSupport"]),
+        .testTarget(name: "DocumentFSTests", dependencies: ["DocumentModel", "DocumentStore", "MountTables", "DocumentFS", "FuseKit", "TestSupport"]),
         .testTarget(name: "CouchServerTests", dependencies: ["DocumentModel", "DocumentStore", "CouchServer", "BLIP", "CGzip", "TestSupport"]),
         .testTarget(name: "ReplicatorTests", dependencies: [
             "DocumentModel", "DocumentStore", "HTTPTransport", "Replicator", "TestSupport",

@@ -1,5 +1,6 @@
 import DocumentModel
 import DocumentStore
+import MountTables
 import Foundation
 
 /// Bursts: many files written into one document make few revisions.

@@ -1,5 +1,6 @@
 import DocumentModel
 import DocumentStore
+import MountTables
 import Foundation
 
 /// What the mount needs to know about a document for most lookups, kept in memory

@@ -23,6 +23,7 @@
 
 import DocumentModel
 import DocumentStore
+import MountTables
 import Foundation
 import FuseKit
 import Logging

@@ -1,4 +1,5 @@
 import DocumentStore
+import MountTables
 import Foundation
 
 /// What a document's folder shows that its revisions do not say yet: a removal under way

@@ -1,5 +1,6 @@
 import DocumentModel
 import DocumentStore
+import MountTables
 import Foundation
 
 /// What the mount has saved and is about to save: the staged files of each busy document

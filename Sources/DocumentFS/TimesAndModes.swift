@@ -1,5 +1,6 @@
 import DocumentModel
 import DocumentStore
+import MountTables
 import Foundation
 import FuseKit
 

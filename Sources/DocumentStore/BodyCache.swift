@@ -277,7 +277,7 @@ extension Database {
 extension CachedBody {
     /// `body_cache` (version 4): per body digest, when it was last read, whether it was fetched
     /// from the remote (it can be fetched again, so it may be evicted), whether it is pinned.
-    static let schemaStep = SchemaStep("body cache", numberedVersion: 4, sql: """
+    package static let schemaStep = SchemaStep("body cache", numberedVersion: 4, sql: """
         CREATE TABLE IF NOT EXISTS body_cache (
             digest TEXT PRIMARY KEY,
             last_read REAL NOT NULL DEFAULT 0,

@@ -3,6 +3,30 @@ import Foundation
 
 /// Reading documents: current revisions, revision trees, changes since a sequence, all documents.
 extension Database {
+    /// When the revision that last changed each attachment of `revision` (its revpos) was saved
+    /// here: the time of an attachment that was given none (see the mount's `LocalAttributes`).
+    public func revisionTimes(of revision: Revision) throws -> [String: Double] {
+        guard !revision.attachments.isEmpty else { return [:] }
+        return try read { connection in
+            guard let row = try Database.documentRow(revision.docID, in: connection) else { return [:] }
+            var parents: [String: (parent: String?, generation: Int, saved: Double)] = [:]
+            try connection.forEach("SELECT rev_id, parent_id, generation, saved_at FROM revs WHERE doc_key = ?", .integer(row.key)) { row in
+                parents[row.text(0)] = (row.optionalText(1), row.int(2), row.double(3))
+            }
+            var savedAt: [Int: Double] = [:]  // generation → when the revision of this branch with it was saved here
+            var next: String? = revision.revID.description
+            while let id = next, let entry = parents[id] {
+                savedAt[entry.generation] = entry.saved
+                next = entry.parent
+            }
+            var times: [String: Double] = [:]
+            for attachment in revision.attachments {
+                times[attachment.name] = savedAt[attachment.revpos] ?? revision.savedAt.timeIntervalSince1970
+            }
+            return times
+        }
+    }
+
     /// The current revision of a live document; nil if it does not exist or is deleted.
     public func document(withID id: String) throws -> Revision? {
         guard let revision = try currentRevision(of: id), !revision.deleted else { return nil }

@@ -101,7 +101,7 @@ extension Database {
         try connection.query("SELECT value FROM meta WHERE key = 'revs_limit'") { $0.int(0) }[0]
     }
 
-    static func revisionID(_ text: String) throws -> RevisionID {
+    package static func revisionID(_ text: String) throws -> RevisionID {
         guard let rev = RevisionID(text) else { throw SofaError.sqlite(code: 0, message: "corrupt revision id \(text)", sql: nil) }
         return rev
     }

@@ -4,6 +4,15 @@ import Foundation
 /// Saving: drafts on top of the current revision, replicated revisions as they come
 /// (`new_edits=false`), deletions, and the history kept.
 extension Database {
+    /// A draft on top of `parent` holding what `content` holds (a revision value the caller
+    /// kept, e.g. the one a mount showed when a file was opened): a conflicting branch can then
+    /// be made from a revision whose body the database no longer keeps.
+    public func newRevision(of id: String, from parent: RevisionID?, like content: Revision?) throws -> RevisionDraft {
+        try DocumentID.validate(id)
+        return RevisionDraft(docID: id, parent: parent, properties: content?.properties ?? JSONObject(),
+                             attachments: content?.attachments ?? [], blobs: blobs)
+    }
+
     /// A draft of the next revision of `id`: on top of its current revision, or of
     /// nothing for a new document. A deleted document is continued from its tombstone.
     public func newRevision(of id: String) throws -> RevisionDraft {
@@ -228,7 +237,7 @@ extension Database {
 
     /// Saves `draft` under the write lock. `validated`: the validators already ran before the
     /// lock (see `save(_:allowConflict:)`); they run again if what they saw has changed.
-    func save(_ draft: RevisionDraft, allowConflict: Bool, validated: Validated? = nil, in connection: SQLiteConnection) throws -> Revision {
+    package func save(_ draft: RevisionDraft, allowConflict: Bool, validated: Validated? = nil, in connection: SQLiteConnection) throws -> Revision {
         let prepared = try prepare(draft, allowConflict: allowConflict, in: connection)
         let seen = validated.map { _ in
             Validated(current: prepared.row?.current, deleted: prepared.row?.deleted ?? false,

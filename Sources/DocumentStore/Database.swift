@@ -40,7 +40,7 @@ public final class Database: @unchecked Sendable {
     public let openedOnAFullDisk: Bool
     /// The schema steps the file has: every one, unless it was opened read-only as an older
     /// Sofa left it (a version 1 file has no `body_digests`).
-    let schema: AppliedSchema
+    package let schema: AppliedSchema
     /// Every commit, this process's and others' (see `ChangeStream`).
     public let changeStream = ChangeStream()
     /// The design documents' `validate_doc_update` functions, read again when one changes.
@@ -273,7 +273,7 @@ public final class Database: @unchecked Sendable {
     // MARK: - Transactions
 
     /// Runs `body` in a read transaction on a pooled connection: one consistent snapshot.
-    func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+    package func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         let connection = try readersLock.withLock { idleReaders.popLast() }
             ?? SQLiteConnection(path: databaseFilePath, create: false, immutable: isReadOnly, sealed: sealedPages)
         defer { readersLock.withLock { idleReaders.append(connection) } }
@@ -284,7 +284,7 @@ public final class Database: @unchecked Sendable {
 
     /// Runs `body` in an IMMEDIATE write transaction; rolls back if it throws. Each commit
     /// is published on `changeStream`.
-    func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+    package func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         guard !isReadOnly else {
             throw openedOnAFullDisk ? SofaError.diskFull(path: databaseFilePath) : SofaError.readOnlyFileSystem(path: databaseFilePath)
         }

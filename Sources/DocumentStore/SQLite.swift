@@ -3,7 +3,7 @@ import DocumentModel
 import Foundation
 
 /// A value bound to, or read from, an SQL statement.
-enum SQLValue {
+package enum SQLValue {
     case null
     case integer(Int64)
     case real(Double)
@@ -12,13 +12,13 @@ enum SQLValue {
 }
 
 extension SQLValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByNilLiteral {
-    init(stringLiteral value: String) { self = .text(value) }
-    init(integerLiteral value: Int64) { self = .integer(value) }
-    init(nilLiteral: ()) { self = .null }
-    init(_ value: Int) { self = .integer(Int64(value)) }
-    init(_ value: Bool) { self = .integer(value ? 1 : 0) }
-    init(_ value: String?) { self = value.map { .text($0) } ?? .null }
-    init(_ value: Int64?) { self = value.map { .integer($0) } ?? .null }
+    package init(stringLiteral value: String) { self = .text(value) }
+    package init(integerLiteral value: Int64) { self = .integer(value) }
+    package init(nilLiteral: ()) { self = .null }
+    package init(_ value: Int) { self = .integer(Int64(value)) }
+    package init(_ value: Bool) { self = .integer(value ? 1 : 0) }
+    package init(_ value: String?) { self = value.map { .text($0) } ?? .null }
+    package init(_ value: Int64?) { self = value.map { .integer($0) } ?? .null }
 }
 
 /// One SQLite connection. Owns its handle and a cache of prepared statements.
@@ -26,7 +26,7 @@ extension SQLValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Exp
 /// Not thread-safe by itself: `Database` hands a connection to one thread at a
 /// time (the writer behind `writeLock`, readers through the pool), which is the
 /// invariant behind `@unchecked Sendable`.
-final class SQLiteConnection: @unchecked Sendable {
+package final class SQLiteConnection: @unchecked Sendable {
     let handle: OpaquePointer
     let path: String
     private var statements: [String: OpaquePointer] = [:]
@@ -86,13 +86,13 @@ final class SQLiteConnection: @unchecked Sendable {
     }
 
     /// Runs one or more statements that take no arguments.
-    func execute(_ sql: String) throws {
+    package func execute(_ sql: String) throws {
         let code = sqlite3_exec(handle, sql, nil, nil, nil)
         guard code == SQLITE_OK else { throw error(code, sql: sql) }
     }
 
     /// Runs a statement for its effect.
-    func run(_ sql: String, _ arguments: SQLValue...) throws {
+    package func run(_ sql: String, _ arguments: SQLValue...) throws {
         let statement = try prepare(sql, arguments)
         defer { sqlite3_reset(statement) }
         var code: Int32
@@ -101,11 +101,11 @@ final class SQLiteConnection: @unchecked Sendable {
     }
 
     /// Runs a query and maps each row.
-    func query<T>(_ sql: String, _ arguments: SQLValue..., row transform: (SQLiteRow) throws -> T) throws -> [T] {
+    package func query<T>(_ sql: String, _ arguments: SQLValue..., row transform: (SQLiteRow) throws -> T) throws -> [T] {
         try query(sql, arguments, row: transform)
     }
 
-    func query<T>(_ sql: String, _ arguments: [SQLValue], row transform: (SQLiteRow) throws -> T) throws -> [T] {
+    package func query<T>(_ sql: String, _ arguments: [SQLValue], row transform: (SQLiteRow) throws -> T) throws -> [T] {
         let statement = try prepare(sql, arguments)
         defer { sqlite3_reset(statement) }
         var results: [T] = []
@@ -118,7 +118,7 @@ final class SQLiteConnection: @unchecked Sendable {
     }
 
     /// Like `query`, but visits rows one at a time without collecting them.
-    func forEach(_ sql: String, _ arguments: SQLValue..., row visit: (SQLiteRow) throws -> Void) throws {
+    package func forEach(_ sql: String, _ arguments: SQLValue..., row visit: (SQLiteRow) throws -> Void) throws {
         let statement = try prepare(sql, arguments)
         defer { sqlite3_reset(statement) }
         while true {
@@ -129,7 +129,7 @@ final class SQLiteConnection: @unchecked Sendable {
         }
     }
 
-    var changes: Int { Int(sqlite3_changes(handle)) }
+    package var changes: Int { Int(sqlite3_changes(handle)) }
 
     private func prepare(_ sql: String, _ arguments: [SQLValue]) throws -> OpaquePointer {
         let statement: OpaquePointer
@@ -164,32 +164,32 @@ final class SQLiteConnection: @unchecked Sendable {
 }
 
 /// The current row of a running query; valid only inside the row closure.
-struct SQLiteRow {
+package struct SQLiteRow {
     let statement: OpaquePointer
 
-    var columnCount: Int32 { sqlite3_column_count(statement) }
-    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_NULL }
-    func int(_ column: Int32) -> Int { Int(sqlite3_column_int64(statement, column)) }
-    func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
-    func bool(_ column: Int32) -> Bool { sqlite3_column_int64(statement, column) != 0 }
-    func double(_ column: Int32) -> Double { sqlite3_column_double(statement, column) }
-    func optionalInt64(_ column: Int32) -> Int64? { isNull(column) ? nil : int64(column) }
+    package var columnCount: Int32 { sqlite3_column_count(statement) }
+    package func isNull(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_NULL }
+    package func int(_ column: Int32) -> Int { Int(sqlite3_column_int64(statement, column)) }
+    package func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
+    package func bool(_ column: Int32) -> Bool { sqlite3_column_int64(statement, column) != 0 }
+    package func double(_ column: Int32) -> Double { sqlite3_column_double(statement, column) }
+    package func optionalInt64(_ column: Int32) -> Int64? { isNull(column) ? nil : int64(column) }
 
-    func text(_ column: Int32) -> String { optionalText(column) ?? "" }
+    package func text(_ column: Int32) -> String { optionalText(column) ?? "" }
 
-    func optionalText(_ column: Int32) -> String? {
+    package func optionalText(_ column: Int32) -> String? {
         guard let pointer = sqlite3_column_text(statement, column) else { return nil }
         let count = Int(sqlite3_column_bytes(statement, column))
         return String(decoding: UnsafeRawBufferPointer(start: pointer, count: count), as: UTF8.self)
     }
 
-    func blob(_ column: Int32) -> [UInt8] {
+    package func blob(_ column: Int32) -> [UInt8] {
         guard let pointer = sqlite3_column_blob(statement, column) else { return [] }
         return Array(UnsafeRawBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(statement, column))))
     }
 
     /// The raw UTF-8 bytes of a text column, without making a String.
-    func bytes(_ column: Int32) -> [UInt8] {
+    package func bytes(_ column: Int32) -> [UInt8] {
         guard let pointer = sqlite3_column_text(statement, column) else { return [] }
         let count = Int(sqlite3_column_bytes(statement, column))
         return Array(UnsafeRawBufferPointer(start: pointer, count: count))

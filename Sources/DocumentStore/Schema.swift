@@ -39,11 +39,11 @@ import Foundation
 /// - `schema_steps`: the names of the steps the file has had (`SchemaMigrator`).
 ///
 /// Older databases are upgraded when opened for writing (new tables and an index).
-enum Schema {
+package enum Schema {
     /// Every step, in the order a file gets them. Released steps keep their names and places.
     static let steps: [SchemaStep] = [
         documentsAndRevisions, bodyDigests, bodyEvents, PendingSave.schemaStep, CachedBody.schemaStep,
-        MangoIndex.schemaStep, StagedAttachment.schemaStep, LocalAttributes.schemaStep, attachmentOrder,
+        MangoIndex.schemaStep, Schema.stagedAttachments, Schema.localAttributes, attachmentOrder,
     ]
 
     static let documentsAndRevisions = SchemaStep("documents and revisions", numberedVersion: 1, sql: """

@@ -4,16 +4,16 @@ import Foundation
 /// One named change to `db.sqlite3`'s schema, applied once per file, in the order of
 /// `Schema.steps`, as GRDB's `DatabaseMigrator` applies its migrations.
 ///
-/// Each part that keeps tables declares its own step beside its code (`Staging.swift`,
-/// `LocalAttributes.swift`, `BodyCache.swift`, `MangoIndexes.swift`…), and says what the rest
-/// of the store must know of them: which blobs its rows hold (compaction and encryption keep
-/// those bodies without naming the table) and how a purged document's rows go. Nothing else
-/// branches on a version number.
+/// Each part that keeps tables declares its own step (`BodyCache.swift`, `MangoIndexes.swift`,
+/// `PendingSaves.swift` beside their code; the MountTables module's in `Schema+MountTables.swift`,
+/// since every opener must know them), and says what the rest of the store must know of them:
+/// which blobs its rows hold (compaction and encryption keep those bodies without naming the
+/// table) and how a purged document's rows go. Nothing else branches on a version number.
 ///
 /// Invariants: a step's `migrate` is idempotent (`IF NOT EXISTS`, columns checked first), since
 /// a file from before steps had names runs every step once to be sure; steps are never renamed
 /// or reordered once released; a new one goes at the end.
-struct SchemaStep: Sendable, Hashable {
+package struct SchemaStep: Sendable, Hashable {
     /// Its name in `schema_steps`, for good.
     let name: String
     /// The numbered version (1–8) that brought it, for files from before steps had names
@@ -42,16 +42,16 @@ struct SchemaStep: Sendable, Hashable {
         }
     }
 
-    static func == (lhs: SchemaStep, rhs: SchemaStep) -> Bool { lhs.name == rhs.name }
-    func hash(into hasher: inout Hasher) { hasher.combine(name) }
+    package static func == (lhs: SchemaStep, rhs: SchemaStep) -> Bool { lhs.name == rhs.name }
+    package func hash(into hasher: inout Hasher) { hasher.combine(name) }
 }
 
 /// The steps a file has: all of `Schema.steps` once opened for writing; a read-only file keeps
 /// what it was made with (a read-only version 1 file has no `body_digests`).
-struct AppliedSchema: Sendable {
+package struct AppliedSchema: Sendable {
     let names: Set<String>
 
-    func has(_ step: SchemaStep) -> Bool { names.contains(step.name) }
+    package func has(_ step: SchemaStep) -> Bool { names.contains(step.name) }
 
     /// The applied steps' statements forgetting a purged document's rows.
     var forgetDocumentStatements: [String] { Schema.steps.filter(has).compactMap(\.forgetDocument) }

@@ -1,5 +1,6 @@
 import DocumentModel
 @testable import DocumentStore
+import MountTables
 import Foundation
 import Testing
 import TestSupport

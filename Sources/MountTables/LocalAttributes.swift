@@ -1,4 +1,5 @@
 import DocumentModel
+import DocumentStore
 import Foundation
 
 /// What a mount keeps about a file or folder of a document that revisions do not hold: the
@@ -46,40 +47,13 @@ public struct LocalAttributes: Sendable, Equatable {
     public static func nanoseconds(_ seconds: Double) -> Int64 { Int64((seconds * 1e9).rounded()) }
 }
 
-extension LocalAttributes {
-    /// `local_attributes` (version 7). Versions 4 to 6 kept modification times (seconds, as
-    /// REAL) in `attachment_times`; their rows move here, to the nanosecond. A purged
-    /// document's rows go with it.
-    static let schemaStep = SchemaStep("local attributes", numberedVersion: 7,
-                                       forgetDocument: "DELETE FROM local_attributes WHERE doc_id = ?") { connection in
-        try connection.execute("""
-            CREATE TABLE IF NOT EXISTS local_attributes (
-                doc_id TEXT NOT NULL,
-                name TEXT NOT NULL,
-                digest TEXT,
-                modified INTEGER,
-                accessed INTEGER,
-                mode INTEGER,
-                PRIMARY KEY (doc_id, name)
-            ) WITHOUT ROWID;
-            """)
-        let found = try connection.query("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'attachment_times'") { $0.int(0) }[0]
-        guard found > 0 else { return }
-        try connection.execute("""
-            INSERT OR IGNORE INTO local_attributes (doc_id, name, digest, modified)
-                SELECT doc_id, name, digest, CAST(round(modified * 1e9) AS INTEGER) FROM attachment_times;
-            DROP TABLE attachment_times;
-            """)
-    }
-}
-
 extension Database {
     /// The local attributes of a document's files and folders, by row name.
     public func localAttributes(ofDocument id: String) throws -> [String: LocalAttributes] {
         guard schema.has(CachedBody.schemaStep) else { return [:] }
         return try read { connection in
             var result: [String: LocalAttributes] = [:]
-            if schema.has(LocalAttributes.schemaStep) {
+            if schema.has(Schema.localAttributes) {
                 try connection.forEach("SELECT name, digest, modified, accessed, mode FROM local_attributes WHERE doc_id = ?", .text(id)) { row in
                     result[row.text(0)] = LocalAttributes(digest: row.optionalText(1), modified: row.optionalInt64(2),
                                                           accessed: row.optionalInt64(3), mode: row.optionalInt64(4).map { UInt32($0) })
@@ -95,7 +69,7 @@ extension Database {
 
     /// The local attributes of one file or folder (`name`, or a folder's row name).
     public func localAttributes(docID: String, name: String) throws -> LocalAttributes? {
-        guard schema.has(LocalAttributes.schemaStep) else { return try localAttributes(ofDocument: docID)[name] }
+        guard schema.has(Schema.localAttributes) else { return try localAttributes(ofDocument: docID)[name] }
         return try read { try Database.localAttributes(docID, name, in: $0) }
     }
 
@@ -103,7 +77,7 @@ extension Database {
     /// a row left with nothing in it goes. Returns what the row now holds.
     @discardableResult
     public func updateLocalAttributes(docID: String, name: String, _ change: (inout LocalAttributes) -> Void) throws -> LocalAttributes? {
-        guard schema.has(LocalAttributes.schemaStep) else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        guard schema.has(Schema.localAttributes) else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
         return try write { connection in
             var attributes = try Database.localAttributes(docID, name, in: connection) ?? LocalAttributes()
             change(&attributes)
@@ -115,7 +89,7 @@ extension Database {
     /// and drops those of `removed` names, in one transaction.
     public func moveLocalAttributes(docID: String, moves: [(from: String, to: String)], toDocument target: String? = nil,
                                     removing removed: [String] = []) throws {
-        guard schema.has(LocalAttributes.schemaStep), !(moves.isEmpty && removed.isEmpty) else { return }
+        guard schema.has(Schema.localAttributes), !(moves.isEmpty && removed.isEmpty) else { return }
         try write { connection in
             var moved: [(String, LocalAttributes)] = []
             for (from, to) in moves {
@@ -149,29 +123,5 @@ extension Database {
                            .text(docID), .text(name), SQLValue(attributes.digest), SQLValue(attributes.modified),
                            SQLValue(attributes.accessed), SQLValue(attributes.mode.map { Int64($0) }))
         return attributes
-    }
-
-    /// When the revision that last changed each attachment of `revision` (its revpos) was saved
-    /// here: the time of an attachment that was given none (see `LocalAttributes`).
-    public func revisionTimes(of revision: Revision) throws -> [String: Double] {
-        guard !revision.attachments.isEmpty else { return [:] }
-        return try read { connection in
-            guard let row = try Database.documentRow(revision.docID, in: connection) else { return [:] }
-            var parents: [String: (parent: String?, generation: Int, saved: Double)] = [:]
-            try connection.forEach("SELECT rev_id, parent_id, generation, saved_at FROM revs WHERE doc_key = ?", .integer(row.key)) { row in
-                parents[row.text(0)] = (row.optionalText(1), row.int(2), row.double(3))
-            }
-            var savedAt: [Int: Double] = [:]  // generation → when the revision of this branch with it was saved here
-            var next: String? = revision.revID.description
-            while let id = next, let entry = parents[id] {
-                savedAt[entry.generation] = entry.saved
-                next = entry.parent
-            }
-            var times: [String: Double] = [:]
-            for attachment in revision.attachments {
-                times[attachment.name] = savedAt[attachment.revpos] ?? revision.savedAt.timeIntervalSince1970
-            }
-            return times
-        }
     }
 }

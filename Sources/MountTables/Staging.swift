@@ -1,4 +1,5 @@
 import DocumentModel
+import DocumentStore
 import Foundation
 
 /// An attachment body a mount saved into a document that is not part of a revision yet.
@@ -51,34 +52,11 @@ public struct StagedAttachment: Hashable, Sendable {
     }
 }
 
-extension StagedAttachment {
-    /// `staged_attachments` (version 6): the rows, by document and name (a file staged again
-    /// replaces its row; without the index, finding it scanned every row of the burst). Their
-    /// bodies are in the blob store and named by no revision yet: compaction and encryption keep
-    /// them (`blobKeys`), and automatic compaction waits for them to stay the same (`activity`).
-    static let schemaStep = SchemaStep("staged attachments", numberedVersion: 6,
-                                       blobKeys: "SELECT DISTINCT blob_key FROM staged_attachments",
-                                       activity: "SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM staged_attachments", sql: """
-        CREATE TABLE IF NOT EXISTS staged_attachments (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,
-            pid INTEGER NOT NULL,
-            doc_id TEXT NOT NULL,
-            name TEXT NOT NULL,
-            content_type TEXT NOT NULL,
-            length INTEGER NOT NULL,
-            blob_key TEXT NOT NULL,
-            expected_digest TEXT,
-            base_rev TEXT
-        );
-        CREATE INDEX IF NOT EXISTS staged_attachments_by_name ON staged_attachments (doc_id, name);
-        """)
-}
-
 extension Database {
     /// Records a staged attachment (and its modification time, if given) in one transaction.
     /// The body must already be in the blob store.
     public func stage(_ draft: StagedAttachment.Draft) throws -> StagedAttachment {
-        guard schema.has(StagedAttachment.schemaStep) else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        guard schema.has(Schema.stagedAttachments) else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
         try DocumentID.validate(draft.docID)
         try AttachmentName.validate(draft.attachment.name)
         guard let key = draft.attachment.blobKey else {
@@ -88,7 +66,7 @@ extension Database {
         let seq = try write { connection -> Int64 in
             let seq = try Database.insertStaged(draft.attachment, key: key, docID: draft.docID, expectedDigest: draft.expectedDigest,
                                                 base: draft.base, pid: pid, in: connection)
-            if draft.given != LocalAttributes(), schema.has(LocalAttributes.schemaStep) {
+            if draft.given != LocalAttributes(), schema.has(Schema.localAttributes) {
                 var attributes = try Database.localAttributes(draft.docID, draft.attachment.name, in: connection) ?? LocalAttributes()
                 attributes.take(draft.given, forBody: draft.attachment.digest)
                 try Database.store(attributes, docID: draft.docID, name: draft.attachment.name, in: connection)
@@ -103,7 +81,7 @@ extension Database {
     /// renamed to its own name), in one transaction: the old row goes, and its local attributes
     /// go along, replacing those of the name it takes.
     public func restage(_ staged: StagedAttachment, as name: String, expectedDigest: String?) throws -> StagedAttachment {
-        guard schema.has(StagedAttachment.schemaStep), let key = staged.attachment.blobKey else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
+        guard schema.has(Schema.stagedAttachments), let key = staged.attachment.blobKey else { throw SofaError.readOnlyFileSystem(path: databaseFilePath) }
         try AttachmentName.validate(name)
         let pid = getpid()
         let seq = try write { connection -> Int64 in
@@ -114,7 +92,7 @@ extension Database {
             guard connection.changes == 1 else {
                 throw SofaError.conflict(docID: staged.docID, revID: staged.base?.description, current: "(folded)")
             }
-            if schema.has(LocalAttributes.schemaStep) {
+            if schema.has(Schema.localAttributes) {
                 let moved = try Database.localAttributes(staged.docID, staged.name, in: connection)
                 try connection.run("DELETE FROM local_attributes WHERE doc_id = ? AND name IN (?, ?)",
                                    .text(staged.docID), .text(staged.name), .text(name))
@@ -143,7 +121,7 @@ extension Database {
 
     /// Every staged attachment, oldest first (a mount's start folds those of mounts that stopped).
     public func stagedAttachments() throws -> [StagedAttachment] {
-        guard schema.has(StagedAttachment.schemaStep) else { return [] }
+        guard schema.has(Schema.stagedAttachments) else { return [] }
         return try read { connection in
             try connection.query("""
                 SELECT seq, pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev
@@ -173,7 +151,7 @@ extension Database {
     public func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging seqs: [Int64]) throws -> [Revision] {
         try write { connection in
             let revisions = try drafts.map { try save($0.0, allowConflict: $0.allowConflict, in: connection) }
-            if schema.has(StagedAttachment.schemaStep) {
+            if schema.has(Schema.stagedAttachments) {
                 for seq in seqs {
                     try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq))
                     // Restaged (renamed) or replaced meanwhile: the caller looks again.
@@ -184,14 +162,5 @@ extension Database {
             }
             return revisions
         }
-    }
-
-    /// A draft on top of `parent` holding what `content` holds (a revision value the caller
-    /// kept, e.g. the one a mount showed when a file was opened): a conflicting branch can then
-    /// be made from a revision whose body the database no longer keeps.
-    public func newRevision(of id: String, from parent: RevisionID?, like content: Revision?) throws -> RevisionDraft {
-        try DocumentID.validate(id)
-        return RevisionDraft(docID: id, parent: parent, properties: content?.properties ?? JSONObject(),
-                             attachments: content?.attachments ?? [], blobs: blobs)
     }
 }

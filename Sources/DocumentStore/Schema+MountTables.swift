@@ -1,0 +1,54 @@
+import DocumentModel
+import Foundation
+
+/// The steps of the mount's own tables (their code is in the MountTables module). Declared
+/// here because every opener must know them: a `sofa compact` or `sofa encrypt` that never
+/// links the mount still keeps the bodies staged rows hold and forgets a purged document's
+/// local attributes, through these steps' hooks.
+extension Schema {
+    /// `staged_attachments` (version 6): the rows, by document and name (a file staged again
+    /// replaces its row; without the index, finding it scanned every row of the burst). Their
+    /// bodies are in the blob store and named by no revision yet: compaction and encryption keep
+    /// them (`blobKeys`), and automatic compaction waits for them to stay the same (`activity`).
+    package static let stagedAttachments = SchemaStep("staged attachments", numberedVersion: 6,
+                                                    blobKeys: "SELECT DISTINCT blob_key FROM staged_attachments",
+                                                    activity: "SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM staged_attachments", sql: """
+        CREATE TABLE IF NOT EXISTS staged_attachments (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            pid INTEGER NOT NULL,
+            doc_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            content_type TEXT NOT NULL,
+            length INTEGER NOT NULL,
+            blob_key TEXT NOT NULL,
+            expected_digest TEXT,
+            base_rev TEXT
+        );
+        CREATE INDEX IF NOT EXISTS staged_attachments_by_name ON staged_attachments (doc_id, name);
+        """)
+
+    /// `local_attributes` (version 7). Versions 4 to 6 kept modification times (seconds, as
+    /// REAL) in `attachment_times`; their rows move here, to the nanosecond. A purged
+    /// document's rows go with it.
+    package static let localAttributes = SchemaStep("local attributes", numberedVersion: 7,
+                                                  forgetDocument: "DELETE FROM local_attributes WHERE doc_id = ?") { connection in
+        try connection.execute("""
+            CREATE TABLE IF NOT EXISTS local_attributes (
+                doc_id TEXT NOT NULL,
+                name TEXT NOT NULL,
+                digest TEXT,
+                modified INTEGER,
+                accessed INTEGER,
+                mode INTEGER,
+                PRIMARY KEY (doc_id, name)
+            ) WITHOUT ROWID;
+            """)
+        let found = try connection.query("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'attachment_times'") { $0.int(0) }[0]
+        guard found > 0 else { return }
+        try connection.execute("""
+            INSERT OR IGNORE INTO local_attributes (doc_id, name, digest, modified)
+                SELECT doc_id, name, digest, CAST(round(modified * 1e9) AS INTEGER) FROM attachment_times;
+            DROP TABLE attachment_times;
+            """)
+    }
+}
