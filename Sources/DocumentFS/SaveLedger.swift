@@ -49,11 +49,15 @@ final class SaveLedger: @unchecked Sendable {
     /// `now` (as long as `recentSaves` keeps it: past `Tuning.mountRecentSaves` documents, only
     /// those of the quiet window).
     func savedRecently(_ id: String, within seconds: Double, now: Double) -> Bool {
-        lock.withLock { bursts[id] != nil || now - (recentSaves[id] ?? 0) < seconds }
+        lock.withLock { savedRecently(id, within: seconds, at: now) }
     }
 
     private func isBusy(_ id: String, at now: Double) -> Bool {
-        bursts[id] != nil || now - (recentSaves[id] ?? 0) < Tuning.burstQuietWindow
+        savedRecently(id, within: Tuning.burstQuietWindow, at: now)
+    }
+
+    private func savedRecently(_ id: String, within seconds: Double, at now: Double) -> Bool {
+        bursts[id] != nil || now - (recentSaves[id] ?? 0) < seconds
     }
 
     /// Adds a staged file to document `id`'s burst, begun now from `live` if there is none, in
