@@ -183,6 +183,9 @@ struct Mount: SofaCommand {
         session?.start()
         let compactor = readOnly || fileReadOnly ? nil : try compaction.start { [database] in [database] }
         mount.run()
+        // Unmounted: the guard's work is done. A new mount at the same point may already be there,
+        // and may have this one's device number (the kernel hands the lowest free one out again).
+        if let pipe = guardPipe.flatMap({ $0 }) { MountGuard.disarm(pipe) }
         compactor?.stop()
         fileSystem.saveSetAsideRemovals()
         fileSystem.foldAllBursts()
@@ -392,8 +395,19 @@ struct MountGuard: SofaCommand {
     /// Tells the guard which mount is its own: the device now mounted at `mountPoint`.
     static func arm(_ pipe: Int32, mountPoint: String) {
         guard let device = MountTable.device(of: mountPoint) else { return }
-        let line = Array((device + "\n").utf8)
-        _ = line.withUnsafeBytes { write(pipe, $0.baseAddress, $0.count) }
+        send(device, to: pipe)
+    }
+
+    /// Tells the guard the mount ended cleanly (it was unmounted): nothing is left to detach.
+    static func disarm(_ pipe: Int32) {
+        send(unmounted, to: pipe)
+    }
+
+    private static let unmounted = "unmounted"
+
+    private static func send(_ line: String, to pipe: Int32) {
+        let bytes = Array((line + "\n").utf8)
+        _ = bytes.withUnsafeBytes { write(pipe, $0.baseAddress, $0.count) }
     }
 
     func execute() throws {
@@ -402,23 +416,27 @@ struct MountGuard: SofaCommand {
         guard let mountPoint = ProcessInfo.processInfo.environment[MountGuard.variable] else {
             throw SofaError.invalidArgument("fuse-guard is started by sofa mount")
         }
-        // The device arrives as one line once mounted; the end of the pipe is the end of the mount.
+        // The device arrives as one line once mounted, "unmounted" after a clean end; the end of
+        // the pipe without it is a mount process that died (killed, crashed).
+        var lines: [String] = []
         var received: [UInt8] = []
         var byte: UInt8 = 0
-        while true {
+        while lines.last != MountGuard.unmounted {
             let count = read(0, &byte, 1)
             if count == 0 || (count < 0 && errno != EINTR) { break }
-            if count == 1 { received.append(byte) }
+            guard count == 1 else { continue }
+            if byte == UInt8(ascii: "\n") {
+                lines.append(String(decoding: received, as: UTF8.self))
+                received = []
+            } else {
+                received.append(byte)
+            }
         }
-        guard let newline = received.firstIndex(of: UInt8(ascii: "\n")) else {
-            // Never mounted, or killed between the mount and telling this guard its device.
-            MountGuard.detachIfDead(mountPoint)
-            return
-        }
-        let device = String(decoding: received[..<newline], as: UTF8.self)
-        // A clean unmount has already happened; another mount there is not ours.
-        guard MountTable.device(of: mountPoint) == device else { return }
-        MountGuard.detach(mountPoint)
+        guard lines.last != MountGuard.unmounted else { return }
+        // Only a dead mount is detached: one that answers is another process's, made at the same
+        // point after this one ended, even with the same device number. Without a device (killed
+        // between the mount and telling this guard), any dead Sofa mount there is this one's.
+        MountGuard.detachIfDead(mountPoint, device: lines.first)
     }
 
     private static func detach(_ mountPoint: String) {
@@ -429,11 +447,13 @@ struct MountGuard: SofaCommand {
 
     /// Detaches a Sofa mount at `mountPoint` whose process is gone: `statvfs` of it fails with
     /// ENOTCONN (the kernel keeps no answer to it, unlike attributes). One that answers is left
-    /// alone, and so is anything that is not a Sofa mount. Asks for up to a second, as the
-    /// ended process's descriptors are closed one by one.
-    static func detachIfDead(_ mountPoint: String) {
-        for _ in 0..<20 {
+    /// alone, and so is anything that is not a Sofa mount or (given `device`) not this device.
+    /// Asks for up to 5 s, as the ended process's descriptors are closed one by one (slowly on a
+    /// busy machine).
+    static func detachIfDead(_ mountPoint: String, device: String? = nil) {
+        for _ in 0..<100 {
             guard MountTable.type(of: mountPoint) == "fuse.sofa" else { return }
+            if let device, MountTable.device(of: mountPoint) != device { return }
             var info = statvfs()
             if statvfs(mountPoint, &info) != 0 && errno == ENOTCONN {
                 detach(mountPoint)

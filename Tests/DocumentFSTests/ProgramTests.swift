@@ -375,6 +375,45 @@ import TestSupport
         #expect(dead.succeeded, "\(dead.stderr)")
         #expect(waitUntil(10) { !MountedDatabase.isMounted(mountPoint) }, "the dead mount is detached")
     }
+
+    /// `fusermount3 -u` returns before the mount process ends (it still folds what was just
+    /// written), and a mount made at once at the same point gets the ended one's device number
+    /// again (the kernel hands the lowest free one out). The ended mount's guard took the new
+    /// mount for its own and detached it a moment later: the next command wrote into the bare
+    /// folder under it. Three rounds, each a daemonized `sofa mount` as a user's script runs it.
+    @Test func aMountMadeAtOnceWhereAnotherJustEndedStays() throws {
+        let mountPoint = directory.appending("again")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        defer { while MountedDatabase.isMounted(mountPoint) { _ = try? shell("fusermount3 -u -z '\(mountPoint)'") } }
+        let second = directory.appending("second.sofa")
+        _ = try Database.create(at: second)
+        let tree = directory.appending("tree")
+        try sh("mkdir '\(tree)' && for i in $(seq 1000); do head -c 4096 /dev/urandom > '\(tree)'/f$i; done")
+        /// Running processes whose arguments or environment hold `text` (a database's path as an
+        /// argument, or the guard's variable).
+        func running(_ text: String) -> Int {
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).filter { entry in
+                guard let pid = pid_t(entry), pid != getpid() else { return false }
+                return ["cmdline", "environ"].contains { file in
+                    FileManager.default.contents(atPath: "/proc/\(entry)/\(file)").map { String(decoding: $0, as: UTF8.self) }?
+                        .split(separator: "\0").contains(text[...]) == true
+                }
+            }.count
+        }
+        let guards = "SOFA_GUARDED_MOUNT=\(mountPoint)"
+        for round in 0..<3 {
+            let folder = "\(mountPoint)/docs/r\(round)/attachments"
+            try sh("'\(sofaBinary)' mount '\(db.path)' '\(mountPoint)' && mkdir -p '\(folder)' && cp -r '\(tree)'/. '\(folder)'/")
+            try sh("fusermount3 -u '\(mountPoint)' && '\(sofaBinary)' mount '\(second)' '\(mountPoint)'")
+            // The first mount's process and guard end (the second's guard stays, unless the first's detached it).
+            #expect(waitUntil(60) { running(db.path) == 0 && running(guards) <= 1 }, "round \(round): the first mount ended")
+            #expect(MountedDatabase.isMounted(mountPoint) && FileManager.default.fileExists(atPath: mountPoint + "/docs"),
+                    "round \(round): the second mount is there")
+            try sh("fusermount3 -u '\(mountPoint)'")
+            #expect(waitUntil(60) { running(second) == 0 && running(guards) == 0 }, "round \(round): the second mount ended")
+        }
+        #expect(try Database.open(at: db.path).document(withID: "r2")?.attachments.count == 1_000)
+    }
 }
 
 /// The reusable POSIX checks (TestSupport's `POSIXChecks`): on ext4 first, which proves the
