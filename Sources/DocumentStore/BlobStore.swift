@@ -1,6 +1,7 @@
 import CLinux
 import DocumentModel
 import Foundation
+import Synchronization
 
 /// A blob in the store: its key and its length in bytes.
 public struct StoredBlob: Hashable, Sendable {
@@ -264,6 +265,14 @@ public final class BlobStore: Sendable {
         return result
     }
 
+    /// A name no file in the temporary folder has: `PID-TOKEN-N.tmp`, the process's id first
+    /// (`removeAbandonedTemporaryFiles` reads it), a random token of the process (a crashed
+    /// process of the same id left its own files) and a count. Costs no system call: a mount
+    /// makes one per file written.
+    func newTemporaryPath() -> String {
+        "\(temporaryDirectory)/\(TemporaryNames.prefix)\(TemporaryNames.count.add(1, ordering: .relaxed).newValue).tmp"
+    }
+
     /// Deletes temporary files left by processes that no longer run. Returns bytes freed.
     @discardableResult
     func removeAbandonedTemporaryFiles(dryRun: Bool = false) -> Int64 {
@@ -329,7 +338,7 @@ public final class BlobStore: Sendable {
         }
         var path = path
         if keepingOriginal {
-            let link = "\(temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
+            let link = newTemporaryPath()
             guard LongPath.link(path, link) == 0 else { throw SofaError.system("link", path: path, errno: errno) }
             path = link
         }
@@ -441,7 +450,7 @@ public final class BlobWriter {
 
     fileprivate init(store: BlobStore) throws {
         self.store = store
-        temporaryPath = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
+        temporaryPath = store.newTemporaryPath()
         // 0444: a blob never changes once written, and `contentPath` hands it out as read-only.
         // Readable too when sealed: a write that ends inside a block reads it back to add to it.
         fd = open(temporaryPath, (store.isSealed ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_CLOEXEC, 0o444)
@@ -599,6 +608,12 @@ public final class BlobReader {
     }
 }
 
+/// What names the temporary files of this process.
+private enum TemporaryNames {
+    static let prefix = "\(getpid())-\(String(UInt64.random(in: 0...UInt64.max), radix: 36))-"
+    static let count = Atomic<Int>(0)
+}
+
 /// A temporary file written at any offset (the mount's attachment writes), that
 /// becomes a blob with `commit()`. While writes arrive in order from offset 0 the
 /// bytes are hashed as they come; otherwise the file is hashed once at commit.
@@ -610,6 +625,8 @@ public final class TemporaryBlobFile {
     /// Non-nil while every byte so far was written in order. Updated on `hasher` only.
     private var digest: MessageDigest? = MessageDigest(.sha1)
     private var hashedLength: Int64 = 0
+    /// Whether a write went to `hasher`: the later ones go there too, in order.
+    private var hashedElsewhere = false
     private var writeback = EarlyWriteback()
     public private(set) var size: Int64 = 0
     /// Hashes in-order writes on another core while the writer carries on (a mount's
@@ -624,7 +641,7 @@ public final class TemporaryBlobFile {
 
     fileprivate init(store: BlobStore, copying key: BlobKey?) throws {
         self.store = store
-        path = "\(store.temporaryDirectory)/\(getpid())-\(UUID().uuidString).tmp"
+        path = store.newTemporaryPath()
         fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
         if let sealingKey = store.key?.blobs {
@@ -652,7 +669,13 @@ public final class TemporaryBlobFile {
 
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
         if let sealed { try sealed.write(bytes, at: offset) } else { try writeFully(fd, bytes, at: offset, path: path) }
-        if let digest, offset == hashedLength {
+        if let digest, offset == hashedLength, !hashedElsewhere, hashedLength + Int64(bytes.count) <= TemporaryBlobFile.hashUnit {
+            // A small file's bytes are hashed here: handing 4 KiB to another thread and waiting
+            // for it at `commit` costs two wake-ups, more than SHA-1 of 128 KiB.
+            digest.update(bytes)
+            hashedLength += Int64(bytes.count)
+        } else if let digest, offset == hashedLength {
+            hashedElsewhere = true
             let copy = [UInt8](bytes)
             let box = HashingDigest(digest)
             let units = max(1, (bytes.count + TemporaryBlobFile.hashUnit - 1) / TemporaryBlobFile.hashUnit)
@@ -689,6 +712,7 @@ public final class TemporaryBlobFile {
         if newSize == 0 {
             digest = MessageDigest(.sha1)
             hashedLength = 0
+            hashedElsewhere = false
         } else if newSize != hashedLength {
             digest = nil
         }
