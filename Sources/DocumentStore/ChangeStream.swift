@@ -242,9 +242,15 @@ final class ForeignCommits: @unchecked Sendable {
             // Asleep until an event, a stop, a recheck due, or the safety interval.
             guard let event = waitForEvent(timeout: recheck ? Int32(Tuning.foreignChangeRecheck * 1000) : safety) else { return }
             if event {
-                // Let the burst settle: a commit writes its frames, then makes them visible.
-                while let more = waitForEvent(timeout: Int32(Tuning.foreignChangeSettle * 1000)), more {}
-                if isStopped { return }
+                // Let the burst settle: a commit writes its frames, then makes them visible. Looked
+                // for once a settle period, not woken by each: a burst of the mount's own commits
+                // writes the log several times a file, and each wake-up took a core from the writer.
+                var more: Bool? = true
+                while more == true {
+                    usleep(UInt32(Tuning.foreignChangeSettle * 1_000_000))
+                    more = waitForEvent(timeout: 0)
+                }
+                if more == nil || isStopped { return }
             }
             if changed() {
                 publish()
