@@ -12,12 +12,12 @@ extension DocumentFileSystem {
     func save(_ handle: WriteHandle) throws {
         if !handle.dirty, handle.failed, let error = handle.lastError { throw error }
         guard handle.dirty else { return }
-        FuseMount.mayBlock()  // a commit and its fsync: others are answered meanwhile
         defer { dropPendingSave(of: handle) }  // saved, or refused (its text kept apart): not pending either way
         do {
             let revision: Revision
             switch handle {
             case let properties as PropertiesWriteHandle:
+                FuseMount.mayBlock()  // a commit and its fsync: others are answered meanwhile
                 let object: JSONObject
                 do {
                     object = try parseProperties(properties.buffer)
@@ -38,6 +38,11 @@ extension DocumentFileSystem {
             case let attachment as AttachmentWriteHandle:
                 // A file closed in a busy document is staged: its body is synced with the fold that saves it.
                 let durable = !mayStage(handle.docID)
+                // A revision's commit and its fsyncs: others are answered meanwhile. A staged file's
+                // row is a commit without fsync, quicker than handing the reading to another thread
+                // (two wake-ups a file); one held up longer (the database locked) is seen by the
+                // mount's watchdog after `stallCheck`.
+                if durable { FuseMount.mayBlock() }
                 let blob = try attachment.commitBody(durable: durable)
                 let base = try saveAttachment(handle.docID, attachment.name, blob: blob, contentType: attachment.contentType,
                                               base: handle.base, seen: attachment.seenDigest, given: handle.given, synced: durable)

@@ -90,6 +90,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             mkdir(queriesDirectory, 0o755)
             sealPlainScratchFiles()
         }
+        // The system's table of types is read on first use (9 ms here): before the first file is
+        // made, not while a program waits for its create.
+        if !self.readOnly { DispatchQueue.global(qos: .utility).async { _ = MIMEType.forFileName("first.txt") } }
         recoverPendingSaves()
         do { try recoverStagedAttachments() } catch {
             log.error("files a stopped mount had written are not saved yet: \(error); they stay staged for the next mount")

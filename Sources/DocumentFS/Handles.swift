@@ -3,6 +3,7 @@ import DocumentStore
 import MountTables
 import Foundation
 import FuseKit
+import Synchronization
 
 /// An open file of the mount. Subclasses hold the state of one kind of file;
 /// `lock` guards it. Lock order (docs/internals.md, Locks): a handle's lock (1) is taken
@@ -337,9 +338,25 @@ final class WriterDescriptor: Handle, @unchecked Sendable {
 }
 
 /// The thread group (process) of a thread id, as the kernel names callers by thread.
-/// (Read with plain system calls: every open and close of a file being written asks.)
+/// Every open and close of a file being written asks, and reading `/proc/TID/status` costs
+/// more than the rest of a create: the last answer is kept for a second, as one thread of
+/// one program usually makes many files in a row (`tar`, `cp`, `rsync`). A thread id is not
+/// handed to another process that soon.
 func processOf(_ thread: pid_t) -> pid_t {
     guard thread > 0 else { return thread }
+    let now = DispatchTime.now().uptimeNanoseconds
+    if let known = lastProcessAsked.withLock({ $0.thread == thread && now &- $0.at < 1_000_000_000 ? $0.group : nil }) {
+        return known
+    }
+    let group = readProcessOf(thread)
+    lastProcessAsked.withLock { $0 = (thread, group, now) }
+    return group
+}
+
+private let lastProcessAsked = Mutex<(thread: pid_t, group: pid_t, at: UInt64)>((0, 0, 0))
+
+/// `processOf` from `/proc`, with plain system calls.
+private func readProcessOf(_ thread: pid_t) -> pid_t {
     let fd = open("/proc/\(thread)/status", O_RDONLY | O_CLOEXEC)
     guard fd >= 0 else { return thread }
     defer { close(fd) }
@@ -349,7 +366,7 @@ func processOf(_ thread: pid_t) -> pid_t {
     let key = Array("\nTgid:".utf8)
     var index = 0
     while index + key.count <= count {
-        if buffer[index] == key[0], Array(buffer[index..<index + key.count]) == key { break }
+        if buffer[index..<index + key.count].elementsEqual(key) { break }
         index += 1
     }
     index += key.count

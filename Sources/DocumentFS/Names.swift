@@ -81,7 +81,8 @@ enum Node: Equatable {
     }
 
     init?(path: String) {
-        let parts = path.split(separator: "/").map(String.init)
+        // Split as bytes: "/" is one in UTF-8, and splitting by characters costs more than the rest.
+        let parts = path.utf8.split(separator: UInt8(ascii: "/")).map { String(Substring($0)) }
         guard let first = parts.first else { self = .root; return }
         if Node.isRootScratchName(first) {
             self = .scratch(Node.rootScratchID, relative: parts.joined(separator: "/"))

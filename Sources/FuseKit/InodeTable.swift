@@ -70,7 +70,14 @@ final class InodeTable: @unchecked Sendable {
             guard let path = try pathOfNumber(top - InodeTable.numbered) else { return nil }
             base = path
         }
-        return names.isEmpty ? (base.isEmpty ? "/" : base) : base + "/" + names.reversed().joined(separator: "/")
+        guard !names.isEmpty else { return base.isEmpty ? "/" : base }
+        var path = base
+        path.reserveCapacity(names.reduce(base.utf8.count) { $0 + 1 + $1.utf8.count })
+        for name in names.reversed() {
+            path += "/"
+            path += name
+        }
+        return path
     }
 
     /// The path of `name` in the directory `parent`.
