@@ -353,6 +353,10 @@ public final class BlobStore: Sendable {
             throw error
         }
         let key = BlobKey(digest: digest.finalize())
+        // A new blob's time says it is fresh (compaction keeps unreferenced ones that are, as a
+        // save may be about to use them): the file's own time may be any (`rsync -a` set it to
+        // its source's before the rename that brings it here).
+        futimens(fd, nil)
         try install(fd, at: path, as: key, durable: durable)
         return StoredBlob(key: key, length: length)
     }

@@ -177,6 +177,21 @@ import TestSupport
         #expect(try db.check().isEmpty)
     }
 
+    /// A file adopted into the store (the mount's rename of rsync's temporary file, whose time
+    /// rsync set to its source's) is as fresh as a written one: compaction running before the
+    /// save that uses it keeps it.
+    @Test func aBodyAdoptedFromAnOldFileIsFreshForCompaction() throws {
+        let db = try directory.makeDatabase()
+        let path = directory.appending("old-file")
+        try Data(repeating: 5, count: 6_000).write(to: URL(fileURLWithPath: path))
+        var times = [timespec(tv_sec: 978_307_200, tv_nsec: 0), timespec(tv_sec: 978_307_200, tv_nsec: 0)]  // 2001
+        #expect(utimensat(AT_FDCWD, path, &times, 0) == 0)
+        let adopted = try db.blobs.adopt(fileAt: path, keepingOriginal: true, durable: false)
+        let report = try db.compact()
+        #expect(report.recentBlobsKept == 1 && report.blobsDeleted == 0)
+        #expect(db.blobs.contains(adopted.key))
+    }
+
     /// `sofa compact` right after a detach frees the body at once when no other process has
     /// the database open, and keeps it (saying why) while one has.
     @Test func compactionAloneFreesFreshOrphansAtOnceAndKeepsThemWhileAnotherProcessHasTheDatabase() throws {
