@@ -17,7 +17,6 @@ public final class ChangeWatcher: @unchecked Sendable {
     private var lastSequence: Int64
     private var lastBodyEvent: Int64
     private var lastPurge: Int64
-    private let streamPosition: UInt64
     /// The stream's `lastDocumentChange` at the start.
     private let documentPosition: UInt64
     private var stopped = false
@@ -35,8 +34,8 @@ public final class ChangeWatcher: @unchecked Sendable {
         self.madeHere = madeHere
         self.documentChanged = documentChanged
         self.invalidate = invalidate
+        _ = database.changeStream.current  // other processes' commits are watched from now on
         // Where the stream stood before the first read: a commit after it is looked at.
-        streamPosition = database.changeStream.current
         documentPosition = database.changeStream.lastDocumentChange
         lastSequence = try database.lastSequence
         lastBodyEvent = try database.lastBodyEvent()
@@ -46,17 +45,14 @@ public final class ChangeWatcher: @unchecked Sendable {
     public func start() {
         let stream = database.changeStream
         let thread = Thread { [self] in
-            var seen = streamPosition
             var lookedAt = documentPosition
             var retry = false
             while !isStopped && !stream.isClosed {
-                // After a failed look, another one a second later even if nothing commits.
-                let now = stream.wait(after: seen, until: retry ? Date().addingTimeInterval(1) : nil, unless: { isStopped })
-                guard now != seen || retry else { continue }
-                seen = now
                 // Commits of this process that changed no document and no body (a burst's staged
-                // files: one commit per closed file) need no look.
-                let documents = stream.lastDocumentChange
+                // files: one commit per closed file) need no look, and do not wake this thread.
+                // After a failed look, another one a second later even if nothing commits.
+                let documents = stream.waitForDocuments(after: lookedAt, until: retry ? Date().addingTimeInterval(1) : nil,
+                                                        unless: { isStopped })
                 guard documents != lookedAt || retry else { continue }
                 lookedAt = documents
                 do {

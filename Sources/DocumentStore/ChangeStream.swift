@@ -21,6 +21,8 @@ public final class ChangeStream: @unchecked Sendable {
     private var position: UInt64 = 0
     /// See `lastDocumentChange`.
     private var documentPosition: UInt64 = 0
+    /// Threads blocked in `wait(after:)`, which every commit wakes.
+    private var positionWaiters = 0
     private var closed = false
     private var waiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
     /// The timer that ends each async wait at its deadline, cancelled when the wait ends first.
@@ -62,7 +64,7 @@ public final class ChangeStream: @unchecked Sendable {
             if documents { documentPosition = position }
             return self.observers
         }
-        wakeWaiters()
+        wakeWaiters(blocked: documents || condition.withLock { positionWaiters > 0 })
         for observer in observers { observer(documents) }
     }
 
@@ -80,8 +82,15 @@ public final class ChangeStream: @unchecked Sendable {
 
     /// Wakes every waiter without a change, so that one told to stop sees it.
     public func wakeWaiters() {
+        wakeWaiters(blocked: true)
+    }
+
+    /// Wakes the async waiters, and the blocked threads too if `blocked` (a commit that changed no
+    /// document wakes no thread that waits for documents: a burst's staged files woke the
+    /// mount's watcher at each closed file).
+    private func wakeWaiters(blocked: Bool) {
         let (woken, stopped) = condition.withLock { () -> ([CheckedContinuation<Void, Never>], [any DispatchSourceTimer]) in
-            condition.broadcast()
+            if blocked { condition.broadcast() }
             defer {
                 waiters.removeAll()
                 timers.removeAll()
@@ -111,9 +120,25 @@ public final class ChangeStream: @unchecked Sendable {
         startForeignWatchIfNeeded()
         return condition.withLock {
             if position == seen && !closed && !stopped() {
+                positionWaiters += 1
+                defer { positionWaiters -= 1 }
                 if let deadline { _ = condition.wait(until: deadline) } else { condition.wait() }
             }
             return position
+        }
+    }
+
+    /// `wait(after:)` for commits that may have changed documents or bodies only: blocks until
+    /// `lastDocumentChange` moves past `seen` (or the deadline, the close, `wakeWaiters()`), and
+    /// returns it. This process's other commits do not wake it.
+    @discardableResult
+    public func waitForDocuments(after seen: UInt64, until deadline: Date? = nil, unless stopped: () -> Bool = { false }) -> UInt64 {
+        startForeignWatchIfNeeded()
+        return condition.withLock {
+            if documentPosition == seen && !closed && !stopped() {
+                if let deadline { _ = condition.wait(until: deadline) } else { condition.wait() }
+            }
+            return documentPosition
         }
     }
 

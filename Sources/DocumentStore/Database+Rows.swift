@@ -25,7 +25,7 @@ extension Database {
             VALUES (max(coalesce((SELECT max(doc_key) FROM docs), 0),
                         coalesce((SELECT value FROM meta WHERE key = 'last_purged_key'), 0)) + 1, ?, ?, 0, NULL)
             """, .text(id), .text(revID.description))
-        return try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
+        return connection.lastInsertedRowID
     }
 
     static func loadTree(docKey: Int64, in connection: SQLiteConnection) throws -> RevisionTree {

@@ -131,6 +131,9 @@ package final class SQLiteConnection: @unchecked Sendable {
 
     package var changes: Int { Int(sqlite3_changes(handle)) }
 
+    /// The rowid of the last row inserted on this connection (no statement asked).
+    package var lastInsertedRowID: Int64 { sqlite3_last_insert_rowid(handle) }
+
     private func prepare(_ sql: String, _ arguments: [SQLValue]) throws -> OpaquePointer {
         let statement: OpaquePointer
         if let cached = statements[sql] {

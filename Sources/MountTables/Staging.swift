@@ -113,7 +113,7 @@ extension Database {
             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
             """, .integer(Int64(pid)), .text(docID), .text(attachment.name), .text(attachment.contentType),
             .integer(attachment.length), .text(key.hex), SQLValue(expectedDigest), SQLValue(base?.description))
-        let seq = try connection.query("SELECT last_insert_rowid()") { $0.int64(0) }[0]
+        let seq = connection.lastInsertedRowID
         try connection.run("DELETE FROM staged_attachments WHERE doc_id = ? AND name = ? AND pid = ? AND seq < ?",
                            .text(docID), .text(attachment.name), .integer(Int64(pid)), .integer(seq))
         return seq
