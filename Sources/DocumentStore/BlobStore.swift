@@ -673,12 +673,17 @@ public final class TemporaryBlobFile {
 
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
         if let sealed { try sealed.write(bytes, at: offset) } else { try writeFully(fd, bytes, at: offset, path: path) }
-        if let digest, offset == hashedLength, !hashedElsewhere, hashedLength + Int64(bytes.count) <= TemporaryBlobFile.hashUnit {
+        defer { size = max(size, offset + Int64(bytes.count)) }
+        guard let digest, offset == hashedLength else {
+            digest = nil  // out of order: hashed once at `commit`
+            return
+        }
+        if !hashedElsewhere && hashedLength + Int64(bytes.count) <= TemporaryBlobFile.hashUnit {
             // A small file's bytes are hashed here: handing 4 KiB to another thread and waiting
             // for it at `commit` costs two wake-ups, more than SHA-1 of 128 KiB.
             digest.update(bytes)
             hashedLength += Int64(bytes.count)
-        } else if let digest, offset == hashedLength {
+        } else {
             hashedElsewhere = true
             let copy = [UInt8](bytes)
             let box = HashingDigest(digest)
@@ -690,10 +695,7 @@ public final class TemporaryBlobFile {
             }
             hashedLength += Int64(bytes.count)
             writeback.written(upTo: hashedLength, fd: fd)
-        } else {
-            digest = nil
         }
-        size = max(size, offset + Int64(bytes.count))
     }
 
     public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {

@@ -59,12 +59,12 @@ public final class ChangeStream: @unchecked Sendable {
     /// event); false for this process's commits that did neither (a mount's staged file, a
     /// local document, a cache note). Another process's commit is always counted as one.
     public func publish(documents: Bool = true) {
-        let observers = condition.withLock {
+        let (observers, wakeBlocked) = condition.withLock {
             position &+= 1
             if documents { documentPosition = position }
-            return self.observers
+            return (self.observers, documents || positionWaiters > 0)
         }
-        wakeWaiters(blocked: documents || condition.withLock { positionWaiters > 0 })
+        wakeWaiters(blocked: wakeBlocked)
         for observer in observers { observer(documents) }
     }
 

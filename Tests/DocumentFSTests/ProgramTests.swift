@@ -325,13 +325,8 @@ import TestSupport
         let mount = try MountedDatabase(db.path, arguments: ["-o", "auto_unmount"])
         // `pkill -f NAME.sofa` also kills libfuse's auto_unmount helper (its arguments name the database).
         func sharingTheName() -> [pid_t] {
-            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in
-                guard let pid = pid_t(entry), pid != getpid(),
-                      let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline"),
-                      case let text = String(decoding: cmdline, as: UTF8.self),
-                      text.contains(db.path) || text.contains("fsname=sofa:\(URL(fileURLWithPath: db.path).lastPathComponent)")
-                else { return nil }
-                return pid
+            runningProcesses { arguments, _ in
+                arguments.contains { $0.contains(db.path) || $0.contains("fsname=sofa:\(URL(fileURLWithPath: db.path).lastPathComponent)") }
             }
         }
         // At once, as a user would: the mount may not have told its guard its device yet.
@@ -360,12 +355,9 @@ import TestSupport
                 "a live mount is left alone")
 
         // The mount's own guard goes first, then the mount: a dead mount stays.
-        let guards = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).filter { entry in
-            guard Int32(entry) != nil, let environment = FileManager.default.contents(atPath: "/proc/\(entry)/environ") else { return false }
-            return String(decoding: environment, as: UTF8.self).split(separator: "\0").contains("SOFA_GUARDED_MOUNT=\(mountPoint)"[...])
-        }
+        let guards = runningProcesses { _, environment in environment.contains("SOFA_GUARDED_MOUNT=\(mountPoint)"[...]) }
         #expect(guards.count == 1, "the mount's guard")
-        for entry in guards { kill(pid_t(entry)!, SIGKILL) }
+        for pid in guards { kill(pid, SIGKILL) }
         process.kill()
         _ = process.wait()
         var info = statvfs()
@@ -389,16 +381,10 @@ import TestSupport
         _ = try Database.create(at: second)
         let tree = directory.appending("tree")
         try sh("mkdir '\(tree)' && for i in $(seq 1000); do head -c 4096 /dev/urandom > '\(tree)'/f$i; done")
-        /// Running processes whose arguments or environment hold `text` (a database's path as an
-        /// argument, or the guard's variable).
+        /// Running processes with `text` as one of their arguments or environment entries (a
+        /// database's path, the guard's variable).
         func running(_ text: String) -> Int {
-            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).filter { entry in
-                guard let pid = pid_t(entry), pid != getpid() else { return false }
-                return ["cmdline", "environ"].contains { file in
-                    FileManager.default.contents(atPath: "/proc/\(entry)/\(file)").map { String(decoding: $0, as: UTF8.self) }?
-                        .split(separator: "\0").contains(text[...]) == true
-                }
-            }.count
+            runningProcesses { arguments, environment in arguments.contains(text[...]) || environment.contains(text[...]) }.count
         }
         let guards = "SOFA_GUARDED_MOUNT=\(mountPoint)"
         for round in 0..<3 {
@@ -413,6 +399,19 @@ import TestSupport
             #expect(waitUntil(60) { running(second) == 0 && running(guards) == 0 }, "round \(round): the second mount ended")
         }
         #expect(try Database.open(at: db.path).document(withID: "r2")?.attachments.count == 1_000)
+    }
+}
+
+/// The processes (other than this one) whose arguments and environment, split at their NULs,
+/// satisfy `matching`.
+private func runningProcesses(_ matching: (_ arguments: [Substring], _ environment: [Substring]) -> Bool) -> [pid_t] {
+    ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in
+        guard let pid = pid_t(entry), pid != getpid() else { return nil }
+        func fields(_ file: String) -> [Substring] {
+            FileManager.default.contents(atPath: "/proc/\(entry)/\(file)").map { String(decoding: $0, as: UTF8.self) }?
+                .split(separator: "\0") ?? []
+        }
+        return matching(fields("cmdline"), fields("environ")) ? pid : nil
     }
 }
 
