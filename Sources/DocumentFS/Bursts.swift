@@ -9,14 +9,15 @@ import Foundation
 /// - A file closed in a document that has been quiet for the window is saved as a revision at
 ///   once, as before: an editor's save is one revision, there when `close` returns.
 /// - A file closed within the window of the document's previous save is *staged*: its body is
-///   already in the blob store, and one row in SQLite records it (`Database.stage`), so it is
-///   safe against a killed mount when `close` returns and costs the same whatever the document
-///   holds. The mount shows it at once.
+///   already in the blob store, and one record of the mount's staging log records it
+///   (`StagingLog.stage`; a row in SQLite for an encrypted database, `Database.stage`), so it
+///   is safe against a killed mount when `close` returns and costs the same whatever the
+///   document holds. The mount shows it at once.
 /// - The staged files of a document are folded into one revision when it has been quiet for the
 ///   window, or when the oldest has waited `burstLongestDelay`; any other save of the document
 ///   (properties.json, an unlink, a rename) takes them in first, and so does the unmount.
-/// - A mount that was killed leaves its staged files to the next mount of the database, which
-///   folds them when it starts. Other processes (`sofa cat`, a replicator in another process)
+/// - A mount that was killed leaves its staged files (its log) to the next mount of the
+///   database, which folds them when it starts. Other processes (`sofa cat`, a replicator in another process)
 ///   see staged files once they are folded, at most `burstLongestDelay` later.
 extension DocumentFileSystem {
     /// The staged files of one document and when they came.
@@ -86,12 +87,12 @@ extension DocumentFileSystem {
         // make and rsync think it changed.
         var local = given
         local.modified = given.modified ?? LocalAttributes.nanoseconds(now)
-        let staged = try database.stage(StagedAttachment.Draft(docID: id, attachment: attachment,
-                                                              expectedDigest: entry.byName[name]?.digest,
-                                                              base: live.revID, given: local))
-        // What the row now holds, as the stage wrote it (no read back: this is every file's close).
+        // What the row or record now holds, as the stage wrote it (no read back: this is every file's close).
         var shown = entry.local[name] ?? LocalAttributes()
         shown.take(local, forBody: attachment.digest)
+        let draft = StagedAttachment.Draft(docID: id, attachment: attachment, expectedDigest: entry.byName[name]?.digest,
+                                           base: live.revID, given: local)
+        let staged = try stagingLog.map { try $0.stage(draft, shown: shown) } ?? database.stage(draft)
         cache.update(id) { $0.setLocal(name, shown) }
         track(staged, in: id, base: live)
         return live.revID
@@ -113,7 +114,11 @@ extension DocumentFileSystem {
         guard let live = entry.revision, entry.byName[fromName] == nil, !Blobs.isStandInName(toName) else { return false }
         let moved: StagedAttachment
         do {
-            moved = try database.restage(staged, as: toName, expectedDigest: entry.byName[toName]?.digest)
+            if staged.log != nil, let stagingLog {
+                moved = try stagingLog.restage(staged, as: toName, expectedDigest: entry.byName[toName]?.digest)
+            } else {
+                moved = try database.restage(staged, as: toName, expectedDigest: entry.byName[toName]?.digest)
+            }
         } catch SofaError.conflict {
             return false  // folded meanwhile: renamed in a revision
         }
@@ -158,21 +163,24 @@ extension DocumentFileSystem {
         _ = try commitChanges(id, base: nil, change: nil, seen: .unknown) { _ in }
     }
 
-    /// Folds every burst (the mount is ending).
+    /// Folds every burst (the mount is ending); the staging log goes if nothing is left in it.
     public func foldAllBursts() {
         for id in ledger.documentsWithBursts {
             do { try foldBurst(id) } catch {
                 log.error("docs/\(FileNames.escape(id)): files written in a burst were not saved as a revision: \(error); they stay staged and are saved at the next mount")
             }
         }
+        stagingLog?.finish()
     }
 
-    /// Takes in the files that mounts which stopped (killed, crashed) had staged: each
-    /// document's become one revision, as their fold would have made.
+    /// Takes in the files that mounts which stopped (killed, crashed) had staged, in rows and
+    /// in their staging logs (made rows first): each document's become one revision, as their
+    /// fold would have made.
     func recoverStagedAttachments() throws {
         guard !readOnly else { return }
-        let orphans = try database.stagedAttachments().filter { staged in
-            staged.pid != getpid() && kill(staged.pid, 0) != 0 && errno == ESRCH
+        let imported = try StagingLog.importStopped(into: database, except: stagingLog?.name)
+        let orphans = try database.stagedAttachments(includingLogs: false).filter { staged in
+            imported.contains(staged.seq) || staged.pid != getpid() && kill(staged.pid, 0) != 0 && errno == ESRCH
         }
         // A power loss can leave a row whose body never reached the disk (it was synced by the
         // fold): that file is lost, as the last window may be, and said so.
@@ -194,21 +202,22 @@ extension DocumentFileSystem {
             for file in lost {
                 log.error("docs/\(FileNames.escape(file.docID))/attachments/\(file.name): written before the mount stopped, but its bytes did not reach the disk (a power loss?); it is not saved")
             }
-            try database.save(nil, unstaging: lost.map(\.seq))
+            try database.save(nil, unstaging: lost)
         }
         for (id, files) in Dictionary(grouping: intact, by: \.docID) {
             guard let live = try database.document(withID: id) else {
                 // Deleted since: the files become a branch of their own rather than disappear.
                 var branch = try database.newDocument(id)
                 for file in files { try branch.setAttachment(file.attachment) }
-                try database.save(branch, allowConflict: true, unstaging: files.map(\.seq))
+                try database.save(branch, allowConflict: true, unstaging: files)
                 continue
             }
             ledger.adopt(files, in: id, base: live, at: Date().timeIntervalSince1970)
             try foldBurst(id)
-            // Older stagings of the same names (replaced by later ones) go too.
-            let left = Set(files.map(\.seq)).subtracting((ledger.stagedFiles(in: id)?.values.map(\.seq)) ?? [])
-            try database.save(nil, unstaging: Array(left))
+            // Older stagings of the same names (replaced by later ones, which the fold took) go too.
+            let latest = Dictionary(files.map { ($0.name, $0.seq) }, uniquingKeysWith: max)
+            let replaced = files.filter { latest[$0.name] != $0.seq }
+            if !replaced.isEmpty { try database.save(nil, unstaging: replaced) }
             log.notice("docs/\(FileNames.escape(id)): saved \(files.count) file(s) a mount that stopped had written")
         }
     }

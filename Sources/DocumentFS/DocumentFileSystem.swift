@@ -58,6 +58,9 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     let listings = ListingSnapshots()
     /// Staged files per document (Bursts.swift), recent saves, unsynced bodies, own saves.
     let ledger = SaveLedger()
+    /// Where this mount's staged files are recorded (nil: in SQLite rows, as an encrypted
+    /// database keeps them).
+    let stagingLog: StagingLog?
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
     typealias Removal = NamespaceOverlay.Removal
@@ -81,6 +84,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         self.bodySource = bodySource
         self.fetchTimeout = fetchTimeout
         self.readOnly = readOnly || database.isReadOnly
+        stagingLog = self.readOnly ? nil : StagingLog.make(for: database)
         scratch = ScratchFolder(database: database)
         if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {
             throw SofaError.system("create directory", path: scratchRoot, errno: errno)
@@ -112,10 +116,13 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             guard DocumentID.isStorable(id), let revision = try database.document(withID: id) else {
                 return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false)
             }
+            // Staged files' times and modes are in the log until their fold stores them: read
+            // first, so that a fold in between leaves them in one or the other.
+            let staged = stagingLog?.attributes(in: id) ?? [:]
+            let local = try database.localAttributes(ofDocument: id).merging(staged) { $1 }
             return DocumentCache.Entry(revision: revision, key: try database.storageKey(of: id), rendered: render(revision.properties),
                                        hasConflicts: !(try database.revisionTree(of: id).conflicts.isEmpty),
-                                       revisionTimes: try database.revisionTimes(of: revision),
-                                       local: try database.localAttributes(ofDocument: id))
+                                       revisionTimes: try database.revisionTimes(of: revision), local: local)
         }
     }
 

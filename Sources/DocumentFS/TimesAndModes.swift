@@ -149,7 +149,7 @@ extension DocumentFileSystem {
         if kind == .regularFile {
             guard try liveRevision(id) != nil, try visibleAttachment(name, in: id) != nil else { return }  // not saved yet
         }
-        let local = try database.updateLocalAttributes(docID: id, name: row) { $0.mode = bits == standard ? nil : bits }
+        let local = try updateLocalAttributes(of: row, in: id) { $0.mode = bits == standard ? nil : bits }
         cache.update(id) { $0.setLocal(row, local) }
     }
 
@@ -158,8 +158,18 @@ extension DocumentFileSystem {
     /// reload the whole document for each file `cp -a` or `rsync -a` touches.
     func recordGiven(_ given: LocalAttributes, of name: String, in id: String, digest: String) throws {
         guard given != LocalAttributes() else { return }
-        let local = try database.updateLocalAttributes(docID: id, name: name) { $0.take(given, forBody: digest) }
+        let local = try updateLocalAttributes(of: name, in: id) { $0.take(given, forBody: digest) }
         cache.update(id) { $0.setLocal(name, local) }
+    }
+
+    /// Changes the times or mode of attachment `name`: in the staging log while it is staged
+    /// there (`tar` and `rsync` give each file its time after its close), else in its row.
+    func updateLocalAttributes(of name: String, in id: String, _ change: (inout LocalAttributes) -> Void) throws -> LocalAttributes? {
+        if let stagingLog, let staged = ledger.staged(name, in: id), staged.log != nil,
+           let local = try stagingLog.updateAttributes(of: staged, change) {
+            return local == LocalAttributes(digest: local.digest) ? nil : local
+        }
+        return try database.updateLocalAttributes(docID: id, name: name, change)
     }
 
     /// Renamed files and folders take their times and modes along; those of a file or empty
@@ -189,6 +199,8 @@ extension DocumentFileSystem {
     /// A removed file's mode and times go with it (a new file of the same name starts afresh).
     func forgetLocalAttributes(of name: String, in id: String) throws {
         guard try cached(id).local[name] != nil else { return }
+        // Staged still (a removal under way saves it later): its fold would store them again.
+        _ = try updateLocalAttributes(of: name, in: id) { $0 = LocalAttributes() }
         try database.moveLocalAttributes(docID: id, moves: [], removing: [name])
         cache.update(id) { $0.setLocal(name, nil) }
     }

@@ -30,7 +30,7 @@ extension Database {
             var mark = [try Database.lastSequence(in: connection)]
             if schema.has(Schema.bodyEvents) { mark += try connection.query("SELECT COALESCE(MAX(seq), 0) FROM body_events") { $0.int64(0) } }
             mark += try schema.activity(in: connection)
-            return mark
+            return mark + StagingLogFiles.activity(in: stagingLogDirectory)
         }
     }
 
@@ -51,7 +51,7 @@ extension Database {
                     WHERE r.leaf = 1 AND a.blob_key IS NOT NULL
                 """) { $0.text(0) }.compactMap(BlobKey.init(hex:)).map { blobs.fileName(for: $0) })
             keys.formUnion(try Database.blobKeysNamedInBodies(in: connection, leavesOnly: true).map { blobs.fileName(for: $0) })
-            keys.formUnion(try schema.heldBlobKeys(in: connection).compactMap(BlobKey.init(hex:)).map { blobs.fileName(for: $0) })
+            keys.formUnion(try heldBlobKeys(in: connection).compactMap(BlobKey.init(hex:)).map { blobs.fileName(for: $0) })
             return keys
         }
         let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod

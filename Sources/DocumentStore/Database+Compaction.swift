@@ -12,11 +12,12 @@ extension Database {
     public func removeUnreferencedBlobs(_ keys: [BlobKey], writtenSince since: Date) throws {
         guard !keys.isEmpty else { return }
         try write { connection in
+            let logged = StagingLogFiles.heldBlobKeys(in: stagingLogDirectory)
             for key in Set(keys) {
                 var referenced = try connection.query("SELECT EXISTS (SELECT 1 FROM rev_attachments WHERE blob_key = ?)", .text(key.hex)) {
                     $0.bool(0)
                 }[0]
-                if !referenced { referenced = try schema.holds(blobKey: key.hex, in: connection) }
+                if !referenced { referenced = try logged.contains(key.hex) || schema.holds(blobKey: key.hex, in: connection) }
                 var info = stat()
                 guard !referenced, stat(blobs.path(for: key), &info) == 0,
                       Double(info.st_mtim.tv_sec) + 1 >= since.timeIntervalSince1970 else { continue }
@@ -66,7 +67,7 @@ extension Database {
                     // Still under the write lock: no save in this process can reference a blob meanwhile.
                     var referenced = Set(try Database.referencedBlobKeys(in: connection).map(\.hex))
                     // Bodies other parts hold that no revision names yet (a mount's staged files).
-                    referenced.formUnion(try schema.heldBlobKeys(in: connection))
+                    referenced.formUnion(try heldBlobKeys(in: connection))
                     let cutoff = alone && noOtherProcess ? Double.infinity : Date().timeIntervalSince1970 - Tuning.blobGracePeriod
                     // Compared by file name: an encrypted store's names do not give the key back.
                     let referencedFiles = Set(referenced.compactMap(BlobKey.init(hex:)).map(blobs.fileName(for:)))
@@ -139,5 +140,16 @@ extension Database {
             }
         }
         return problems
+    }
+}
+
+extension Database {
+    /// The folder of the mount's staging logs (`StagingLogFiles`).
+    package var stagingLogDirectory: String { StagingLogFiles.directory(ofDatabaseAt: path) }
+
+    /// The bodies other parts hold that no revision names yet (a mount's staged files, in its
+    /// rows and its logs): compaction and encryption keep them.
+    func heldBlobKeys(in connection: SQLiteConnection) throws -> Set<String> {
+        try schema.heldBlobKeys(in: connection).union(StagingLogFiles.heldBlobKeys(in: stagingLogDirectory))
     }
 }

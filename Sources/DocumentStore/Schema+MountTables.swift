@@ -27,6 +27,18 @@ extension Schema {
         CREATE INDEX IF NOT EXISTS staged_attachments_by_name ON staged_attachments (doc_id, name);
         """)
 
+    /// `staging_log_folds`: the records of a mount's staging log (`StagingLog`, in the
+    /// MountTables module) already saved in a revision, written in the fold's transaction, so a
+    /// log read after a kill gives back only what no revision holds. A log's rows go once the
+    /// log is emptied. Its bodies are in the log files (`StagingLogFiles`), not here.
+    package static let stagingLogFolds = SchemaStep("staging log folds", numberedVersion: nil, sql: """
+        CREATE TABLE IF NOT EXISTS staging_log_folds (
+            log TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            PRIMARY KEY (log, seq)
+        ) WITHOUT ROWID;
+        """)
+
     /// `local_attributes` (version 7). Versions 4 to 6 kept modification times (seconds, as
     /// REAL) in `attachment_times`; their rows move here, to the nanosecond. A purged
     /// document's rows go with it.

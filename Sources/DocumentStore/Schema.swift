@@ -44,6 +44,7 @@ package enum Schema {
     static let steps: [SchemaStep] = [
         documentsAndRevisions, bodyDigests, bodyEvents, PendingSave.schemaStep, CachedBody.schemaStep,
         MangoIndex.schemaStep, Schema.stagedAttachments, Schema.localAttributes, attachmentOrder,
+        Schema.stagingLogFolds,
     ]
 
     static let documentsAndRevisions = SchemaStep("documents and revisions", numberedVersion: 1, sql: """

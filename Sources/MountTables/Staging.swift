@@ -21,10 +21,12 @@ import Foundation
 /// try db.save(draft, unstaging: [staged.seq])
 /// ```
 public struct StagedAttachment: Hashable, Sendable {
-    /// The row's number: later stagings of the same name have higher ones.
+    /// The row's number (in the log: the record's): later stagings of the same name have higher ones.
     public let seq: Int64
     /// The mount process that staged it; one that is no longer running left it to be folded.
     public let pid: pid_t
+    /// The staging log holding it (`StagingLog.name`); nil: a row of `staged_attachments`.
+    public let log: String?
     public let docID: String
     /// The attachment as it will be saved (its revpos is given by the save).
     public let attachment: Attachment
@@ -35,6 +37,12 @@ public struct StagedAttachment: Hashable, Sendable {
     public let base: RevisionID?
 
     public var name: String { attachment.name }
+
+    public init(seq: Int64, pid: pid_t, log: String? = nil, docID: String, attachment: Attachment, expectedDigest: String?,
+                base: RevisionID?) {
+        (self.seq, self.pid, self.log, self.docID, self.attachment) = (seq, pid, log, docID, attachment)
+        (self.expectedDigest, self.base) = (expectedDigest, base)
+    }
 
     /// What `Database.stage(_:)` records.
     public struct Draft: Sendable {
@@ -119,10 +127,21 @@ extension Database {
         return seq
     }
 
-    /// Every staged attachment, oldest first (a mount's start folds those of mounts that stopped).
-    public func stagedAttachments() throws -> [StagedAttachment] {
+    /// Every staged attachment, oldest first: the rows, then what each mount's staging log holds
+    /// unfolded (`StagingLog`; read apart from the rows, so a fold under way can show a file in
+    /// neither for a moment, never one in both). A mount's start takes in those of mounts that
+    /// stopped, `includingLogs: false` once it has made their logs rows.
+    public func stagedAttachments(includingLogs: Bool = true) throws -> [StagedAttachment] {
         guard schema.has(Schema.stagedAttachments) else { return [] }
-        return try read { connection in
+        var logged: [StagedAttachment] = []
+        if includingLogs, schema.has(Schema.stagingLogFolds) {
+            for path in StagingLogFiles.paths(in: stagingLogDirectory) {
+                let name = (path as NSString).lastPathComponent
+                let folded = try read { try StagingLog.folds(of: name, in: $0) }
+                logged += StagingLog.unfolded(at: path, folded: folded).map(\.staged)
+            }
+        }
+        return try logged + read { connection in
             try connection.query("""
                 SELECT seq, pid, doc_id, name, content_type, length, blob_key, expected_digest, base_rev
                 FROM staged_attachments ORDER BY seq
@@ -138,21 +157,33 @@ extension Database {
         }
     }
 
-    /// Saves a draft and forgets the staged rows `seqs` in the same transaction (the draft has
-    /// taken them in); with no draft, only the rows go.
+    /// Saves a draft and forgets the staged files `unstaged` in the same transaction (the draft
+    /// has taken them in); with no draft, only the files go.
     @discardableResult
-    public func save(_ draft: RevisionDraft?, allowConflict: Bool = false, unstaging seqs: [Int64]) throws -> Revision? {
-        try save(draft.map { [($0, allowConflict)] } ?? [], unstaging: seqs).first
+    public func save(_ draft: RevisionDraft?, allowConflict: Bool = false, unstaging unstaged: [StagedAttachment],
+                     log: StagingLog? = nil) throws -> Revision? {
+        try save(draft.map { [($0, allowConflict)] } ?? [], unstaging: unstaged, log: log).first
     }
 
     /// Saves drafts (a revision on top of the current one, conflicting branches) and forgets
-    /// the staged rows `seqs`, all in one transaction: all or nothing.
+    /// the staged files `unstaged` (rows, and records of `log`), all in one transaction: all or
+    /// nothing.
     @discardableResult
-    public func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging seqs: [Int64]) throws -> [Revision] {
-        try write { connection in
+    public func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging unstaged: [StagedAttachment],
+                     log: StagingLog? = nil) throws -> [Revision] {
+        let logged = unstaged.filter { $0.log != nil }
+        guard !logged.isEmpty else { return try save(drafts, unstaging: unstaged, in: nil) }
+        guard let log else { throw SofaError.invalidArgument("staged files of a log were saved without it") }
+        return try log.fold(logged) { try save(drafts, unstaging: unstaged.filter { $0.log == nil }, in: $0) }
+    }
+
+    /// The transaction of `save(_:unstaging:log:)`, or its body when `given` is one under way.
+    private func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging unstaged: [StagedAttachment],
+                      in given: SQLiteConnection?) throws -> [Revision] {
+        func body(_ connection: SQLiteConnection) throws -> [Revision] {
             let revisions = try drafts.map { try save($0.0, allowConflict: $0.allowConflict, in: connection) }
             if schema.has(Schema.stagedAttachments) {
-                for seq in seqs {
+                for seq in unstaged.map(\.seq) {
                     try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq))
                     // Restaged (renamed) or replaced meanwhile: the caller looks again.
                     guard connection.changes == 1 else {
@@ -162,5 +193,7 @@ extension Database {
             }
             return revisions
         }
+        if let given { return try body(given) }
+        return try write(body)
     }
 }

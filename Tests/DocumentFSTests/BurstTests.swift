@@ -108,6 +108,37 @@ import TestSupport
         #expect(try sh("cat \(again.path("docs/doc/attachments/d5/f295.txt"))") == "file 295\n")
     }
 
+    /// A kill leaves the mount's staging log: the next mount takes in every document's files,
+    /// with the times `tar` gave them after their close and the names rsync renamed them to.
+    @Test func aKilledMountsFilesInEveryDocumentAreSavedWithTheirTimesAtTheNextMount() throws {
+        try db.put("other", [:])
+        let tree = directory.appending("tree")
+        try makeTree(tree, count: 200)
+        try sh("touch -d @981173106 \(tree)/d3/f13.txt")
+        do {
+            let mount = try MountedDatabase(db.path)
+            try sh("cd \(tree) && tar cf - . | tar xf - -C \(mount.path("docs/doc/attachments"))")
+            try sh("rsync -a \(tree)/ \(mount.path("docs/other/attachments/"))")
+            let staged = try db.stagedAttachments()
+            #expect(Set(staged.map(\.docID)) == ["doc", "other"], "the files were folded before the kill; the test proves nothing")
+            #expect(staged.allSatisfy { $0.log != nil }, "staged in the mount's log")
+            let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
+            kill(pid, SIGKILL)
+            _ = mount.unmount()
+        }
+        let again = try MountedDatabase(db.path)
+        for id in ["doc", "other"] {
+            let revision = try #require(try db.document(withID: id))
+            #expect(revision.attachmentNames.filter { $0.hasPrefix("d") }.count == 200, "\(id): \(revision.attachments.count)")
+            #expect(!revision.attachmentNames.contains { $0.contains("/.") }, "\(id): a temporary name was saved")
+            #expect(try sh("stat -c %Y \(again.path("docs/\(id)/attachments/d3/f13.txt"))") == "981173106\n", "\(id): its time")
+        }
+        #expect(try db.stagedAttachments().isEmpty)
+        #expect(!again.log.contains("not saved yet"), "\(again.log)")
+        #expect(StagingLogFiles.paths(in: db.stagingLogDirectory).isEmpty, "the stopped mount's log was taken in")
+        #expect(again.unmount().succeeded)
+    }
+
     @Test func aStagedFileWhoseBodyNeverReachedTheDiskIsReportedAndTheOthersAreSaved() throws {
         let tree = directory.appending("tree")
         try makeTree(tree, count: 100)

@@ -31,7 +31,7 @@ import TestSupport
         #expect(rows.map(\.seq) == [second.seq], "one row per name")
         var draft = try db.newRevision(of: "doc")
         try draft.setAttachment(second.attachment)
-        let saved = try #require(try db.save(draft, unstaging: [second.seq]))
+        let saved = try #require(try db.save(draft, unstaging: [second]))
         #expect(try db.stagedAttachments().isEmpty)
         #expect(try db.blobs.contents(of: try #require(saved.attachment(named: "b.txt")?.blobKey)) == Array("second".utf8))
         #expect(saved.attachment(named: "b.txt")?.revpos == 2)
@@ -80,6 +80,114 @@ import TestSupport
         #expect(Int(rows.trimmingCharacters(in: .whitespacesAndNewlines))! <= 2 * (Tuning.historyAttachmentRows + 103), "\(rows)")
         #expect(try db.revisionTree(of: "big").nodes.count == 4, "revision ids stay for replication")
         #expect(try db.document(withID: "big")?.attachments.count == Tuning.historyAttachmentRows + 103)
+    }
+}
+
+/// A mount's staging log (`StagingLog`): staged files without a SQLite commit each, folded in
+/// the revision's transaction, taken in once after a kill, and kept by compaction.
+@Suite struct StagingLogTests {
+    let directory = TemporaryDirectory()
+    let db: Database
+
+    init() throws {
+        db = try directory.makeDatabase()
+        try db.put("doc", ["n": 1], attachments: ["a.txt": Array("a".utf8)])
+    }
+
+    func stage(_ name: String, _ text: String, in log: StagingLog, modified: Int64 = 1_600_000_000_000_000_007) throws -> StagedAttachment {
+        let blob = try db.blobs.write(Array(text.utf8))
+        let attachment = Attachment(name: name, contentType: "text/plain", blob: blob, revpos: 0)
+        let draft = StagedAttachment.Draft(docID: "doc", attachment: attachment, expectedDigest: nil, base: try db.currentRevision(of: "doc")?.revID)
+        return try log.stage(draft, shown: LocalAttributes(digest: attachment.digest, modified: modified))
+    }
+
+    func logFiles() -> [String] { StagingLogFiles.paths(in: db.stagingLogDirectory) }
+
+    func fileSize(_ path: String) -> Int {
+        var info = stat()
+        return stat(path, &info) == 0 ? Int(info.st_size) : -1
+    }
+
+    @Test func aFoldSavesTheFilesTimesAndEmptiesTheLogWhichTheUnmountRemoves() throws {
+        let log = try #require(StagingLog.make(for: db))
+        _ = try stage("b.txt", "first", in: log)
+        let second = try stage("b.txt", "second", in: log)
+        let renamed = try log.restage(try stage("tmp/.c.XYZ", "third", in: log), as: "c.txt", expectedDigest: nil)
+        let given = try #require(try log.updateAttributes(of: renamed) { $0.modified = 42 })
+        #expect(given.modified == 42)
+        // What any opener sees: the latest of each name, under its last name, nothing in SQLite yet.
+        #expect(try db.stagedAttachments().map(\.name).sorted() == ["b.txt", "c.txt"])
+        #expect(try db.stagedAttachments(includingLogs: false).isEmpty)
+        #expect(try db.localAttributes(ofDocument: "doc").isEmpty)
+        let file = try #require(logFiles().first)
+        #expect(fileSize(file) > 0)
+
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment(second.attachment)
+        try draft.setAttachment(renamed.attachment)
+        let saved = try #require(try db.save(draft, unstaging: [second, renamed], log: log))
+        #expect(saved.attachmentNames.sorted() == ["a.txt", "b.txt", "c.txt"])
+        #expect(try db.stagedAttachments().isEmpty)
+        // Stored by the fold: as the mount showed them.
+        let local = try db.localAttributes(ofDocument: "doc")
+        #expect(local["c.txt"]?.modified == 42 && local["b.txt"]?.modified == 1_600_000_000_000_000_007, "\(local)")
+        #expect(local["tmp/.c.XYZ"] == nil)
+        #expect(fileSize(file) == 0, "nothing unfolded is left: the log is emptied")
+        // A record folded already cannot be folded or renamed again.
+        #expect(throws: SofaError.self) { try db.save(nil, unstaging: [second], log: log) }
+        #expect(throws: SofaError.self) { try log.restage(second, as: "d.txt", expectedDigest: nil) }
+        log.finish()
+        #expect(logFiles().isEmpty)
+    }
+
+    @Test func aStoppedMountsLogBecomesRowsOnceLessWhatItsFoldsSaved() throws {
+        let log = try #require(StagingLog.make(for: db))
+        let folded = try stage("folded.txt", "saved", in: log)
+        let waiting = try stage("waiting.txt", "not saved yet", in: log, modified: 77)
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment(folded.attachment)
+        try db.save(draft, unstaging: [folded], log: log)
+        log.finish()  // as a kill leaves it: unfolded records, the lock let go
+        let file = try #require(logFiles().first, "a log with an unfolded record stays")
+        // A power loss can tear the last record: the frames before it are read.
+        try shell("printf '\\x30\\x00\\x00\\x00torn' >> '\(file)'")
+        #expect(try db.stagedAttachments().map(\.name) == ["waiting.txt"])
+
+        let imported = try StagingLog.importStopped(into: db, except: nil)
+        let rows = try db.stagedAttachments()
+        #expect(rows.map(\.name) == ["waiting.txt"] && rows.allSatisfy { $0.log == nil }, "\(rows)")
+        #expect(imported == Set(rows.map(\.seq)))
+        #expect(rows.first?.attachment.blobKey == waiting.attachment.blobKey)
+        #expect(try db.localAttributes(docID: "doc", name: "waiting.txt")?.modified == 77)
+        #expect(logFiles().isEmpty)
+        #expect(try StagingLog.importStopped(into: db, except: nil).isEmpty, "taken in once")
+    }
+
+    @Test func aLogStillWrittenIsLeftToItsMount() throws {
+        let log = try #require(StagingLog.make(for: db))
+        _ = try stage("b.txt", "live", in: log)
+        // Its mount holds its lock: another mount's start leaves it.
+        #expect(try StagingLog.importStopped(into: db, except: nil).isEmpty)
+        #expect(logFiles().count == 1)
+        #expect(try db.stagedAttachments().map(\.name) == ["b.txt"])
+    }
+
+    @Test func compactionAndEncryptionKeepTheBodiesALogHolds() throws {
+        let log = try #require(StagingLog.make(for: db))
+        let file = try stage("c.txt", "staged body", in: log)
+        let key = try #require(file.attachment.blobKey)
+        let report = try db.compact(alone: true)
+        #expect(report.blobsDeleted == 0, "\(report)")
+        #expect(try db.blobs.contents(of: key) == Array("staged body".utf8))
+        log.finish()  // a stopped mount's log
+        #expect(try db.compact(alone: true).blobsDeleted == 0)
+        #expect(try db.blobs.contents(of: key) == Array("staged body".utf8))
+    }
+
+    @Test func anEncryptedDatabaseKeepsItsStagedFilesInSQLite() throws {
+        let secret = try DatabaseSecret.newKeyFile()
+        let encrypted = try Database.create(at: directory.appending("sealed.sofa"), encryptedWith: (secret, .keyFile))
+        #expect(StagingLog.make(for: encrypted) == nil)
     }
 }
 
