@@ -117,22 +117,37 @@ import TestSupport
         try sh("touch -d @981173106 \(tree)/d3/f13.txt")
         do {
             let mount = try MountedDatabase(db.path)
+            let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
             try sh("cd \(tree) && tar cf - . | tar xf - -C \(mount.path("docs/doc/attachments"))")
             try sh("rsync -a \(tree)/ \(mount.path("docs/other/attachments/"))")
-            let staged = try db.stagedAttachments()
-            #expect(Set(staged.map(\.docID)) == ["doc", "other"], "the files were folded before the kill; the test proves nothing")
-            #expect(staged.allSatisfy { $0.log != nil }, "staged in the mount's log")
-            let pid = try #require(Int32(try sh("pgrep -f 'sofa mount \(db.path) \(mount.mountPoint)'").split(separator: "\n").first ?? ""))
-            kill(pid, SIGKILL)
+            // The last files of both documents, a time given to each after its close, rsync's
+            // renames, and the kill in the same breath: staged in both, not folded yet.
+            var last = ""
+            for i in 1...3 {
+                for id in ["doc", "other"] {
+                    let file = mount.path("docs/\(id)/attachments/last\(i).txt")
+                    last += "printf 'last \(i)' > \(file) && touch -d @981173106 \(file) && "
+                }
+            }
+            try sh(last + "rsync -a \(tree)/d3/ \(mount.path("docs/other/attachments/late/")) && kill -9 \(pid)")
             _ = mount.unmount()
         }
+        // What the dead mount's log holds, read by another process.
+        let staged = try db.stagedAttachments()
+        #expect(Set(staged.map(\.docID)) == ["doc", "other"], "\(staged.map(\.name)): the files were folded before the kill; the test proves nothing")
+        #expect(staged.allSatisfy { $0.log != nil }, "staged in the mount's log")
+        #expect(staged.contains { $0.docID == "other" && $0.name == "late/f13.txt" }, "rsync's rename is in the log")
+
         let again = try MountedDatabase(db.path)
         for id in ["doc", "other"] {
             let revision = try #require(try db.document(withID: id))
             #expect(revision.attachmentNames.filter { $0.hasPrefix("d") }.count == 200, "\(id): \(revision.attachments.count)")
             #expect(!revision.attachmentNames.contains { $0.contains("/.") }, "\(id): a temporary name was saved")
             #expect(try sh("stat -c %Y \(again.path("docs/\(id)/attachments/d3/f13.txt"))") == "981173106\n", "\(id): its time")
+            #expect(try sh("cat \(again.path("docs/\(id)/attachments/last3.txt"))") == "last 3")
+            #expect(try sh("stat -c %Y \(again.path("docs/\(id)/attachments/last3.txt"))") == "981173106\n", "\(id): the time given after the close")
         }
+        #expect(try sh("stat -c %Y \(again.path("docs/other/attachments/late/f13.txt"))") == "981173106\n")
         #expect(try db.stagedAttachments().isEmpty)
         #expect(!again.log.contains("not saved yet"), "\(again.log)")
         #expect(StagingLogFiles.paths(in: db.stagingLogDirectory).isEmpty, "the stopped mount's log was taken in")
