@@ -135,10 +135,9 @@ extension Database {
         guard schema.has(Schema.stagedAttachments) else { return [] }
         var logged: [StagedAttachment] = []
         if includingLogs, schema.has(Schema.stagingLogFolds) {
-            for path in StagingLogFiles.paths(in: stagingLogDirectory) {
-                let name = (path as NSString).lastPathComponent
-                let folded = try read { try StagingLog.folds(of: name, in: $0) }
-                logged += StagingLog.unfolded(at: path, folded: folded).map(\.staged)
+            for (log, segments) in StagingLog.logs(in: stagingLogDirectory) {
+                let folded = try read { try StagingLog.folds(of: log, in: $0) }
+                logged += StagingLog.unfolded(log: log, segments: segments, folded: folded).map(\.staged)
             }
         }
         return try logged + read { connection in

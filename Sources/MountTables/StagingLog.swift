@@ -35,21 +35,32 @@ import Logging
 /// Encrypted databases keep their staged files in SQLite: a log would name documents and files
 /// in clear.
 ///
+/// The log is a run of segments, `PID-TOKEN-N.log`: a mount that writes for days without a
+/// quiet moment (its oldest staged files are folded while new ones come) starts a new segment
+/// past `segmentBytes`, and removes an older one once nothing in it is unfolded, so the log
+/// holds about what is unfolded, not everything ever staged. A staged file's record goes into
+/// the newest segment; new times for it go into its own. The segments of one mount are read
+/// together (seqs run across them).
+///
 /// Invariants (under `lock`, which is taken before the database's write lock, never after):
-/// - `live` holds every record of the file that is neither folded nor replaced, and `byName`
-///   the seq of each (document, name) in `live`.
-/// - `size` is where the next record goes: every record before it was written whole.
+/// - `live` holds every record that is neither folded nor replaced, and `byName` the seq of
+///   each (document, name) in `live`; each segment's `live` counts those in it.
+/// - A segment's `size` is where its next record goes: every record before it was written whole.
+/// - Every segment but the newest has something live in it, or is removed at the next fold.
 public final class StagingLog: @unchecked Sendable {
-    /// The file's name (`PID-TOKEN.log`), which `StagedAttachment.log` and `staging_log_folds` name.
+    /// The mount's log (`PID-TOKEN`), which `StagedAttachment.log` and `staging_log_folds` name.
     public let name: String
-    let path: String
     let database: Database
     private let lock = NSLock()
-    private var fd: Int32 = -1
-    private var size: Int64 = 0
+    private var segments: [Int: Segment] = [:]
+    private var newest = 0
     private var nextSeq: Int64 = 1
     private var live: [Int64: Entry] = [:]
     private var byName: [NameKey: Int64] = [:]
+
+    /// A segment is started once the newest one holds this much (by default 4 MiB, about 15,000
+    /// files' records: a few hundred kB a second at most, and a compaction reads them all).
+    let segmentBytes: Int64
 
     struct Entry {
         var staged: StagedAttachment
@@ -57,6 +68,18 @@ public final class StagingLog: @unchecked Sendable {
         var attributes: LocalAttributes
         /// Names whose row of `local_attributes` goes at the fold (the names it was renamed from).
         var clears: [String]
+        /// The segment its record is in.
+        var segment = 0
+    }
+
+    struct Segment {
+        let path: String
+        let fd: Int32
+        var size: Int64 = 0
+        /// Records in it that are neither folded nor replaced.
+        var live = 0
+        /// The seqs of the staged files' records in it.
+        var seqs: ClosedRange<Int64>?
     }
 
     struct NameKey: Hashable {
@@ -70,19 +93,26 @@ public final class StagingLog: @unchecked Sendable {
 
     /// A log for `database`, or nil when its staged files stay in SQLite (an encrypted database,
     /// a file opened read-only). The file is made at the first record.
-    public static func make(for database: Database) -> StagingLog? {
+    public static func make(for database: Database, segmentBytes: Int64 = 4 << 20) -> StagingLog? {
         guard !database.isEncrypted, database.schema.has(Schema.stagingLogFolds) else { return nil }
-        return StagingLog(database: database)
+        return StagingLog(database: database, segmentBytes: segmentBytes)
     }
 
-    private init(database: Database) {
+    private init(database: Database, segmentBytes: Int64) {
         self.database = database
-        name = "\(getpid())-\(String(UInt64.random(in: 0...UInt64.max), radix: 16))\(StagingLogFiles.suffix)"
-        path = "\(database.stagingLogDirectory)/\(name)"
+        self.segmentBytes = segmentBytes
+        name = "\(getpid())-\(String(UInt64.random(in: 0...UInt64.max), radix: 16))"
     }
 
     deinit {
-        if fd >= 0 { close(fd) }
+        for segment in segments.values { close(segment.fd) }
+    }
+
+    /// The log a segment file belongs to: its name up to the segment's number.
+    static func logName(ofSegment fileName: String) -> String {
+        let stem = fileName.hasSuffix(StagingLogFiles.suffix) ? String(fileName.dropLast(StagingLogFiles.suffix.count)) : fileName
+        guard let dash = stem.lastIndex(of: "-") else { return stem }
+        return String(stem[..<dash])
     }
 
     // MARK: Writing
@@ -123,7 +153,7 @@ public final class StagingLog: @unchecked Sendable {
             var record = LogRecord(kind: Self.attributesKind)
             record.append(staged.seq)
             Self.append(entry.attributes, to: &record)
-            try write(record)
+            try write(record, into: entry.segment)
             live[staged.seq] = entry
             return entry.attributes
         }
@@ -162,22 +192,26 @@ public final class StagingLog: @unchecked Sendable {
                 return result
             }
             for entry in entries { remove(entry.staged) }
-            if live.isEmpty, size > 0 { empty() }
+            if live.isEmpty {
+                empty()
+            } else {
+                removeFoldedSegments()
+            }
             return result
         }
     }
 
-    /// The mount ends: the file goes when everything it held is folded; otherwise it stays for
-    /// the next mount (its lock is let go).
+    /// The mount ends: the files go when everything they held is folded; otherwise they stay
+    /// for the next mount (their locks are let go).
     public func finish() {
         lock.withLock {
-            guard fd >= 0 else { return }
+            guard !segments.isEmpty else { return }
             if live.isEmpty {
-                unlink(path)
+                for segment in segments.values { unlink(segment.path) }
                 forgetFolds()
             }
-            close(fd)
-            fd = -1
+            for segment in segments.values { close(segment.fd) }
+            segments = [:]
         }
     }
 
@@ -196,34 +230,41 @@ public final class StagingLog: @unchecked Sendable {
         Self.append(entry.attributes, to: &record)
         record.append(Int64(entry.clears.count))
         for cleared in entry.clears { record.append(cleared) }
-        try write(record)
+        if segments[newest] == nil || segments[newest]!.size >= segmentBytes { try startSegment() }
+        try write(record, into: newest)
         nextSeq += 1
         if let replaced, let old = live[replaced] { remove(old.staged) }
         if let earlier = byName[NameKey(docID: staged.docID, name: staged.name)], let old = live[earlier] { remove(old.staged) }
+        var entry = entry
+        entry.segment = newest
         live[staged.seq] = entry
         byName[NameKey(docID: staged.docID, name: staged.name)] = staged.seq
+        segments[newest]!.live += 1
+        segments[newest]!.seqs = (segments[newest]!.seqs?.lowerBound ?? staged.seq)...staged.seq
     }
 
     private func remove(_ staged: StagedAttachment) {
-        live[staged.seq] = nil
+        guard let entry = live.removeValue(forKey: staged.seq) else { return }
+        segments[entry.segment]?.live -= 1
         let key = NameKey(docID: staged.docID, name: staged.name)
         if byName[key] == staged.seq { byName[key] = nil }
     }
 
-    private func write(_ record: LogRecord) throws {
-        if fd < 0 { try create() }
+    private func write(_ record: LogRecord, into number: Int) throws {
+        guard let segment = segments[number] else { throw SofaError.invalidArgument("no staging log segment \(number)") }
         let framed = StagingLogFiles.frame(record.bytes)
-        let written = framed.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, off_t(size)) }
+        let written = framed.withUnsafeBytes { pwrite(segment.fd, $0.baseAddress, $0.count, off_t(segment.size)) }
         guard written == framed.count else {
             // What was written of it lies past `size`: the next record goes over it.
-            throw SofaError.system("write", path: path, errno: written < 0 ? errno : ENOSPC)
+            throw SofaError.system("write", path: segment.path, errno: written < 0 ? errno : ENOSPC)
         }
-        size += Int64(written)
+        segments[number]!.size += Int64(written)
     }
 
-    private func create() throws {
+    private func startSegment() throws {
         let directory = database.stagingLogDirectory
         guard mkdir(directory, 0o755) == 0 || errno == EEXIST else { throw SofaError.system("create directory", path: directory, errno: errno) }
+        let path = "\(directory)/\(name)-\(newest + 1)\(StagingLogFiles.suffix)"
         let opened = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard opened >= 0 else { throw SofaError.system("create", path: path, errno: errno) }
         guard flock(opened, LOCK_EX | LOCK_NB) == 0 else {
@@ -232,35 +273,74 @@ public final class StagingLog: @unchecked Sendable {
             unlink(path)
             throw SofaError.system("lock", path: path, errno: code)
         }
-        fd = opened
+        newest += 1
+        segments[newest] = Segment(path: path, fd: opened)
     }
 
-    /// Nothing unfolded is left: the records go, and then their marks (a kill in between leaves
-    /// marks of records that are gone, which name nothing).
+    /// Nothing unfolded is left: the older segments go and the newest is emptied, then the
+    /// marks go (a kill in between leaves marks of records that are gone, which name nothing).
     private func empty() {
-        guard ftruncate(fd, 0) == 0 else { return }  // kept whole; emptied at a later fold or removed at the end
-        size = 0
+        for (number, segment) in segments where number != newest {
+            unlink(segment.path)
+            close(segment.fd)
+            segments[number] = nil
+        }
+        guard let segment = segments[newest], segment.size > 0 else { return }
+        guard ftruncate(segment.fd, 0) == 0 else { return }  // kept whole; emptied at a later fold or removed at the end
+        segments[newest]!.size = 0
+        segments[newest]!.seqs = nil
         forgetFolds()
+    }
+
+    /// Removes the older segments with nothing unfolded left, and then their marks.
+    private func removeFoldedSegments() {
+        let done = segments.filter { $0.key != newest && $0.value.live == 0 }
+        guard !done.isEmpty else { return }
+        for (number, segment) in done {
+            unlink(segment.path)
+            close(segment.fd)
+            segments[number] = nil
+        }
+        do {
+            try database.write { connection in
+                for range in done.values.compactMap(\.seqs) {
+                    try connection.run("DELETE FROM staging_log_folds WHERE log = ? AND seq BETWEEN ? AND ?",
+                                       .text(name), .integer(range.lowerBound), .integer(range.upperBound))
+                }
+            }
+        } catch {
+            Self.logger.warning("staging log \(name): rows of records already saved were not forgotten: \(error); they name nothing")
+        }
     }
 
     private func forgetFolds() {
         do {
             try database.write { try $0.run("DELETE FROM staging_log_folds WHERE log = ?", .text(name)) }
         } catch {
-            Self.logger.warning("\(path): rows of records already saved were not forgotten: \(error); they name nothing")
+            Self.logger.warning("staging log \(name): rows of records already saved were not forgotten: \(error); they name nothing")
         }
     }
 
     // MARK: Reading
 
-    /// What the log at `path` holds that no revision does: each name's latest staged file, less
-    /// those `folded`, oldest first.
-    static func unfolded(at path: String, folded: Set<Int64>) -> [Entry] {
-        let fileName = (path as NSString).lastPathComponent
-        let pid = pid_t(fileName.prefix { $0 != "-" }) ?? 0
+    /// The logs in the staging folder `directory`, each with its segments' paths in order.
+    static func logs(in directory: String) -> [(name: String, segments: [String])] {
+        var byLog: [String: [(number: Int, path: String)]] = [:]
+        for path in StagingLogFiles.paths(in: directory) {
+            let fileName = (path as NSString).lastPathComponent
+            let number = Int(fileName.dropLast(StagingLogFiles.suffix.count).split(separator: "-").last ?? "") ?? 0
+            byLog[logName(ofSegment: fileName), default: []].append((number, path))
+        }
+        return byLog.sorted { $0.key < $1.key }.map { ($0.key, $0.value.sorted { $0.number < $1.number }.map(\.path)) }
+    }
+
+    /// What log `name` (its segments' paths, in order) holds that no revision does: each
+    /// name's latest staged file, less those `folded`, oldest first.
+    static func unfolded(log name: String, segments: [String], folded: Set<Int64>) -> [Entry] {
+        let pid = pid_t(name.prefix { $0 != "-" }) ?? 0
         var entries: [Int64: Entry] = [:]
         var byName: [NameKey: Int64] = [:]
-        for payload in StagingLogFiles.payloads(StagingLogFiles.contents(of: path)) {
+        for payload in segments.flatMap({ StagingLogFiles.payloads(StagingLogFiles.contents(of: $0)) }) {
             var reader = LogRecord.Reader(payload)
             do {
                 switch try reader.byte() {
@@ -273,7 +353,7 @@ public final class StagingLog: @unchecked Sendable {
                     guard let key = BlobKey(hex: hex) else { continue }
                     let attachment = Attachment(name: name, contentType: contentType, length: length, digest: key.digestString, blobKey: key,
                                                 revpos: 0, contentAvailable: true)
-                    let staged = StagedAttachment(seq: seq, pid: pid, log: fileName, docID: docID, attachment: attachment,
+                    let staged = StagedAttachment(seq: seq, pid: pid, log: name, docID: docID, attachment: attachment,
                                                   expectedDigest: expectedDigest, base: base)
                     if let replaced { entries[replaced] = nil }
                     let nameKey = NameKey(docID: docID, name: name)
@@ -303,17 +383,20 @@ public final class StagingLog: @unchecked Sendable {
     public static func importStopped(into database: Database, except own: String?) throws -> Set<Int64> {
         guard database.schema.has(Schema.stagingLogFolds) else { return [] }
         var imported = Set<Int64>()
-        for path in StagingLogFiles.paths(in: database.stagingLogDirectory) {
-            let fileName = (path as NSString).lastPathComponent
-            guard fileName != own else { continue }
-            let fd = open(path, O_RDWR | O_CLOEXEC)
-            guard fd >= 0 else { continue }  // removed meanwhile by another mount taking it in
-            defer { close(fd) }
-            var info = stat()
-            // Still written by its mount; or taken in and removed by another one while this waited.
-            guard flock(fd, LOCK_EX | LOCK_NB) == 0, fstat(fd, &info) == 0, info.st_nlink > 0 else { continue }
+        for (log, paths) in logs(in: database.stagingLogDirectory) where log != own {
+            var descriptors: [Int32] = []
+            defer { for fd in descriptors { close(fd) } }
+            let free = paths.allSatisfy { path in
+                let fd = open(path, O_RDWR | O_CLOEXEC)
+                guard fd >= 0 else { return false }  // removed meanwhile by another mount taking it in
+                descriptors.append(fd)
+                var info = stat()
+                // Still written by its mount; or taken in and removed by another one while this waited.
+                return flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &info) == 0 && info.st_nlink > 0
+            }
+            guard free else { continue }
             try database.write { connection in
-                let entries = unfolded(at: path, folded: try folds(of: fileName, in: connection))
+                let entries = unfolded(log: log, segments: paths, folded: try folds(of: log, in: connection))
                 for entry in entries {
                     let staged = entry.staged
                     guard let key = staged.attachment.blobKey else { continue }
@@ -323,11 +406,11 @@ public final class StagingLog: @unchecked Sendable {
                         try connection.run("DELETE FROM local_attributes WHERE doc_id = ? AND name = ?", .text(staged.docID), .text(cleared))
                     }
                     try Database.store(entry.attributes, docID: staged.docID, name: staged.name, in: connection)
-                    try connection.run("INSERT OR IGNORE INTO staging_log_folds (log, seq) VALUES (?, ?)", .text(fileName), .integer(staged.seq))
+                    try connection.run("INSERT OR IGNORE INTO staging_log_folds (log, seq) VALUES (?, ?)", .text(log), .integer(staged.seq))
                 }
             }
-            unlink(path)
-            try database.write { try $0.run("DELETE FROM staging_log_folds WHERE log = ?", .text(fileName)) }
+            for path in paths { unlink(path) }
+            try database.write { try $0.run("DELETE FROM staging_log_folds WHERE log = ?", .text(log)) }
         }
         return imported
     }

@@ -163,6 +163,33 @@ import TestSupport
         #expect(try StagingLog.importStopped(into: db, except: nil).isEmpty, "taken in once")
     }
 
+    /// A mount that never has a quiet moment (new files staged while the oldest are folded)
+    /// keeps a log of what is unfolded, not of everything it ever staged.
+    @Test func aLogWrittenWithoutAQuietMomentStartsSegmentsAndRemovesThoseFolded() throws {
+        let log = try #require(StagingLog.make(for: db, segmentBytes: 2_048))
+        var files = try (0..<40).map { try stage("f\($0).txt", "body \($0)", in: log) }
+        #expect(logFiles().count >= 4, "\(logFiles())")
+        // Renamed and given a time in its old segment, after newer segments were started.
+        files[3] = try log.restage(files[3], as: "renamed3.txt", expectedDigest: nil)
+        _ = try #require(try log.updateAttributes(of: files[1]) { $0.modified = 11 })
+        let first = logFiles().first
+
+        var draft = try db.newRevision(of: "doc")
+        for file in files[0..<30] { try draft.setAttachment(file.attachment) }
+        try db.save(draft, unstaging: Array(files[0..<30]), log: log)
+        #expect(try db.localAttributes(docID: "doc", name: "f1.txt")?.modified == 11)
+        #expect(!logFiles().contains { $0 == first }, "a segment with nothing unfolded is removed")
+        #expect(logFiles().count <= 3, "\(logFiles())")
+        let waiting = Set((30..<40).map { "f\($0).txt" })
+        #expect(Set(try db.stagedAttachments().map(\.name)) == waiting)
+
+        log.finish()  // killed: the next mount reads every segment of it together
+        _ = try StagingLog.importStopped(into: db, except: nil)
+        #expect(Set(try db.stagedAttachments().map(\.name)) == waiting)
+        #expect(logFiles().isEmpty)
+        #expect(try db.stagedAttachments().count == 10, "nothing taken in twice")
+    }
+
     @Test func aLogStillWrittenIsLeftToItsMount() throws {
         let log = try #require(StagingLog.make(for: db))
         _ = try stage("b.txt", "live", in: log)
