@@ -181,14 +181,7 @@ public final class StagingLog: @unchecked Sendable {
             }
             let result = try database.write { connection in
                 let result = try save(connection)
-                let foldedNames = Set(entries.map { NameKey(docID: $0.staged.docID, name: $0.staged.name) })
-                for entry in entries {
-                    try connection.run("INSERT OR IGNORE INTO staging_log_folds (log, seq) VALUES (?, ?)", .text(name), .integer(entry.staged.seq))
-                    for cleared in entry.clears where !foldedNames.contains(NameKey(docID: entry.staged.docID, name: cleared)) {
-                        try connection.run("DELETE FROM local_attributes WHERE doc_id = ? AND name = ?", .text(entry.staged.docID), .text(cleared))
-                    }
-                }
-                for entry in entries { try Database.store(entry.attributes, docID: entry.staged.docID, name: entry.staged.name, in: connection) }
+                try Self.settle(entries, of: name, in: connection)
                 return result
             }
             for entry in entries { remove(entry.staged) }
@@ -402,17 +395,27 @@ public final class StagingLog: @unchecked Sendable {
                     guard let key = staged.attachment.blobKey else { continue }
                     imported.insert(try Database.insertStaged(staged.attachment, key: key, docID: staged.docID, expectedDigest: staged.expectedDigest,
                                                               base: staged.base, pid: staged.pid, in: connection))
-                    for cleared in entry.clears {
-                        try connection.run("DELETE FROM local_attributes WHERE doc_id = ? AND name = ?", .text(staged.docID), .text(cleared))
-                    }
-                    try Database.store(entry.attributes, docID: staged.docID, name: staged.name, in: connection)
-                    try connection.run("INSERT OR IGNORE INTO staging_log_folds (log, seq) VALUES (?, ?)", .text(log), .integer(staged.seq))
                 }
+                try settle(entries, of: log, in: connection)
             }
             for path in paths { unlink(path) }
             try database.write { try $0.run("DELETE FROM staging_log_folds WHERE log = ?", .text(log)) }
         }
         return imported
+    }
+
+    /// Writes what `entries` hold for `local_attributes` (the names they were renamed from go;
+    /// each file's times and mode as the mount showed them) and marks them folded in log `log`,
+    /// in `connection`'s transaction: a fold's, or the one that makes a stopped mount's records rows.
+    static func settle(_ entries: [Entry], of log: String, in connection: SQLiteConnection) throws {
+        let stored = Set(entries.map { NameKey(docID: $0.staged.docID, name: $0.staged.name) })
+        for entry in entries {
+            try connection.run("INSERT OR IGNORE INTO staging_log_folds (log, seq) VALUES (?, ?)", .text(log), .integer(entry.staged.seq))
+            for cleared in entry.clears where !stored.contains(NameKey(docID: entry.staged.docID, name: cleared)) {
+                try connection.run("DELETE FROM local_attributes WHERE doc_id = ? AND name = ?", .text(entry.staged.docID), .text(cleared))
+            }
+        }
+        for entry in entries { try Database.store(entry.attributes, docID: entry.staged.docID, name: entry.staged.name, in: connection) }
     }
 
     // MARK: Attributes in records
