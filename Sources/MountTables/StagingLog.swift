@@ -120,7 +120,12 @@ public final class StagingLog: @unchecked Sendable {
     /// Stages a file whose body is in the blob store; `shown` are the times and mode the mount
     /// shows for it. A file of the same name staged here before is replaced.
     public func stage(_ draft: StagedAttachment.Draft, shown: LocalAttributes) throws -> StagedAttachment {
-        try lock.withLock {
+        try DocumentID.validate(draft.docID)
+        try AttachmentName.validate(draft.attachment.name)
+        guard draft.attachment.blobKey != nil else {
+            throw SofaError.invalidArgument("a staged attachment needs a body in the blob store (\(draft.attachment.name))")
+        }
+        return try lock.withLock {
             let staged = StagedAttachment(seq: nextSeq, pid: getpid(), log: name, docID: draft.docID, attachment: draft.attachment.with(revpos: 0),
                                           expectedDigest: draft.expectedDigest, base: draft.base)
             try add(Entry(staged: staged, attributes: shown, clears: []), replacing: nil)
