@@ -12,7 +12,7 @@ extension Database {
     public func removeUnreferencedBlobs(_ keys: [BlobKey], writtenSince since: Date) throws {
         guard !keys.isEmpty else { return }
         try write { connection in
-            let logged = StagingLogFiles.heldBlobKeys(in: stagingLogDirectory)
+            let logged = try StagingLogFiles.heldBlobKeys(in: stagingLogDirectory)
             for key in Set(keys) {
                 var referenced = try connection.query("SELECT EXISTS (SELECT 1 FROM rev_attachments WHERE blob_key = ?)", .text(key.hex)) {
                     $0.bool(0)
@@ -150,6 +150,6 @@ extension Database {
     /// The bodies other parts hold that no revision names yet (a mount's staged files, in its
     /// rows and its logs): compaction and encryption keep them.
     func heldBlobKeys(in connection: SQLiteConnection) throws -> Set<String> {
-        try schema.heldBlobKeys(in: connection).union(StagingLogFiles.heldBlobKeys(in: stagingLogDirectory))
+        try schema.heldBlobKeys(in: connection).union(try StagingLogFiles.heldBlobKeys(in: stagingLogDirectory))
     }
 }

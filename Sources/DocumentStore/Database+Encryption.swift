@@ -65,7 +65,7 @@ extension Database {
                 // Every body the revisions or other parts' rows (a mount's staged saves) refer to, read here and written there.
                 var keysToCopy = Set(try Database.referencedBlobKeys(in: copy))
                 keysToCopy.formUnion(try schema.heldBlobKeys(in: copy).compactMap(BlobKey.init(hex:)))
-                keysToCopy.formUnion(StagingLogFiles.heldBlobKeys(in: stagingLogDirectory).compactMap(BlobKey.init(hex:)))
+                keysToCopy.formUnion(try StagingLogFiles.heldBlobKeys(in: stagingLogDirectory).compactMap(BlobKey.init(hex:)))
                 let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
                 defer { buffer.deallocate() }
                 for key in keysToCopy.sorted() where self.blobs.contains(key) {
@@ -82,7 +82,7 @@ extension Database {
                 try read { try $0.query("SELECT doc_id FROM docs") { $0.text(0) } }
             }
             // A stopped mount's staging logs go as they are: the next mount saves what they hold.
-            let logs = StagingLogFiles.paths(in: stagingLogDirectory)
+            let logs = try StagingLogFiles.paths(in: stagingLogDirectory)
             if !logs.isEmpty {
                 let copied = StagingLogFiles.directory(ofDatabaseAt: stage)
                 try FileManager.default.createDirectory(atPath: copied, withIntermediateDirectories: true)

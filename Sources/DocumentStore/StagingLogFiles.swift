@@ -21,10 +21,20 @@ package enum StagingLogFiles {
 
     package static func directory(ofDatabaseAt path: String) -> String { "\(path)/\(directoryName)" }
 
-    /// The paths of the logs in `directory` (none when it does not exist).
-    package static func paths(in directory: String) -> [String] {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
-        return names.filter { $0.hasSuffix(suffix) }.sorted().map { "\(directory)/\($0)" }
+    /// The paths of the logs in `directory` (none when it does not exist; another failure to
+    /// read it is thrown: compaction must not take "unreadable" for "holds nothing").
+    package static func paths(in directory: String) throws -> [String] {
+        guard let folder = opendir(directory) else {
+            if errno == ENOENT { return [] }
+            throw SofaError.system("read directory", path: directory, errno: errno)
+        }
+        defer { closedir(folder) }
+        var names: [String] = []
+        while let entry = readdir(folder) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name.hasSuffix(suffix) { names.append(name) }
+        }
+        return names.sorted().map { "\(directory)/\($0)" }
     }
 
     /// `payload` framed for a log.
@@ -53,17 +63,31 @@ package enum StagingLogFiles {
         return result
     }
 
-    /// The whole of a log (empty when it is gone).
-    package static func contents(of path: String) -> [UInt8] {
-        (try? Array(Data(contentsOf: URL(fileURLWithPath: path)))) ?? []
+    /// The whole of a log (empty when it is gone: removed by its mount, or taken in by another).
+    package static func contents(of path: String) throws -> [UInt8] {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            if errno == ENOENT { return [] }
+            throw SofaError.system("open", path: path, errno: errno)
+        }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count >= 0 else { throw SofaError.system("read", path: path, errno: errno) }
+            if count == 0 { return bytes }
+            bytes += chunk[0..<count]
+        }
     }
 
     /// The blob keys (hex) named by the staged files' records of every log in `directory`:
     /// folded ones too (a revision names them anyway; the log is emptied once all are folded).
-    package static func heldBlobKeys(in directory: String) -> Set<String> {
+    package static func heldBlobKeys(in directory: String) throws -> Set<String> {
         var keys = Set<String>()
-        for path in paths(in: directory) {
-            for payload in payloads(contents(of: path)) {
+        for path in try paths(in: directory) {
+            for payload in payloads(try contents(of: path)) {
                 var reader = LogRecord.Reader(payload)
                 guard (try? reader.byte()) == stagedFileKind, let key = try? reader.string() else { continue }
                 keys.insert(key)
@@ -73,9 +97,9 @@ package enum StagingLogFiles {
     }
 
     /// A mark that changes whenever a log is written, emptied, made or removed.
-    package static func activity(in directory: String) -> [Int64] {
+    package static func activity(in directory: String) throws -> [Int64] {
         var count: Int64 = 0, bytes: Int64 = 0, latest: Int64 = 0
-        for path in paths(in: directory) {
+        for path in try paths(in: directory) {
             var info = stat()
             guard stat(path, &info) == 0 else { continue }
             count += 1

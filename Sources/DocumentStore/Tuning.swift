@@ -87,6 +87,12 @@ public enum Tuning {
     /// attachment and properties.json still finds no `{}` in its way.
     public static let emptyPropertiesUnshownFor = 2.0
 
+    /// A mount's staging log starts a new segment once its newest holds this many bytes (about
+    /// 15,000 staged files' records), and removes older ones once all they hold is folded: a
+    /// mount that is never quiet keeps a log the size of what is unfolded, and a compaction,
+    /// which reads every log for the bodies it holds, reads at most about this much more.
+    public static let stagingLogSegmentBytes: Int64 = 4 << 20
+
     /// After a fold failed (a full disk, a locked database), when it is tried again.
     public static let burstRetryDelay = 1.0
 

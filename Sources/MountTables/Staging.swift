@@ -135,9 +135,9 @@ extension Database {
         guard schema.has(Schema.stagedAttachments) else { return [] }
         var logged: [StagedAttachment] = []
         if includingLogs, schema.has(Schema.stagingLogFolds) {
-            for (log, segments) in StagingLog.logs(in: stagingLogDirectory) {
+            for (log, segments) in try StagingLog.logs(in: stagingLogDirectory) {
                 let folded = try read { try StagingLog.folds(of: log, in: $0) }
-                logged += StagingLog.unfolded(log: log, segments: segments, folded: folded).map(\.staged)
+                logged += try StagingLog.unfolded(log: log, segments: segments, folded: folded).map(\.staged)
             }
         }
         return try logged + read { connection in

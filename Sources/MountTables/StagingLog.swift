@@ -58,8 +58,7 @@ public final class StagingLog: @unchecked Sendable {
     private var live: [Int64: Entry] = [:]
     private var byName: [NameKey: Int64] = [:]
 
-    /// A segment is started once the newest one holds this much (by default 4 MiB, about 15,000
-    /// files' records: a few hundred kB a second at most, and a compaction reads them all).
+    /// A segment is started once the newest one holds this much (`Tuning.stagingLogSegmentBytes`).
     let segmentBytes: Int64
 
     struct Entry {
@@ -93,7 +92,7 @@ public final class StagingLog: @unchecked Sendable {
 
     /// A log for `database`, or nil when its staged files stay in SQLite (an encrypted database,
     /// a file opened read-only). The file is made at the first record.
-    public static func make(for database: Database, segmentBytes: Int64 = 4 << 20) -> StagingLog? {
+    public static func make(for database: Database, segmentBytes: Int64 = Tuning.stagingLogSegmentBytes) -> StagingLog? {
         guard !database.isEncrypted, database.schema.has(Schema.stagingLogFolds) else { return nil }
         return StagingLog(database: database, segmentBytes: segmentBytes)
     }
@@ -322,9 +321,9 @@ public final class StagingLog: @unchecked Sendable {
     // MARK: Reading
 
     /// The logs in the staging folder `directory`, each with its segments' paths in order.
-    static func logs(in directory: String) -> [(name: String, segments: [String])] {
+    static func logs(in directory: String) throws -> [(name: String, segments: [String])] {
         var byLog: [String: [(number: Int, path: String)]] = [:]
-        for path in StagingLogFiles.paths(in: directory) {
+        for path in try StagingLogFiles.paths(in: directory) {
             let fileName = (path as NSString).lastPathComponent
             let number = Int(fileName.dropLast(StagingLogFiles.suffix.count).split(separator: "-").last ?? "") ?? 0
             byLog[logName(ofSegment: fileName), default: []].append((number, path))
@@ -334,11 +333,11 @@ public final class StagingLog: @unchecked Sendable {
 
     /// What log `name` (its segments' paths, in order) holds that no revision does: each
     /// name's latest staged file, less those `folded`, oldest first.
-    static func unfolded(log name: String, segments: [String], folded: Set<Int64>) -> [Entry] {
+    static func unfolded(log name: String, segments: [String], folded: Set<Int64>) throws -> [Entry] {
         let pid = pid_t(name.prefix { $0 != "-" }) ?? 0
         var entries: [Int64: Entry] = [:]
         var byName: [NameKey: Int64] = [:]
-        for payload in segments.flatMap({ StagingLogFiles.payloads(StagingLogFiles.contents(of: $0)) }) {
+        for payload in try segments.flatMap({ StagingLogFiles.payloads(try StagingLogFiles.contents(of: $0)) }) {
             var reader = LogRecord.Reader(payload)
             do {
                 switch try reader.byte() {
@@ -381,7 +380,7 @@ public final class StagingLog: @unchecked Sendable {
     public static func importStopped(into database: Database, except own: String?) throws -> Set<Int64> {
         guard database.schema.has(Schema.stagingLogFolds) else { return [] }
         var imported = Set<Int64>()
-        for (log, paths) in logs(in: database.stagingLogDirectory) where log != own {
+        for (log, paths) in try logs(in: database.stagingLogDirectory) where log != own {
             var descriptors: [Int32] = []
             defer { for fd in descriptors { close(fd) } }
             let free = paths.allSatisfy { path in
@@ -394,7 +393,7 @@ public final class StagingLog: @unchecked Sendable {
             }
             guard free else { continue }
             try database.write { connection in
-                let entries = unfolded(log: log, segments: paths, folded: try folds(of: log, in: connection))
+                let entries = try unfolded(log: log, segments: paths, folded: try folds(of: log, in: connection))
                 for entry in entries {
                     let staged = entry.staged
                     guard let key = staged.attachment.blobKey else { continue }
