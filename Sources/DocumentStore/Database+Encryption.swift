@@ -28,6 +28,10 @@ extension Database {
                 guard try source.pendingSaves().isEmpty else {
                     throw SofaError.invalidArgument("\(path) has saves a stopped mount made durable but did not finish: mount it once to save them, then try again")
                 }
+                // Its records name documents and files in clear; the next mount makes them rows.
+                guard try StagingLogFiles.paths(in: source.stagingLogDirectory).isEmpty else {
+                    throw SofaError.invalidArgument("\(path) has files a stopped mount wrote and did not save as revisions yet: mount it once to save them, then try again")
+                }
                 return try source.writeConverted(to: target)
             }
         }
@@ -65,7 +69,6 @@ extension Database {
                 // Every body the revisions or other parts' rows (a mount's staged saves) refer to, read here and written there.
                 var keysToCopy = Set(try Database.referencedBlobKeys(in: copy))
                 keysToCopy.formUnion(try schema.heldBlobKeys(in: copy).compactMap(BlobKey.init(hex:)))
-                keysToCopy.formUnion(try StagingLogFiles.heldBlobKeys(in: stagingLogDirectory).compactMap(BlobKey.init(hex:)))
                 let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
                 defer { buffer.deallocate() }
                 for key in keysToCopy.sorted() where self.blobs.contains(key) {
@@ -80,13 +83,6 @@ extension Database {
             // The mount's scratch files (an editor's, saved queries): sealed or opened as the rest.
             try ScratchFolder(database: self).copyAll(to: ScratchFolder(root: "\(stage)/scratch", key: keys)) {
                 try read { try $0.query("SELECT doc_id FROM docs") { $0.text(0) } }
-            }
-            // A stopped mount's staging logs go as they are: the next mount saves what they hold.
-            let logs = try StagingLogFiles.paths(in: stagingLogDirectory)
-            if !logs.isEmpty {
-                let copied = StagingLogFiles.directory(ofDatabaseAt: stage)
-                try FileManager.default.createDirectory(atPath: copied, withIntermediateDirectories: true)
-                for log in logs { try FileManager.default.copyItem(atPath: log, toPath: "\(copied)/\((log as NSString).lastPathComponent)") }
             }
             try syncFileSystem(of: stage)
             return stage

@@ -211,6 +211,27 @@ import TestSupport
         #expect(try db.blobs.contents(of: key) == Array("staged body".utf8))
     }
 
+    @Test func encryptionWaitsForAStoppedMountsLogToBeTakenIn() throws {
+        let path = directory.appending("plain.sofa")
+        do {  // a mount that stopped: its database closed, its log left
+            let plain = try Database.create(at: path)
+            try plain.put("doc", [:])
+            let log = try #require(StagingLog.make(for: plain))
+            let attachment = Attachment(name: "b.txt", contentType: "text/plain", blob: try plain.blobs.write(Array("staged".utf8)), revpos: 0)
+            _ = try log.stage(StagedAttachment.Draft(docID: "doc", attachment: attachment, expectedDigest: nil, base: nil), shown: LocalAttributes())
+            log.finish()
+        }
+        let secret = try DatabaseSecret.newKeyFile()
+        // Its records name documents and files in clear: not carried into an encrypted database.
+        #expect(throws: SofaError.self) { try Database.convert(at: path, current: nil, to: (secret, .keyFile)) }
+        #expect(try StagingLogFiles.paths(in: StagingLogFiles.directory(ofDatabaseAt: path)).count == 1, "left as it was")
+        do { _ = try StagingLog.importStopped(into: try Database.open(at: path), except: nil) }  // what the next mount does first
+        try Database.convert(at: path, current: nil, to: (secret, .keyFile))
+        let encrypted = try Database.open(at: path, secret: secret)
+        #expect(encrypted.isEncrypted)
+        #expect(try encrypted.stagedAttachments().map(\.name) == ["b.txt"], "the file is a row of the encrypted database")
+    }
+
     @Test func anEncryptedDatabaseKeepsItsStagedFilesInSQLite() throws {
         let secret = try DatabaseSecret.newKeyFile()
         let encrypted = try Database.create(at: directory.appending("sealed.sofa"), encryptedWith: (secret, .keyFile))
