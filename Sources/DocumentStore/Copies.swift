@@ -277,10 +277,15 @@ extension Database {
     }
 
     /// New public and private UUIDs for a copied SQLite file; the old private UUID joins
-    /// the front of `previous_private_uuids`, so replications can find its checkpoints.
+    /// the front of `previous_private_uuids`, so replications can find its checkpoints. The
+    /// rows of a mount's unfinished work go (`SchemaStep.forgetInCopies`): their bodies were
+    /// not copied, and the original's mount finishes them there.
     static func renewIdentity(_ connection: SQLiteConnection) throws {
         try connection.execute("BEGIN IMMEDIATE")
         do {
+            // A new database: what a mount of the original had not finished stays the original's.
+            let steps = AppliedSchema(names: try SchemaMigrator.applied(connection, path: connection.path).names)
+            for statement in steps.forgetInCopiesStatements { try connection.execute(statement) }
             let meta = Dictionary(try connection.query("SELECT key, value FROM meta") { ($0.text(0), $0.optionalText(1) ?? "") },
                                   uniquingKeysWith: { $1 })
             guard let old = meta["private_uuid"] else { throw SofaError.notADatabase(path: connection.path, reason: "its identity is missing") }

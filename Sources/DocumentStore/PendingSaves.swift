@@ -24,7 +24,7 @@ extension PendingSave {
     /// `pending_saves` (version 4): files a mount was writing when they were fsynced, not yet
     /// saved as revisions (`file` holds their bytes, synced). A mount that stopped before saving
     /// them saves them when the database is mounted again (`pid` was not running).
-    static let schemaStep = SchemaStep("pending saves", numberedVersion: 4, sql: """
+    static let schemaStep = SchemaStep("pending saves", numberedVersion: 4, forgetInCopies: "DELETE FROM pending_saves", sql: """
         CREATE TABLE IF NOT EXISTS pending_saves (
             id TEXT PRIMARY KEY,
             pid INTEGER NOT NULL,

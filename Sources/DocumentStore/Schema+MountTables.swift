@@ -12,7 +12,8 @@ extension Schema {
     /// them (`blobKeys`), and automatic compaction waits for them to stay the same (`activity`).
     package static let stagedAttachments = SchemaStep("staged attachments", numberedVersion: 6,
                                                     blobKeys: "SELECT DISTINCT blob_key FROM staged_attachments",
-                                                    activity: "SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM staged_attachments", sql: """
+                                                    activity: "SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM staged_attachments",
+                                                    forgetInCopies: "DELETE FROM staged_attachments", sql: """
         CREATE TABLE IF NOT EXISTS staged_attachments (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
             pid INTEGER NOT NULL,
@@ -31,7 +32,8 @@ extension Schema {
     /// MountTables module) already saved in a revision, written in the fold's transaction, so a
     /// log read after a kill gives back only what no revision holds. A log's rows go once the
     /// log is emptied. Its bodies are in the log files (`StagingLogFiles`), not here.
-    package static let stagingLogFolds = SchemaStep("staging log folds", numberedVersion: nil, sql: """
+    package static let stagingLogFolds = SchemaStep("staging log folds", numberedVersion: nil,
+                                                    forgetInCopies: "DELETE FROM staging_log_folds", sql: """
         CREATE TABLE IF NOT EXISTS staging_log_folds (
             log TEXT NOT NULL,
             seq INTEGER NOT NULL,

@@ -28,16 +28,22 @@ package struct SchemaStep: Sendable, Hashable {
     let activity: String?
     /// A statement forgetting a purged document's rows (`?`: its id).
     let forgetDocument: String?
+    /// A statement a copy of the database runs (`sofa copy`, an installed snapshot): rows of
+    /// work a mount of the original has not finished (staged files, fsynced saves), whose bodies
+    /// the copy does not take; the original's next mount finishes them there.
+    let forgetInCopies: String?
 
     init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
-         migrate: @escaping @Sendable (SQLiteConnection) throws -> Void) {
+         forgetInCopies: String? = nil, migrate: @escaping @Sendable (SQLiteConnection) throws -> Void) {
         (self.name, self.numberedVersion, self.blobKeys, self.activity, self.forgetDocument, self.migrate) =
             (name, numberedVersion, blobKeys, activity, forgetDocument, migrate)
+        self.forgetInCopies = forgetInCopies
     }
 
     init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
-         sql: String) {
-        self.init(name, numberedVersion: numberedVersion, blobKeys: blobKeys, activity: activity, forgetDocument: forgetDocument) {
+         forgetInCopies: String? = nil, sql: String) {
+        self.init(name, numberedVersion: numberedVersion, blobKeys: blobKeys, activity: activity, forgetDocument: forgetDocument,
+                  forgetInCopies: forgetInCopies) {
             try $0.execute(sql)
         }
     }
@@ -55,6 +61,9 @@ package struct AppliedSchema: Sendable {
 
     /// The applied steps' statements forgetting a purged document's rows.
     var forgetDocumentStatements: [String] { Schema.steps.filter(has).compactMap(\.forgetDocument) }
+
+    /// The applied steps' statements a copy runs (`SchemaStep.forgetInCopies`).
+    var forgetInCopiesStatements: [String] { Schema.steps.filter(has).compactMap(\.forgetInCopies) }
 
     /// The blob keys (hex) the applied steps' rows hold (`SchemaStep.blobKeys`).
     func heldBlobKeys(in connection: SQLiteConnection) throws -> Set<String> {

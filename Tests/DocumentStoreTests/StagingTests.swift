@@ -52,6 +52,23 @@ import TestSupport
         #expect(plan.stdout.contains("USING INDEX staged_attachments_by_name"), "\(plan.stdout)")
     }
 
+    /// A copy is a new database: a staged row or a pending save of the original names a body
+    /// the copy did not take, and the copy's first mount would report it lost (or keep it for
+    /// good while the original's mount runs). The original keeps them.
+    @Test func aCopyAndAnInstalledSnapshotLeaveTheOriginalsUnfinishedMountWorkBehind() throws {
+        _ = try staged("s.txt", "staged only")
+        try db.recordPendingSave(PendingSave(id: "p", pid: getpid(), docID: "doc", name: "a.bin", base: nil, contentType: nil,
+                                             file: db.pendingSaveFile("p")))
+        let copy = try db.copy(to: directory.appending("copy.sofa"))
+        #expect(try copy.stagedAttachments().isEmpty && copy.pendingSaves().isEmpty)
+        #expect(try copy.document(withID: "doc")?.attachmentNames == ["a.txt"])
+        let zip = directory.appending("snapshot.zip")
+        _ = try db.writeSnapshot(to: zip)
+        let installed = try Database.install(snapshot: zip, at: directory.appending("installed.sofa"))
+        #expect(try installed.stagedAttachments().isEmpty && installed.pendingSaves().isEmpty)
+        #expect(try db.stagedAttachments().map(\.name) == ["s.txt"] && db.pendingSaves().count == 1, "the original keeps them")
+    }
+
     @Test func compactionKeepsTheBodiesOfStagedFiles() throws {
         let file = try staged("c.txt", "staged body")
         let report = try db.compact(alone: true)
