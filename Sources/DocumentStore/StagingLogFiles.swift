@@ -65,21 +65,7 @@ package enum StagingLogFiles {
 
     /// The whole of a log (empty when it is gone: removed by its mount, or taken in by another).
     package static func contents(of path: String) throws -> [UInt8] {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else {
-            if errno == ENOENT { return [] }
-            throw SofaError.system("open", path: path, errno: errno)
-        }
-        defer { close(fd) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 1 << 16)
-        while true {
-            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            guard count >= 0 else { throw SofaError.system("read", path: path, errno: errno) }
-            if count == 0 { return bytes }
-            bytes += chunk[0..<count]
-        }
+        try KernelFile.contents(of: path) ?? []
     }
 
     /// The blob keys (hex) named by the staged files' records of every log in `directory`:

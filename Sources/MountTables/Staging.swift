@@ -18,7 +18,7 @@ import Foundation
 ///                                                   expectedDigest: nil, base: rev))
 /// var draft = try db.newRevision(of: "photos")
 /// try draft.setAttachment(staged.attachment)
-/// try db.save(draft, unstaging: [staged.seq])
+/// try db.save(draft, unstaging: [staged])
 /// ```
 public struct StagedAttachment: Hashable, Sendable {
     /// The row's number (in the log: the record's): later stagings of the same name have higher ones.
@@ -171,28 +171,24 @@ extension Database {
     public func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging unstaged: [StagedAttachment],
                      log: StagingLog? = nil) throws -> [Revision] {
         let logged = unstaged.filter { $0.log != nil }
-        guard !logged.isEmpty else { return try save(drafts, unstaging: unstaged, in: nil) }
+        let rows = unstaged.filter { $0.log == nil }
+        guard !logged.isEmpty else { return try write { try save(drafts, unstagingRows: rows, in: $0) } }
         guard let log else { throw SofaError.invalidArgument("staged files of a log were saved without it") }
-        return try log.fold(logged) { try save(drafts, unstaging: unstaged.filter { $0.log == nil }, in: $0) }
+        return try log.fold(logged) { try save(drafts, unstagingRows: rows, in: $0) }
     }
 
-    /// The transaction of `save(_:unstaging:log:)`, or its body when `given` is one under way.
-    private func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging unstaged: [StagedAttachment],
-                      in given: SQLiteConnection?) throws -> [Revision] {
-        func body(_ connection: SQLiteConnection) throws -> [Revision] {
-            let revisions = try drafts.map { try save($0.0, allowConflict: $0.allowConflict, in: connection) }
-            if schema.has(Schema.stagedAttachments) {
-                for seq in unstaged.map(\.seq) {
-                    try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq))
-                    // Restaged (renamed) or replaced meanwhile: the caller looks again.
-                    guard connection.changes == 1 else {
-                        throw SofaError.conflict(docID: drafts.first?.0.docID ?? "", revID: nil, current: "(staged file \(seq) gone)")
-                    }
-                }
+    /// The body of `save(_:unstaging:log:)`'s transaction: the drafts, and the rows `rows` gone.
+    private func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstagingRows rows: [StagedAttachment],
+                      in connection: SQLiteConnection) throws -> [Revision] {
+        let revisions = try drafts.map { try save($0.0, allowConflict: $0.allowConflict, in: connection) }
+        guard schema.has(Schema.stagedAttachments) else { return revisions }
+        for seq in rows.map(\.seq) {
+            try connection.run("DELETE FROM staged_attachments WHERE seq = ?", .integer(seq))
+            // Restaged (renamed) or replaced meanwhile: the caller looks again.
+            guard connection.changes == 1 else {
+                throw SofaError.conflict(docID: drafts.first?.0.docID ?? "", revID: nil, current: "(staged file \(seq) gone)")
             }
-            return revisions
         }
-        if let given { return try body(given) }
-        return try write(body)
+        return revisions
     }
 }
