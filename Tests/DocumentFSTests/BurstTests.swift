@@ -129,7 +129,7 @@ import TestSupport
                     last += "printf 'last \(i)' > \(file) && touch -d @981173106 \(file) && "
                 }
             }
-            try sh(last + "rsync -a \(tree)/d3/ \(mount.path("docs/other/attachments/late/")) && kill -9 \(pid)")
+            try sh(last + "mkdir \(mount.path("docs/other/attachments/late")) && rsync -a \(tree)/d3/f13.txt \(mount.path("docs/other/attachments/late/")) && kill -9 \(pid)")
             _ = mount.unmount()
         }
         // What the dead mount's log holds, read by another process.
