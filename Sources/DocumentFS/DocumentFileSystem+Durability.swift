@@ -2,6 +2,7 @@ import DocumentModel
 import DocumentStore
 import Foundation
 import FuseKit
+import MountTables
 
 /// What `fsync` of a file being written makes durable: its bytes synced and recorded as a
 /// pending save (`pending_saves`), saved by the next mount if this one stops before the close.
@@ -9,7 +10,7 @@ extension DocumentFileSystem {
     /// Syncs a pending file's bytes and records them as a pending save. Caller holds its lock.
     func makeDurable(_ file: WriteHandle) throws {
         let id = file.durableID ?? UUID().uuidString.lowercased()
-        let keep = database.pendingSaveFile(id)
+        let keep = database.blobs.keptFilePath(id)
         let record: PendingSave
         switch file {
         case let properties as PropertiesWriteHandle:
@@ -18,7 +19,7 @@ extension DocumentFileSystem {
                 keepRejected(properties.buffer, of: file.docID, because: error)
                 throw error
             }
-            try database.writePendingSave(properties.buffer, to: keep)
+            try database.blobs.writeKeptFile(properties.buffer, to: keep)
             record = PendingSave(id: id, pid: getpid(), docID: file.docID, name: nil, base: file.base, contentType: nil, file: keep)
         case let attachment as AttachmentWriteHandle:
             guard try attachment.makeDurable(at: keep) else { return }
@@ -60,7 +61,7 @@ extension DocumentFileSystem {
                             try draft.setAttachment(name, blob: blob, contentType: save.contentType ?? MIMEType.forFileName(name))
                         }
                     } else {
-                        let properties = try parseProperties(try database.readPendingSave(save.file, limit: PropertiesWriteHandle.maximumSize))
+                        let properties = try parseProperties(try database.blobs.readKeptFile(save.file, limit: PropertiesWriteHandle.maximumSize))
                         _ = try commit(save.docID, base: save.base, change: .properties) { $0.properties = properties }
                     }
                     log.notice("\(place): saved what was written and fsynced before the mount stopped")

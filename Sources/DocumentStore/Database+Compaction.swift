@@ -94,7 +94,11 @@ extension Database {
                 }
             }
         } catch is RollBack {}
-        report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles(dryRun: dryRun) + removeOrphanedPendingSaveFiles(dryRun: dryRun)
+        report.temporaryBytesFreed = blobs.removeAbandonedTemporaryFiles(dryRun: dryRun)
+        // Unknown which kept files rows name: none is removed (a sweep that can wait).
+        if let named = try? read({ try schema.keptFiles(in: $0) }) {
+            report.temporaryBytesFreed += blobs.removeKeptFiles(notIn: named, dryRun: dryRun)
+        }
         // Partial downloads stay while some revision still waits for their body.
         let deferred = try read { try $0.query("SELECT DISTINCT digest FROM rev_attachments WHERE blob_key IS NULL") { $0.text(0) } }
         report.temporaryBytesFreed += blobs.removePartialBodies(except: Set(deferred), dryRun: dryRun)

@@ -25,8 +25,8 @@ extension Database {
                 guard alone else {
                     throw SofaError.invalidArgument("\(path) is open in another process (a mount, a server, a replication): stop it first")
                 }
-                guard try source.pendingSaves().isEmpty else {
-                    throw SofaError.invalidArgument("\(path) has saves a stopped mount made durable but did not finish: mount it once to save them, then try again")
+                if let work = try source.read({ try source.schema.unfinishedWork(in: $0) }).first {
+                    throw SofaError.invalidArgument("\(path) has \(work): mount it once to save them, then try again")
                 }
                 // Its records name documents and files in clear; the next mount makes them rows.
                 guard try StagingLogFiles.paths(in: source.stagingLogDirectory).isEmpty else {

@@ -3,9 +3,29 @@ import Foundation
 
 /// The steps of the mount's own tables (their code is in the MountTables module). Declared
 /// here because every opener must know them: a `sofa compact` or `sofa encrypt` that never
-/// links the mount still keeps the bodies staged rows hold and forgets a purged document's
-/// local attributes, through these steps' hooks.
+/// links the mount still keeps the bodies staged rows hold, leaves a pending save's bytes, waits
+/// for a stopped mount's work and forgets a purged document's local attributes, through these
+/// steps' hooks.
 extension Schema {
+    /// `pending_saves` (version 4): files a mount was writing when a program fsynced them, not
+    /// saved as revisions yet (`PendingSave`, in the MountTables module). `file` is a kept file
+    /// (`BlobStore.keptFilePath`) holding their bytes, synced. A mount that stopped before saving
+    /// them saves them when the database is mounted again (`pid` was not running).
+    package static let pendingSaves = SchemaStep("pending saves", numberedVersion: 4, forgetInCopies: "DELETE FROM pending_saves",
+                                               keptFiles: "SELECT file FROM pending_saves",
+                                               unfinishedWork: ("SELECT EXISTS (SELECT 1 FROM pending_saves)",
+                                                                "saves a stopped mount made durable but did not finish"), sql: """
+        CREATE TABLE IF NOT EXISTS pending_saves (
+            id TEXT PRIMARY KEY,
+            pid INTEGER NOT NULL,
+            doc_id TEXT NOT NULL,
+            name TEXT,
+            base_rev TEXT,
+            content_type TEXT,
+            file TEXT NOT NULL
+        ) WITHOUT ROWID;
+        """)
+
     /// `staged_attachments` (version 6): the rows, by document and name (a file staged again
     /// replaces its row; without the index, finding it scanned every row of the burst). Their
     /// bodies are in the blob store and named by no revision yet: compaction and encryption keep

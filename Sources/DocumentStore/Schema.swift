@@ -4,7 +4,8 @@ import Foundation
 /// The SQLite schema of `db.sqlite3`: the steps that make it, in order (`SchemaMigrator`). A file
 /// made before steps had names says in `PRAGMA user_version` (1–8) which it has; the versions
 /// below name the steps that brought each table. The mount's own tables (`pending_saves`,
-/// `staged_attachments`, `local_attributes`) are declared by their parts, beside their code.
+/// `staged_attachments`, `staging_log_folds`, `local_attributes`) are declared in
+/// `Schema+MountTables.swift` (every opener must know them), their code is in `MountTables/`.
 ///
 /// - `meta`: identity (`public_uuid`, `private_uuid`, `previous_private_uuids`),
 ///   `last_sequence`, `revs_limit`.
@@ -25,8 +26,8 @@ import Foundation
 /// - `rev_attachments_by_digest` (version 3): presence is a matter of the digest, for every
 ///   revision that references it.
 /// - `pending_saves` (version 4), `staged_attachments` (version 6), `local_attributes`
-///   (version 7; it took in version 4's `attachment_times`): the mount's, declared in
-///   `MountTables/` with what they mean.
+///   (version 7; it took in version 4's `attachment_times`): the mount's, with what they mean
+///   in `Schema+MountTables.swift`.
 /// - `body_cache` (version 4, `BodyCache.swift`) and `mango_indexes`, `mango_keys` (version 5,
 ///   `MangoIndexes.swift`).
 ///
@@ -42,7 +43,7 @@ import Foundation
 package enum Schema {
     /// Every step, in the order a file gets them. Released steps keep their names and places.
     static let steps: [SchemaStep] = [
-        documentsAndRevisions, bodyDigests, bodyEvents, PendingSave.schemaStep, CachedBody.schemaStep,
+        documentsAndRevisions, bodyDigests, bodyEvents, Schema.pendingSaves, CachedBody.schemaStep,
         MangoIndex.schemaStep, Schema.stagedAttachments, Schema.localAttributes, attachmentOrder,
         Schema.stagingLogFolds,
     ]

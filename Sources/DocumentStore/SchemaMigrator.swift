@@ -4,11 +4,12 @@ import Foundation
 /// One named change to `db.sqlite3`'s schema, applied once per file, in the order of
 /// `Schema.steps`, as GRDB's `DatabaseMigrator` applies its migrations.
 ///
-/// Each part that keeps tables declares its own step (`BodyCache.swift`, `MangoIndexes.swift`,
-/// `PendingSaves.swift` beside their code; the MountTables module's in `Schema+MountTables.swift`,
-/// since every opener must know them), and says what the rest of the store must know of them:
-/// which blobs its rows hold (compaction and encryption keep those bodies without naming the
-/// table) and how a purged document's rows go. Nothing else branches on a version number.
+/// Each part that keeps tables declares its own step (`BodyCache.swift`, `MangoIndexes.swift`
+/// beside their code; the MountTables module's in `Schema+MountTables.swift`, since every opener
+/// must know them), and says what the rest of the store must know of them: which blobs and kept
+/// files its rows hold (compaction and encryption keep those without naming the table), which
+/// work of a stopped mount they hold (`sofa encrypt` waits for it), and how a purged document's
+/// rows go. Nothing else branches on a version number.
 ///
 /// Invariants: a step's `migrate` is idempotent (`IF NOT EXISTS`, columns checked first), since
 /// a file from before steps had names runs every step once to be sure; steps are never renamed
@@ -32,18 +33,27 @@ package struct SchemaStep: Sendable, Hashable {
     /// work a mount of the original has not finished (staged files, fsynced saves), whose bodies
     /// the copy does not take; the original's next mount finishes them there.
     let forgetInCopies: String?
+    /// A query giving, in a column named `file`, the kept files (`BlobStore.keptFilePath`) its
+    /// rows name: compaction's sweep of the temporary folder leaves those.
+    let keptFiles: String?
+    /// Work a mount that stopped left in its rows, which only a mount finishes: a query giving
+    /// one row, 1 when there is some, and what it is, for the message (`sofa encrypt` refuses
+    /// to rewrite the database until a mount has finished it).
+    let unfinishedWork: (query: String, description: String)?
 
     init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
-         forgetInCopies: String? = nil, migrate: @escaping @Sendable (SQLiteConnection) throws -> Void) {
+         forgetInCopies: String? = nil, keptFiles: String? = nil, unfinishedWork: (query: String, description: String)? = nil,
+         migrate: @escaping @Sendable (SQLiteConnection) throws -> Void) {
         (self.name, self.numberedVersion, self.blobKeys, self.activity, self.forgetDocument, self.migrate) =
             (name, numberedVersion, blobKeys, activity, forgetDocument, migrate)
-        self.forgetInCopies = forgetInCopies
+        (self.forgetInCopies, self.keptFiles, self.unfinishedWork) = (forgetInCopies, keptFiles, unfinishedWork)
     }
 
     init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
-         forgetInCopies: String? = nil, sql: String) {
+         forgetInCopies: String? = nil, keptFiles: String? = nil, unfinishedWork: (query: String, description: String)? = nil,
+         sql: String) {
         self.init(name, numberedVersion: numberedVersion, blobKeys: blobKeys, activity: activity, forgetDocument: forgetDocument,
-                  forgetInCopies: forgetInCopies) {
+                  forgetInCopies: forgetInCopies, keptFiles: keptFiles, unfinishedWork: unfinishedWork) {
             try $0.execute(sql)
         }
     }
@@ -70,6 +80,21 @@ package struct AppliedSchema: Sendable {
         var keys = Set<String>()
         for query in Schema.steps.filter(has).compactMap(\.blobKeys) { keys.formUnion(try connection.query(query) { $0.text(0) }) }
         return keys
+    }
+
+    /// The kept files the applied steps' rows name (`SchemaStep.keptFiles`).
+    func keptFiles(in connection: SQLiteConnection) throws -> Set<String> {
+        var files = Set<String>()
+        for query in Schema.steps.filter(has).compactMap(\.keptFiles) { files.formUnion(try connection.query(query) { $0.text(0) }) }
+        return files
+    }
+
+    /// What the applied steps' rows hold of a stopped mount's unfinished work
+    /// (`SchemaStep.unfinishedWork`): the descriptions of those that hold some.
+    func unfinishedWork(in connection: SQLiteConnection) throws -> [String] {
+        try Schema.steps.filter(has).compactMap(\.unfinishedWork).filter { work in
+            try connection.query(work.query) { $0.bool(0) }.first ?? false
+        }.map(\.description)
     }
 
     /// Whether an applied step's rows hold the blob `key` (hex).

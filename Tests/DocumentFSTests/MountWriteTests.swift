@@ -1,6 +1,7 @@
 import DocumentModel
 import DocumentStore
 import Foundation
+import MountTables
 import Testing
 import TestSupport
 

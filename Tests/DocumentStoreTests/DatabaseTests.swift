@@ -316,30 +316,3 @@ import TestSupport
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path) == ["y.sofa"])
     }
 }
-
-@Suite struct PendingSaveTests {
-    let directory = TemporaryDirectory()
-
-    @Test func compactionKeepsRecordedPendingBytesAndSweepsOldOrphans() throws {
-        let db = try directory.makeDatabase()
-        func keep(_ id: String, age: Double) throws -> String {
-            let path = db.pendingSaveFile(id)
-            try Data("bytes of \(id)".utf8).write(to: URL(fileURLWithPath: path))
-            let time = timespec(tv_sec: Int(Date().timeIntervalSince1970 - age), tv_nsec: 0)
-            var times = [time, time]
-            #expect(utimensat(AT_FDCWD, path, &times, 0) == 0)
-            return path
-        }
-        let recorded = try keep("recorded", age: 3600)
-        try db.recordPendingSave(PendingSave(id: "recorded", pid: 1, docID: "doc", name: "a.bin", base: nil, contentType: nil, file: recorded))
-        let orphan = try keep("orphan", age: 3600)
-        let fresh = try keep("fresh", age: 0)  // a mount may be about to record it
-        _ = try db.compact()
-        #expect(FileManager.default.fileExists(atPath: recorded))
-        #expect(!FileManager.default.fileExists(atPath: orphan))
-        #expect(FileManager.default.fileExists(atPath: fresh))
-        db.removePendingSave("recorded")
-        #expect(!FileManager.default.fileExists(atPath: recorded))
-        #expect(try db.pendingSaves().isEmpty)
-    }
-}

@@ -58,7 +58,7 @@ import TestSupport
     @Test func aCopyAndAnInstalledSnapshotLeaveTheOriginalsUnfinishedMountWorkBehind() throws {
         _ = try staged("s.txt", "staged only")
         try db.recordPendingSave(PendingSave(id: "p", pid: getpid(), docID: "doc", name: "a.bin", base: nil, contentType: nil,
-                                             file: db.pendingSaveFile("p")))
+                                             file: db.blobs.keptFilePath("p")))
         let copy = try db.copy(to: directory.appending("copy.sofa"))
         #expect(try copy.stagedAttachments().isEmpty && copy.pendingSaves().isEmpty)
         #expect(try copy.document(withID: "doc")?.attachmentNames == ["a.txt"])
@@ -291,5 +291,64 @@ import TestSupport
         #expect(try db.localAttributes(ofDocument: "other") == ["sbin/tool": LocalAttributes(mode: 0o755), "sbin/": LocalAttributes(modified: 1)])
         try db.updateLocalAttributes(docID: "other", name: "sbin/tool") { $0.mode = nil }
         #expect(try db.localAttributes(ofDocument: "other").keys.sorted() == ["sbin/"], "a row with nothing left goes")
+    }
+}
+
+@Suite struct PendingSaveTests {
+    let directory = TemporaryDirectory()
+
+    @Test func compactionKeepsRecordedPendingBytesAndSweepsOldOrphans() throws {
+        let db = try directory.makeDatabase()
+        func keep(_ id: String, age: Double) throws -> String {
+            let path = db.blobs.keptFilePath(id)
+            try Data("bytes of \(id)".utf8).write(to: URL(fileURLWithPath: path))
+            let time = timespec(tv_sec: Int(Date().timeIntervalSince1970 - age), tv_nsec: 0)
+            var times = [time, time]
+            #expect(utimensat(AT_FDCWD, path, &times, 0) == 0)
+            return path
+        }
+        let recorded = try keep("recorded", age: 3600)
+        try db.recordPendingSave(PendingSave(id: "recorded", pid: 1, docID: "doc", name: "a.bin", base: nil, contentType: nil, file: recorded))
+        let orphan = try keep("orphan", age: 3600)
+        let fresh = try keep("fresh", age: 0)  // a mount may be about to record it
+        _ = try db.compact()
+        #expect(FileManager.default.fileExists(atPath: recorded))
+        #expect(!FileManager.default.fileExists(atPath: orphan))
+        #expect(FileManager.default.fileExists(atPath: fresh))
+        db.removePendingSave("recorded")
+        #expect(!FileManager.default.fileExists(atPath: recorded))
+        #expect(try db.pendingSaves().isEmpty)
+    }
+
+    @Test func encryptionWaitsForAStoppedMountsPendingSave() throws {
+        let path = directory.appending("durable.sofa")
+        do {  // a mount that stopped after a program's fsync, before the close saved it
+            let plain = try Database.create(at: path)
+            let keep = plain.blobs.keptFilePath("p")
+            try plain.blobs.writeKeptFile(Array(#"{"a": 1}"#.utf8), to: keep)
+            try plain.recordPendingSave(PendingSave(id: "p", pid: 1, docID: "doc", name: nil, base: nil, contentType: nil, file: keep))
+        }
+        let secret = try DatabaseSecret.newKeyFile()
+        let refusal = #expect(throws: SofaError.self) { try Database.convert(at: path, current: nil, to: (secret, .keyFile)) }
+        #expect(refusal.map { "\($0)" }?.contains("saves a stopped mount made durable") == true, "\(String(describing: refusal))")
+        do {  // what the next mount does once it has saved it
+            let plain = try Database.open(at: path)
+            #expect(try plain.pendingSaves().map(\.id) == ["p"], "left as it was")
+            plain.removePendingSave("p")
+        }
+        try Database.convert(at: path, current: nil, to: (secret, .keyFile))
+        #expect(try Database.open(at: path, secret: secret).isEncrypted)
+    }
+
+    @Test func aKeptFileIsSealedInAnEncryptedStoreAndReadBackWithinItsLimit() throws {
+        let secret = try DatabaseSecret.newKeyFile()
+        let db = try Database.create(at: directory.appending("sealed.sofa"), encryptedWith: (secret, .keyFile))
+        let keep = db.blobs.keptFilePath("k")
+        let text = Array(#"{"secret words": "in clear nowhere"}"#.utf8)
+        try db.blobs.writeKeptFile(text, to: keep)
+        let stored = try Array(Data(contentsOf: URL(fileURLWithPath: keep)))
+        #expect(stored.count > text.count && !String(decoding: stored, as: UTF8.self).contains("secret words"), "sealed on disk")
+        #expect(try db.blobs.readKeptFile(keep, limit: 1000) == text)
+        #expect(throws: SofaError.self) { try db.blobs.readKeptFile(keep, limit: text.count - 1) }
     }
 }
