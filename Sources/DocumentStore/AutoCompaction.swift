@@ -25,7 +25,7 @@ extension Database {
     /// A mark that changes whenever the database is written: a revision saved (its sequence), a
     /// body fetched, purged or evicted (`body_events`), a mount's file staged. Equal marks some
     /// time apart mean nobody wrote in between.
-    public func activityMark() throws -> [Int64] {
+    func activityMark() throws -> [Int64] {
         try read { connection in
             var mark = [try Database.lastSequence(in: connection)]
             if schema.has(Schema.bodyEvents) { mark += try connection.query("SELECT COALESCE(MAX(seq), 0) FROM body_events") { $0.int64(0) } }

@@ -132,7 +132,7 @@ extension Database {
     }
 
     /// Bodies here that the cache knows (fetched or pinned).
-    public func cachedBodies() throws -> [CachedBody] {
+    func cachedBodies() throws -> [CachedBody] {
         guard schema.has(CachedBody.schemaStep) else { return [] }
         let rows = try read { connection in
             try connection.query("""

@@ -116,7 +116,7 @@ extension Database {
     /// Top-level keys starting with `_` are CouchDB's, not the document's.
     /// The one kind of `_` field documents may hold, as in CouchDB: the state the replicator
     /// writes into `_replicator` documents (`_replication_state`, `_replication_stats`…).
-    public static let replicationFieldPrefix = "_replication_"
+    static let replicationFieldPrefix = "_replication_"
 
     static func validateProperties(_ properties: JSONObject) throws {
         if let key = properties.keys.first(where: { $0.hasPrefix("_") && !$0.hasPrefix(replicationFieldPrefix) }) {

@@ -3,7 +3,7 @@ import Foundation
 
 extension Database {
     /// CouchDB's default number of purges a database remembers (`_purged_infos_limit`).
-    public static let defaultPurgedInfosLimit = 1000
+    static let defaultPurgedInfosLimit = 1000
 
     /// Purges leaf revisions, as CouchDB's `_purge` does: each leaf named goes, with the
     /// ancestors no other revision of its document descends from, and a document left with no
@@ -112,7 +112,7 @@ extension Database {
 extension Database {
     /// What a database's security object is until one is stored: CouchDB 3's default, admins only
     /// (what `sofa serve --user` gives: its one user is the server's admin).
-    public static let defaultSecurityObject: JSONObject = ["admins": ["roles": ["_admin"]], "members": ["roles": ["_admin"]]]
+    static let defaultSecurityObject: JSONObject = ["admins": ["roles": ["_admin"]], "members": ["roles": ["_admin"]]]
 
     /// The database's security object (CouchDB's `_security`: `admins` and `members`, each with
     /// `names` and `roles`), as last stored.

@@ -51,7 +51,7 @@ public struct DocumentFailure: Error, Hashable, Sendable, CustomStringConvertibl
 /// local peer both answer with these, so they cannot disagree.
 extension Database {
     /// The revision tree of `id`, or nil if the document was never here. Other errors throw.
-    public func revisionTreeIfAny(of id: String) throws -> RevisionTree? {
+    func revisionTreeIfAny(of id: String) throws -> RevisionTree? {
         do { return try revisionTree(of: id) } catch SofaError.documentNotFound { return nil }
     }
 
