@@ -12,6 +12,7 @@ func folderBenchmark(_ options: Options) throws {
     let small = large / 10
     print("Sofa folder benchmark: \(small) and \(large) files of 4 KiB in 100 folders, in \(work)")
     print("ratios are plain time / mount time (1.00× = as fast as ext4 + sync)")
+    if options.rounds > 1 { print("mount and passthrough_ll take turns \(options.rounds) times a job; medians") }
     print(String(repeating: "-", count: 96))
 
     /// A tree of `count` files of 4 KiB in 100 folders, and its tarball. `text`: `.txt` files of
@@ -58,7 +59,9 @@ func folderBenchmark(_ options: Options) throws {
     }
 
     /// Runs `job` into a fresh mount (`into` is the folder below the mount's root), beside the
-    /// same job into a plain folder followed by `sync`. Returns the mount's time.
+    /// same job into a plain folder followed by `sync`, and beside `passthrough_ll`: with
+    /// `--rounds N`, the mount and `passthrough_ll` take turns N times, each into a fresh folder,
+    /// and their medians are compared. Returns the mount's (median) time.
     @discardableResult
     func compare(_ label: String, files: Int, job: (_ target: String) -> String, into: String,
                  again: ((_ target: String) -> String)? = nil) throws -> Double {
@@ -72,49 +75,67 @@ func folderBenchmark(_ options: Options) throws {
         _ = try timeShell("sync")
         let plainTime = try timeShell("\(job("\(plain)/\(into)")) && sync")
 
-        let dbPath = "\(work)/bench-\(getpid())-\(label.filter(\.isLetter))-\(files).sofa"
-        _ = try Database.create(at: dbPath)
-        let mountPoint = "\(work)/mnt"
-        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
-        _ = try timeShell("\(sofaBinary) mount \(dbPath) \(mountPoint)")
-        var unmounted = false
-        defer { if !unmounted { _ = try? timeShell("fusermount3 -u \(mountPoint)") } }
-        try FileManager.default.createDirectory(atPath: "\(mountPoint)/\(into)", withIntermediateDirectories: true)
-        let mountTime = try timeShell(job("\(mountPoint)/\(into)"))
-        var extra = ""
-        if let again {
-            let output = try shellOutput(again("\(mountPoint)/\(into)"))
-            let sent = output.split(separator: "\n").first { $0.hasPrefix("Number of regular files transferred") }
-            extra = "  second run: " + (sent.map { String($0.split(separator: ":").last ?? "").trimmingCharacters(in: .whitespaces) } ?? "?") + " sent"
+        var mountTimes: [Double] = [], referenceTimes: [Double] = []
+        var extra = "", bytes: Int64 = 0, documents = 0
+        for round in 0..<(withReference ? options.rounds : 1) {
+            // Each goes first in every other round: a disk still busy with what came before
+            // (writeback, inodes freed a moment ago) weighs on both alike.
+            if withReference, round % 2 == 1, let reference = try referenceTime(label, files: files, round: round, job: job, into: into) {
+                referenceTimes.append(reference)
+            }
+            let dbPath = "\(work)/bench-\(getpid())-\(label.filter(\.isLetter))-\(files)-\(round).sofa"
+            _ = try Database.create(at: dbPath)
+            let mountPoint = "\(work)/mnt"
+            try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+            _ = try timeShell("\(sofaBinary) mount \(dbPath) \(mountPoint)")
+            var unmounted = false
+            defer { if !unmounted { _ = try? timeShell("fusermount3 -u \(mountPoint)") } }
+            try FileManager.default.createDirectory(atPath: "\(mountPoint)/\(into)", withIntermediateDirectories: true)
+            _ = try timeShell("sync")  // as before passthrough_ll's: nothing left of the run before
+            mountTimes.append(try timeShell(job("\(mountPoint)/\(into)")))
+            if let again, round == 0 {
+                let output = try shellOutput(again("\(mountPoint)/\(into)"))
+                let sent = output.split(separator: "\n").first { $0.hasPrefix("Number of regular files transferred") }
+                extra = "  second run: " + (sent.map { String($0.split(separator: ":").last ?? "").trimmingCharacters(in: .whitespaces) } ?? "?") + " sent"
+            }
+            peak = max(peak, mountRSS(dbPath))
+            _ = try timeShell("fusermount3 -u \(mountPoint)")
+            unmounted = true
+            // The mount process ends after the unmount; wait for it to let go of the database.
+            for _ in 0..<100 where mountRSS(dbPath) != 0 { usleep(50_000) }
+            let info = try Database.open(at: dbPath).info()
+            (bytes, documents) = (info.databaseBytes, info.documentCount)
+            if withReference, round % 2 == 0, let reference = try referenceTime(label, files: files, round: round, job: job, into: into) {
+                referenceTimes.append(reference)
+            }
         }
-        let rss = mountRSS(dbPath)
-        peak = max(peak, rss)
-        _ = try timeShell("fusermount3 -u \(mountPoint)")
-        unmounted = true
-        // The mount process ends after the unmount; wait for it to let go of the database.
-        for _ in 0..<100 where mountRSS(dbPath) != 0 { usleep(50_000) }
-        let db = try Database.open(at: dbPath)
-        let info = try db.info()
-        let bytes = info.databaseBytes
-        let reference = withReference ? try referenceTime(label, files: files, job: job, into: into) : nil
+        let mountTime = median(mountTimes)
         row(label, String(format: "plain %7.2f s", plainTime), String(format: "mount %7.2f s", mountTime),
             "ratio " + ratio(plainTime / mountTime),
             String(format: "SQLite %5.0f B/file", Double(bytes) / Double(files)),
-            "\(info.documentCount) docs" + extra)
-        if let reference {
+            "\(documents) docs" + extra)
+        if !referenceTimes.isEmpty {
+            let reference = median(referenceTimes)
+            let each = zip(referenceTimes, mountTimes).map { $0 / $1 }
+            let spread = each.count > 1 ? String(format: "  (%d rounds, each %.2f–%.2f×)", each.count, each.min()!, each.max()!) : ""
             row("  libfuse's passthrough_ll, same job", "", String(format: "       %7.2f s", reference),
-                "ratio " + ratio(plainTime / reference), "Sofa ÷ it " + ratio(reference / mountTime))
+                "ratio " + ratio(plainTime / reference), "Sofa ÷ it " + ratio(reference / mountTime) + spread)
         }
         return mountTime
+    }
+
+    func median(_ times: [Double]) -> Double {
+        let sorted = times.sorted()
+        return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
     }
 
     /// The same job through libfuse's own minimal C file system (its `passthrough_ll` example,
     /// which passes each call to a folder on the same disk), followed by `sync`: what FUSE alone
     /// costs on this machine, the floor under any FUSE file system's time. nil when the bench
     /// was not given it (`Scripts/bench folders` builds it from libfuse3-dev's examples).
-    func referenceTime(_ label: String, files: Int, job: (_ target: String) -> String, into: String) throws -> Double? {
+    func referenceTime(_ label: String, files: Int, round: Int, job: (_ target: String) -> String, into: String) throws -> Double? {
         guard let binary = ProcessInfo.processInfo.environment["SOFA_BENCH_FUSE_REFERENCE"] else { return nil }
-        let backing = "\(work)/reference-\(label.filter(\.isLetter))-\(files)"
+        let backing = "\(work)/reference-\(label.filter(\.isLetter))-\(files)-\(round)"
         let mountPoint = "\(work)/reference-mnt"
         try FileManager.default.createDirectory(atPath: "\(backing)/\(into)", withIntermediateDirectories: true)
         try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)

@@ -21,6 +21,9 @@ struct Options {
     /// `--documents` was given (benchmarks with a smaller default then take it as it is).
     var documentsGiven = false
     var attachmentMiB = 1024
+    /// `folders`: how many times each job runs through the mount and through `passthrough_ll`,
+    /// in turn; the medians are compared (these machines are shared and noisy).
+    var rounds = 1
 
     init(_ arguments: [String]) {
         var iterator = arguments.dropFirst().makeIterator()
@@ -31,9 +34,10 @@ struct Options {
                 documents = iterator.next().flatMap(Int.init) ?? documents
                 documentsGiven = true
             case "--attachment-mib": attachmentMiB = iterator.next().flatMap(Int.init) ?? attachmentMiB
+            case "--rounds": rounds = max(1, iterator.next().flatMap(Int.init) ?? rounds)
             case "storage", "mount", "serve", "sync", "copy", "couchdb", "deferred", "find", "folders", "views", "couchbase-lite", "encryption": suite = argument
             default:
-                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find|folders|views|couchbase-lite|encryption [--dir DIR] [--documents N] [--attachment-mib N]\n".utf8))
+                FileHandle.standardError.write(Data("usage: sofa-bench storage|mount|serve|sync|copy|couchdb|deferred|find|folders|views|couchbase-lite|encryption [--dir DIR] [--documents N] [--attachment-mib N] [--rounds N]\n".utf8))
                 exit(2)
             }
         }
