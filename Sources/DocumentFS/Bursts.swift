@@ -14,11 +14,14 @@ import Foundation
 ///   is safe against a killed mount when `close` returns and costs the same whatever the
 ///   document holds. The mount shows it at once.
 /// - The staged files of a document are folded into one revision when it has been quiet for the
-///   window, or when the oldest has waited `burstLongestDelay`; any other save of the document
+///   window, or when the oldest has waited `burstLongestDelay` (in a long burst, ten times what
+///   the last fold took if that is longer, up to `burstLongestSpacedDelay`: a fold saves the
+///   whole attachment list); any other save of the document
 ///   (properties.json, an unlink, a rename) takes them in first, and so does the unmount.
 /// - A mount that was killed leaves its staged files (its log) to the next mount of the
 ///   database, which folds them when it starts. Other processes (`sofa cat`, a replicator in another process)
-///   see staged files once they are folded, at most `burstLongestDelay` later.
+///   see staged files once they are folded, `burstLongestDelay` later at most in a document of
+///   ordinary size (see `Tuning.burstFoldSpacing`).
 extension DocumentFileSystem {
     /// The staged files of one document and when they came.
     struct Burst {
@@ -32,6 +35,16 @@ extension DocumentFileSystem {
         var last: Double
         /// Identifies the one timer that checks this burst.
         var timer = 0
+        /// How long its last fold took (0: none yet). A fold saves the whole attachment list,
+        /// so in a long burst into a large document the next waits `Tuning.burstFoldSpacing`
+        /// times that, not only `burstLongestDelay`: the folds' work grows with the files, not
+        /// with their square.
+        var lastFold = 0.0
+
+        /// When it is due: once quiet for the window, or once its oldest file has waited long enough.
+        var due: Double {
+            min(last + Tuning.burstQuietWindow, first + min(max(Tuning.burstLongestDelay, Tuning.burstFoldSpacing * lastFold), Tuning.burstLongestSpacedDelay))
+        }
     }
 
     /// Saves an attachment written or moved into a document: staged when the document is busy
@@ -145,6 +158,7 @@ extension DocumentFileSystem {
             return
         }
         var retry = 0.0
+        let started = Date().timeIntervalSince1970
         do {
             try foldBurst(id)
         } catch {
@@ -152,7 +166,8 @@ extension DocumentFileSystem {
             retry = Tuning.burstRetryDelay
         }
         // Files staged while it folded start a burst of their own.
-        let next = ledger.restart(id, timer: timer, at: Date().timeIntervalSince1970)
+        let ended = Date().timeIntervalSince1970
+        let next = ledger.restart(id, timer: timer, at: ended, lastFold: ended - started)
         if let next { scheduleBurstCheck(id, timer: next, after: max(retry, Tuning.burstQuietWindow)) }
     }
 

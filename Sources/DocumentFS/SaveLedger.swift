@@ -122,16 +122,18 @@ final class SaveLedger: @unchecked Sendable {
     func due(_ id: String, timer: Int) -> Double? {
         lock.withLock {
             guard let burst = bursts[id], burst.timer == timer else { return nil }
-            return min(burst.last + Tuning.burstQuietWindow, burst.first + Tuning.burstLongestDelay)
+            return burst.due
         }
     }
 
-    /// After check `timer` folded (or failed to): files staged meanwhile start a burst of their
-    /// own, checked by the returned timer (nil: nothing left, or another check's).
-    func restart(_ id: String, timer: Int, at now: Double) -> Int? {
+    /// After check `timer` folded (or failed to) in `lastFold` seconds: files staged meanwhile
+    /// start a burst of their own, checked by the returned timer (nil: nothing left, or another
+    /// check's).
+    func restart(_ id: String, timer: Int, at now: Double, lastFold: Double) -> Int? {
         lock.withLock {
             guard var burst = bursts[id], burst.timer == timer else { return nil }
             burst.first = now
+            burst.lastFold = lastFold
             burst.timer += 1
             bursts[id] = burst
             return burst.timer

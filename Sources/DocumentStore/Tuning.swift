@@ -81,6 +81,18 @@ public enum Tuning {
     /// how many revisions a long copy makes (one per this many seconds).
     public static let burstLongestDelay = 2.0
 
+    /// In a long burst, the next fold waits at least this many times the last one took: each
+    /// fold saves the document's whole attachment list, so at a fixed period a copy of n files
+    /// into one document would spend time growing with n² on its folds (and on a loaded machine,
+    /// where folds are slower, more so); spaced by their cost they take at most about a tenth
+    /// of the time. What another process lags behind the mount grows with it (a fold of 0.4 s:
+    /// 4 s), up to `burstLongestSpacedDelay`: a fold's time also grows with the files it takes
+    /// (their bodies are synced), so without a bound the spacing could feed on itself.
+    public static let burstFoldSpacing = 10.0
+
+    /// The longest a staged file waits for its fold however slow folds are (see `burstFoldSpacing`).
+    public static let burstLongestSpacedDelay = 30.0
+
     /// How long after this mount last saved a document with empty properties its
     /// properties.json stays unshown (`DocumentFileSystem.showsProperties`): longer than the
     /// quiet window, so that a `cp -r` held up a moment on a busy machine between its last

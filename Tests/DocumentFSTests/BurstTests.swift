@@ -1,4 +1,5 @@
 import DocumentModel
+@testable import DocumentFS
 import DocumentStore
 import MountTables
 import Foundation
@@ -308,5 +309,28 @@ import TestSupport
                + " && rm -r \(mount.path("docs/g"))")
         #expect(try waitUntil(60) { try db.currentRevision(of: "g")?.deleted ?? true }, "docs/g was removed")
         #expect(!FileManager.default.fileExists(atPath: mount.path("docs/g")))
+    }
+}
+
+/// When a burst is folded: the rule of `Bursts.swift`, on the numbers of `Tuning`.
+@Suite struct BurstDueTests {
+    let directory = TemporaryDirectory()
+
+    @Test func aLongBurstsFoldsAreSpacedByWhatTheLastTookWithinABound() throws {
+        let db = try directory.makeDatabase()
+        var burst = DocumentFileSystem.Burst(base: try db.put("doc", [:]), first: 1_000, last: 1_000)
+        #expect(burst.due == 1_000 + Tuning.burstQuietWindow, "quiet: folded after the window")
+        burst.last = 1_001.9  // files keep coming
+        #expect(burst.due == 1_000 + Tuning.burstLongestDelay, "a fast fold (none yet): the longest delay")
+        burst.lastFold = 0.05
+        #expect(burst.due == 1_000 + Tuning.burstLongestDelay)
+        burst.last = 1_020
+        burst.lastFold = 0.8  // a large document, or a loaded machine
+        #expect(burst.due == 1_000 + Tuning.burstFoldSpacing * 0.8)
+        burst.last = 1_100
+        burst.lastFold = 60
+        #expect(burst.due == 1_000 + Tuning.burstLongestSpacedDelay, "bounded, however slow the folds")
+        burst.last = 1_000.2
+        #expect(burst.due == 1_000.2 + Tuning.burstQuietWindow, "quiet again: folded after the window whatever the last fold took")
     }
 }
