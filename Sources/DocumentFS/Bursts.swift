@@ -79,7 +79,7 @@ extension DocumentFileSystem {
     func syncBodies(_ keys: some Collection<BlobKey>) throws {
         let unsynced = ledger.unsynced(among: keys)
         guard !unsynced.isEmpty else { return }
-        try database.blobs.sync(Set(unsynced))
+        try store.blobs.sync(Set(unsynced))
         ledger.noteSynced(unsynced)
     }
 
@@ -105,7 +105,7 @@ extension DocumentFileSystem {
         shown.take(local, forBody: attachment.digest)
         let draft = StagedAttachment.Draft(docID: id, attachment: attachment, expectedDigest: entry.byName[name]?.digest,
                                            base: live.revID, given: local)
-        let staged = try stagingLog.map { try $0.stage(draft, shown: shown) } ?? database.stage(draft)
+        let staged = try stagingLog.map { try $0.stage(draft, shown: shown) } ?? store.stage(draft)
         cache.update(id) { $0.setLocal(name, shown) }
         track(staged, in: id, base: live)
         return live.revID
@@ -130,7 +130,7 @@ extension DocumentFileSystem {
             if staged.log != nil, let stagingLog {
                 moved = try stagingLog.restage(staged, as: toName, expectedDigest: entry.byName[toName]?.digest)
             } else {
-                moved = try database.restage(staged, as: toName, expectedDigest: entry.byName[toName]?.digest)
+                moved = try store.restage(staged, as: toName, expectedDigest: entry.byName[toName]?.digest)
             }
         } catch SofaError.conflict {
             return false  // folded meanwhile: renamed in a revision
@@ -193,20 +193,20 @@ extension DocumentFileSystem {
     /// fold would have made.
     func recoverStagedAttachments() throws {
         guard !readOnly else { return }
-        let imported = try StagingLog.importStopped(into: database, except: stagingLog?.name)
-        let orphans = try database.stagedAttachments(includingLogs: false).filter { staged in
+        let imported = try store.importStoppedStagingLogs(except: stagingLog?.name)
+        let orphans = try store.stagedAttachments(includingLogs: false).filter { staged in
             imported.contains(staged.seq) || staged.pid != getpid() && kill(staged.pid, 0) != 0 && errno == ESRCH
         }
         // A power loss can leave a row whose body never reached the disk (it was synced by the
         // fold): that file is lost, as the last window may be, and said so.
         var lost: [StagedAttachment] = []
         let intact = try orphans.filter { staged in
-            guard let key = staged.attachment.blobKey, database.blobs.contains(key) else {
+            guard let key = staged.attachment.blobKey, store.blobs.contains(key) else {
                 lost.append(staged)
                 return false
             }
             do {
-                try database.blobs.verify(key)
+                try store.blobs.verify(key)
                 return true
             } catch SofaError.blobCorrupted {
                 lost.append(staged)
@@ -217,14 +217,14 @@ extension DocumentFileSystem {
             for file in lost {
                 log.error("docs/\(FileNames.escape(file.docID))/attachments/\(file.name): written before the mount stopped, but its bytes did not reach the disk (a power loss?); it is not saved")
             }
-            try database.save(nil, unstaging: lost)
+            try store.save(nil, unstaging: lost)
         }
         for (id, files) in Dictionary(grouping: intact, by: \.docID) {
-            guard let live = try database.document(withID: id) else {
+            guard let live = try store.document(withID: id) else {
                 // Deleted since: the files become a branch of their own rather than disappear.
-                var branch = try database.newDocument(id)
+                var branch = try store.newDocument(id)
                 for file in files { try branch.setAttachment(file.attachment) }
-                try database.save(branch, allowConflict: true, unstaging: files)
+                try store.save(branch, allowConflict: true, unstaging: files)
                 continue
             }
             ledger.adopt(files, in: id, base: live, at: Date().timeIntervalSince1970)
@@ -232,7 +232,7 @@ extension DocumentFileSystem {
             // Older stagings of the same names (replaced by later ones, which the fold took) go too.
             let latest = Dictionary(files.map { ($0.name, $0.seq) }, uniquingKeysWith: max)
             let replaced = files.filter { latest[$0.name] != $0.seq }
-            if !replaced.isEmpty { try database.save(nil, unstaging: replaced) }
+            if !replaced.isEmpty { try store.save(nil, unstaging: replaced) }
             log.notice("docs/\(FileNames.escape(id)): saved \(files.count) file(s) a mount that stopped had written")
         }
     }

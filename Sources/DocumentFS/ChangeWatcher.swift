@@ -10,7 +10,7 @@ import Logging
 /// so their events are watched too: every document using such a body is refreshed.
 public final class ChangeWatcher: @unchecked Sendable {
     // Sendable invariant: `lastSequence` and `stopped` are only touched on the watcher thread or under `lock`.
-    private let database: Database
+    private let store: any MountStore
     private let invalidate: @Sendable (_ path: String, _ descendants: Bool) -> Void
     private let documentChanged: @Sendable (String) -> Void
     private let madeHere: @Sendable (DocumentStore.Change) -> Bool
@@ -26,24 +26,24 @@ public final class ChangeWatcher: @unchecked Sendable {
     /// `documentChanged` receives each changed document's id first (to drop what the
     /// file system caches), then `invalidate` the mount path that shows it. Changes
     /// `madeHere` (the mount's own saves, which the kernel has seen made) are passed over.
-    public init(database: Database,
+    public init(store: any MountStore,
                 madeHere: @escaping @Sendable (DocumentStore.Change) -> Bool = { _ in false },
                 documentChanged: @escaping @Sendable (String) -> Void,
                 invalidate: @escaping @Sendable (_ path: String, _ descendants: Bool) -> Void) throws {
-        self.database = database
+        self.store = store
         self.madeHere = madeHere
         self.documentChanged = documentChanged
         self.invalidate = invalidate
-        _ = database.changeStream.current  // other processes' commits are watched from now on
+        _ = store.changeStream.current  // other processes' commits are watched from now on
         // Where the stream stood before the first read: a commit after it is looked at.
-        documentPosition = database.changeStream.lastDocumentChange
-        lastSequence = try database.lastSequence
-        lastBodyEvent = try database.lastBodyEvent()
-        lastPurge = try database.purgeSequence
+        documentPosition = store.changeStream.lastDocumentChange
+        lastSequence = try store.lastSequence
+        lastBodyEvent = try store.lastBodyEvent()
+        lastPurge = try store.purgeSequence
     }
 
     public func start() {
-        let stream = database.changeStream
+        let stream = store.changeStream
         let thread = Thread { [self] in
             var lookedAt = documentPosition
             var retry = false
@@ -70,7 +70,7 @@ public final class ChangeWatcher: @unchecked Sendable {
 
     public func stop() {
         lock.withLock { stopped = true }
-        database.changeStream.wakeWaiters()
+        store.changeStream.wakeWaiters()
     }
 
     private var isStopped: Bool {
@@ -84,12 +84,12 @@ public final class ChangeWatcher: @unchecked Sendable {
     /// A document purged away leaves no change to find: a purge drops the listing of /docs
     /// (the folder itself shows nothing once its document is gone: its number leads nowhere).
     public func look() throws {
-        let purges = try database.purgeSequence
+        let purges = try store.purgeSequence
         if purges != lastPurge {
             lastPurge = purges
             invalidate("/docs", false)
         }
-        let bodies = try database.documentsWithBodyEvents(after: lastBodyEvent)
+        let bodies = try store.documentsWithBodyEvents(after: lastBodyEvent)
         if bodies.last != lastBodyEvent {
             lastBodyEvent = bodies.last
             for id in bodies.docIDs {
@@ -97,7 +97,7 @@ public final class ChangeWatcher: @unchecked Sendable {
                 invalidate(String.documentPath(id), true)
             }
         }
-        let changes = try database.changes(since: lastSequence)
+        let changes = try store.changes(since: lastSequence)
         guard let last = changes.last else { return }
         lastSequence = last.sequence
         let foreign = changes.filter { !madeHere($0) }

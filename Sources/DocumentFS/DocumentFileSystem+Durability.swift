@@ -10,7 +10,7 @@ extension DocumentFileSystem {
     /// Syncs a pending file's bytes and records them as a pending save. Caller holds its lock.
     func makeDurable(_ file: WriteHandle) throws {
         let id = file.durableID ?? UUID().uuidString.lowercased()
-        let keep = database.blobs.keptFilePath(id)
+        let keep = store.blobs.keptFilePath(id)
         let record: PendingSave
         switch file {
         case let properties as PropertiesWriteHandle:
@@ -19,7 +19,7 @@ extension DocumentFileSystem {
                 keepRejected(properties.buffer, of: file.docID, because: error)
                 throw error
             }
-            try database.blobs.writeKeptFile(properties.buffer, to: keep)
+            try store.blobs.writeKeptFile(properties.buffer, to: keep)
             record = PendingSave(id: id, pid: getpid(), docID: file.docID, name: nil, base: file.base, contentType: nil, file: keep)
         case let attachment as AttachmentWriteHandle:
             guard try attachment.makeDurable(at: keep) else { return }
@@ -28,14 +28,14 @@ extension DocumentFileSystem {
         default:
             return
         }
-        try database.recordPendingSave(record)
+        try store.recordPendingSave(record)
         file.durableID = id
     }
 
     /// Forgets the pending save of `file`, if it has one. Caller holds its lock.
     func dropPendingSave(of file: WriteHandle) {
         guard let id = file.durableID else { return }
-        database.removePendingSave(id)
+        store.removePendingSave(id)
         file.durableID = nil
     }
 
@@ -45,7 +45,7 @@ extension DocumentFileSystem {
         guard !readOnly else { return }
         let saves: [PendingSave]
         do {
-            saves = try database.pendingSaves()
+            saves = try store.pendingSaves()
         } catch {
             // They stay in the journal for the next mount; this one says so rather than nothing.
             log.error("cannot read the journal of saves made durable by a mount that stopped, so none is recovered now: \(error)")
@@ -56,17 +56,17 @@ extension DocumentFileSystem {
             do {
                 if access(save.file, F_OK) == 0 {
                     if let name = save.name {
-                        let blob = try database.blobs.adopt(fileAt: save.file, keepingOriginal: true)
+                        let blob = try store.blobs.adopt(fileAt: save.file, keepingOriginal: true)
                         _ = try commit(save.docID, base: save.base, change: .attachment(name)) { draft in
                             try draft.setAttachment(name, blob: blob, contentType: save.contentType ?? MIMEType.forFileName(name))
                         }
                     } else {
-                        let properties = try parseProperties(try database.blobs.readKeptFile(save.file, limit: PropertiesWriteHandle.maximumSize))
+                        let properties = try parseProperties(try store.blobs.readKeptFile(save.file, limit: PropertiesWriteHandle.maximumSize))
                         _ = try commit(save.docID, base: save.base, change: .properties) { $0.properties = properties }
                     }
                     log.notice("\(place): saved what was written and fsynced before the mount stopped")
                 }
-                database.removePendingSave(save.id)
+                store.removePendingSave(save.id)
             } catch {
                 log.error("\(place): cannot save what was fsynced before the mount stopped: \(error); kept in \(save.file)")
             }

@@ -30,7 +30,7 @@ extension DocumentFileSystem {
             keptFolders.insert(folder, in: id)
             // Recorded, so that the empty folder is there at the next mount too.
             let row = LocalAttributes.folderName(folder)
-            let local = try database.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
+            let local = try store.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
             cache.update(id) { $0.setLocal(row, local) }
             noteEntryChange(folder, in: id)
         case .scratch(let id, let relative):
@@ -91,7 +91,7 @@ extension DocumentFileSystem {
                 // Empty properties go with the folder (`rm -r` may not have seen them: they are not
                 // shown while the document fills); nothing is lost.
                 guard removal.properties || revision.properties.isEmpty, visibleAttachments(revision).isEmpty,
-                      try database.revisionTree(of: id).conflicts.isEmpty,
+                      try store.revisionTree(of: id).conflicts.isEmpty,
                       scratchIsEmpty(scratch) else { throw MountError.notEmpty(path) }
                 try deleteDocument(id)
             } else if !isDirectory(scratch) {
@@ -126,14 +126,14 @@ extension DocumentFileSystem {
         case .conflict(let id, let rev):
             // `rm -r conflicts/<rev>`: resolve by deleting that branch.
             guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
-            var draft = try database.newRevision(of: id, from: conflict.revID)
+            var draft = try store.newRevision(of: id, from: conflict.revID)
             draft.properties = [:]  // as CouchDB's DELETE: a tombstone of nothing
             draft.deleted = true
             defer { documentChanged(id) }
-            try database.save(draft, allowConflict: true)
+            try store.save(draft, allowConflict: true)
         case .conflicts(let id):
             guard try liveRevision(id) != nil else { throw MountError.notFound(path) }
-            guard try database.revisionTree(of: id).conflicts.isEmpty else { throw MountError.notEmpty(path) }
+            guard try store.revisionTree(of: id).conflicts.isEmpty else { throw MountError.notEmpty(path) }
         case .conflictAttachment:
             // Part of `rm -r conflicts/<rev>`; the branch goes with its folder.
             guard try attributes(of: path).kind == .directory else { throw MountError.notFolder(path) }
@@ -166,8 +166,8 @@ extension DocumentFileSystem {
     func deleteDocument(_ id: String) throws {
         defer { documentChanged(id) }
         for _ in 0..<8 {
-            guard let current = try database.document(withID: id) else { return }
-            do { try database.deleteDocument(id, revID: current.revID) } catch SofaError.conflict { continue }
+            guard let current = try store.document(withID: id) else { return }
+            do { try store.deleteDocument(id, revID: current.revID) } catch SofaError.conflict { continue }
         }
     }
 

@@ -38,7 +38,7 @@ extension DocumentFileSystem {
                     throw SofaError.bodyNotAvailable(docID: id, name: name)
                 }
                 let handle = try AttachmentWriteHandle(path: path, docID: id, base: revision.revID, name: name,
-                                                       contentType: attachment.contentType, blobs: database.blobs,
+                                                       contentType: attachment.contentType, blobs: store.blobs,
                                                        initialContent: truncating ? nil : attachment.blobKey)
                 handle.seenDigest = attachment.digest
                 handle.emptiedAtOpen = truncating
@@ -80,7 +80,7 @@ extension DocumentFileSystem {
         let stored = try attachment.blobKey.flatMap { key -> BlobReader? in
             guard attachment.contentAvailable else { return nil }
             do {
-                return try database.blobs.openReader(key, expectedLength: attachment.length)
+                return try store.blobs.openReader(key, expectedLength: attachment.length)
             } catch SofaError.io(_, _, ENOENT) {
                 return nil
             }
@@ -102,7 +102,7 @@ extension DocumentFileSystem {
             return OpenFile(handle: handles.add(AbsentBodyHandle(path: path, docID: docID, attachment: attachment)), directIO: true,
                             noFlush: true)
         }
-        database.noteRead(digest: attachment.digest)
+        store.noteRead(digest: attachment.digest)
         // A body never changes under its digest: keep the kernel's cache unless the path now shows another body.
         let keep = pending.noteOpened(path, digest: attachment.digest)
         // A large body is read by the kernel itself (FUSE passthrough, when in use): the blob
@@ -144,7 +144,7 @@ extension DocumentFileSystem {
             let existing = revision == nil ? nil : try visibleAttachment(name, in: id)
             let handle = try AttachmentWriteHandle(path: path, docID: id, base: revision?.revID, name: name,
                                                    contentType: existing?.contentType ?? MIMEType.forFileName(name),
-                                                   blobs: database.blobs, initialContent: nil)
+                                                   blobs: store.blobs, initialContent: nil)
             handle.seenDigest = existing?.digest
             handle.emptiedAtOpen = true
             // The mode it is made with (a linker's 0755) is kept; the default needs no record.

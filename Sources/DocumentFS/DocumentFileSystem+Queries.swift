@@ -118,7 +118,7 @@ extension DocumentFileSystem {
         guard saved.limit == Int.max && saved.skip == 0 else {
             // Cut by a limit or a skip: among the results the listing gives, read once for each
             // state of the database (`ls -l` looks up every name).
-            let sequence = try database.lastSequence
+            let sequence = try store.lastSequence
             if let known = derived.queryMembers[name], known.stamp == saved.stamp, known.sequence == sequence {
                 return known.members.contains(docID)
             }
@@ -127,13 +127,13 @@ extension DocumentFileSystem {
             return members.contains(docID)
         }
         // Otherwise the selector decides, on the document read by its id.
-        return try database.matches(saved.query.selector, documentID: docID)
+        return try store.matches(saved.query.selector, documentID: docID)
     }
 
     /// Runs a page of a saved query; Mango's refusal (a sort no index serves) says so.
     private func run(_ query: MangoQuery, path: String) throws -> FindResult {
         do {
-            return try database.find(query)
+            return try store.find(query)
         } catch SofaError.invalidQuery(_, let reason) {
             throw MountError.invalidArgument(path, why: "the query cannot be answered: \(reason)")
         }

@@ -105,7 +105,7 @@ extension DocumentFileSystem {
             }
             // Into a busy document (rsync, unzip) it is likely staged: its body is synced by the fold, as a closed file's.
             let durable = !mayStage(toID)
-            let blob = try database.blobs.adopt(fileAt: file, keepingOriginal: true, durable: durable)
+            let blob = try store.blobs.adopt(fileAt: file, keepingOriginal: true, durable: durable)
             let live = try liveRevision(toID)
             let existing = live == nil ? nil : try visibleAttachment(name, in: toID)
             _ = try saveAttachment(toID, name, blob: blob, contentType: existing?.contentType ?? MIMEType.forFileName(name),
@@ -118,7 +118,7 @@ extension DocumentFileSystem {
         case let (.attachment(id, name), .scratch(toID, relative)) where !name.isEmpty:
             guard let revision = try liveRevision(id), let attachment = try visibleAttachment(name, in: id),
                   try documentFolderExists(toID) else { throw MountError.notFound(to) }
-            let reader = try database.openContent(of: attachment, docID: id)
+            let reader = try store.openContent(of: attachment, docID: id)
             try copy(reader, toScratch: scratchPath(toID, relative))
             if toID == id {
                 setAside(attachment, of: id)

@@ -132,7 +132,7 @@ extension DocumentFileSystem {
         for _ in 0..<8 {
             let burst = ledger.burst(id)
             let staged = (burst?.staged.values).map(Array.init) ?? []
-            let current = try database.currentRevision(of: id)
+            let current = try store.currentRevision(of: id)
             let live = current.flatMap { $0.deleted ? nil : $0 }
             let liveByName = Dictionary((live?.attachments ?? []).map { ($0.name, $0) }, uniquingKeysWith: { $1 })
             // Staged files whose names nobody else changed since go on top of the current revision.
@@ -147,7 +147,7 @@ extension DocumentFileSystem {
             var drafts: [(draft: RevisionDraft, allowConflict: Bool)] = []
             var liveDraft: RevisionDraft?
             if onLive && change != nil || !fits.isEmpty {
-                var draft = try database.newRevision(of: id)
+                var draft = try store.newRevision(of: id)
                 for file in fits { try draft.setAttachment(file.attachment) }
                 liveDraft = draft
             }
@@ -173,14 +173,14 @@ extension DocumentFileSystem {
             if let draft = changeDraft { drafts.append((draft, true)) }
             if !clashes.isEmpty, let burst {
                 // Changed elsewhere while staged (or the document went): kept as a branch of what the mount showed.
-                var branch = try database.newRevision(of: id, from: burst.base.revID, like: burst.base)
+                var branch = try store.newRevision(of: id, from: burst.base.revID, like: burst.base)
                 for file in clashes { try branch.setAttachment(file.attachment) }
                 drafts.append((branch, true))
             }
             do {
                 defer { if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) } }
                 try syncBodies(staged.compactMap(\.attachment.blobKey))
-                let saved = try database.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged, log: stagingLog)
+                let saved = try store.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged, log: stagingLog)
                 // The cached revision goes before the staged files it now holds: in between, a
                 // lookup would find neither (an unlink of a file just folded answered ENOENT).
                 if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) }
@@ -199,18 +199,18 @@ extension DocumentFileSystem {
                 continue  // another writer saved in between: look again
             }
         }
-        throw SofaError.conflict(docID: id, revID: base?.description, current: try database.currentRevision(of: id)?.revID.description ?? "(none)")
+        throw SofaError.conflict(docID: id, revID: base?.description, current: try store.currentRevision(of: id)?.revID.description ?? "(none)")
     }
 
     /// A draft for a change that collides: a branch from `base` with what `base` held, or,
     /// when the database no longer keeps `base`'s body (history of a large document), with
     /// what the current revision holds; a new document's branch without a base.
     func conflictDraft(_ id: String, from base: RevisionID?, live: Revision?) throws -> RevisionDraft {
-        guard let base else { return try database.newDocument(id) }
+        guard let base else { return try store.newDocument(id) }
         do {
-            return try database.newRevision(of: id, from: base)
+            return try store.newRevision(of: id, from: base)
         } catch SofaError.revisionNotFound {
-            return try database.newRevision(of: id, from: base, like: live)
+            return try store.newRevision(of: id, from: base, like: live)
         }
     }
 
@@ -234,7 +234,7 @@ extension DocumentFileSystem {
             }
         }
         let original: Revision
-        do { original = try database.revision(base, of: id) } catch {
+        do { original = try store.revision(base, of: id) } catch {
             // Its body is gone (pruned history) or unreadable: keep the edit as a branch, lose nothing.
             log.notice("docs/\(FileNames.escape(id)): cannot compare with revision \(base) (\(error)); the change is kept as a branch if it is not the current one")
             return true

@@ -19,7 +19,7 @@ extension DocumentFileSystem {
         do {
             try writeScratch(scratch.path(folder, Node.propertiesFileName), bytes: render(revision.properties))
             for attachment in attachments {
-                try copy(try database.openContent(of: attachment, docID: id), toScratch: scratch.path(folder, .relativePath(ofAttachment: attachment.name)))
+                try copy(try store.openContent(of: attachment, docID: id), toScratch: scratch.path(folder, .relativePath(ofAttachment: attachment.name)))
             }
             try moveScratchFiles(from: scratchDirectory(id), into: folder)
         } catch {
@@ -57,7 +57,7 @@ extension DocumentFileSystem {
         for (directory, prefix) in [(attachmentsFolder, ""), (blobsFolder, Blobs.standInPrefix)] {
             for file in try scratch.files(below: directory) {
                 let name = prefix + FileNames.attachmentName(file.relative.split(separator: "/").map(String.init))
-                bodies.append((name, try database.blobs.adopt(fileAt: file.path, keepingOriginal: true)))
+                bodies.append((name, try store.blobs.adopt(fileAt: file.path, keepingOriginal: true)))
             }
         }
         _ = try commit(id, base: nil, change: .properties) { draft in

@@ -27,13 +27,13 @@ extension DocumentFileSystem {
     /// listing's entries) costs one read; otherwise its design document is read again and its
     /// index brought up to date.
     func openView(_ design: String, _ name: String, path: String) throws -> OpenView {
-        let sequence = try database.lastSequence
+        let sequence = try store.lastSequence
         let known = ViewKey(design: design, view: name)
         if let open = derived.openViews[known], open.sequence == sequence { return open }
         guard let definition = try viewDefinition(design), let position = definition.position(of: name) else {
             throw MountError.notFound(path)
         }
-        let state = try database.updateViewIndex(definition)
+        let state = try store.updateViewIndex(definition)
         let open = OpenView(definition: definition, view: definition.views[position], position: position,
                             indexID: state.id, sequence: state.sequence)
         derived.openViews[known] = open
@@ -43,7 +43,7 @@ extension DocumentFileSystem {
     /// The views of `_design/<design>`, when it has any the query server runs (JavaScript).
     private func viewDefinition(_ design: String) throws -> ViewDefinition? {
         let designID = DocumentID.designPrefix + design
-        guard let revision = try database.document(withID: designID),
+        guard let revision = try store.document(withID: designID),
               (revision.properties["language"]?.stringValue ?? "javascript") == "javascript",
               let definition = ViewDefinition(designID: designID, body: revision.properties), !definition.views.isEmpty
         else { return nil }
@@ -54,7 +54,7 @@ extension DocumentFileSystem {
     /// shows it by that name (`1.0` is no other name of the key `1`).
     private func key(_ name: String, in view: OpenView, path: String) throws -> JSONValue {
         guard let named = ViewKeyNames.key(named: name),
-              let key = try database.viewKey(index: view.indexID, view: view.position, collatingAs: named),
+              let key = try store.viewKey(index: view.indexID, view: view.position, collatingAs: named),
               ViewKeyNames.name(of: key) == name else { throw MountError.notFound(path) }
         return key
     }
@@ -62,17 +62,7 @@ extension DocumentFileSystem {
     // MARK: - Attributes
 
     /// When the database last committed: a view folder's time, which moves whenever its listing may.
-    func databaseChangedAt() -> Double {
-        var latest = mountTime
-        for file in [Database.databaseFileName, Database.databaseFileName + "-wal"] {
-            var info = stat()
-            // A file that is not there (no log yet) has no time to give: the other one's stands.
-            if stat(database.path + "/" + file, &info) == 0 {
-                latest = max(latest, FileTime(info.st_mtim).seconds)
-            }
-        }
-        return latest
-    }
+    func databaseChangedAt() -> Double { max(mountTime, store.lastCommitTime() ?? 0) }
 
     func viewFolder(_ modified: Double) -> FileAttributes {
         var attributes = directory(modified, writable: false)
@@ -104,7 +94,7 @@ extension DocumentFileSystem {
             return viewFolder(databaseChangedAt())
         case .row(let design, let name, let keyName, let docID):
             let view = try openView(design, name, path: path)
-            guard try database.viewHasRow(index: view.indexID, view: view.position, key: key(keyName, in: view, path: path), docID: docID)
+            guard try store.viewHasRow(index: view.indexID, view: view.position, key: key(keyName, in: view, path: path), docID: docID)
             else { throw MountError.notFound(path) }
             return link(to: Self.linkTarget(docID), databaseChangedAt())
         case .reduce:
@@ -131,7 +121,7 @@ extension DocumentFileSystem {
             var designs: [DirectoryEntry] = []
             var after = DocumentID.designPrefix
             while true {
-                let page = try database.documents(after: after, limit: Tuning.documentListingPage)
+                let page = try store.documents(after: after, limit: Tuning.documentListingPage)
                 for summary in page where summary.docID.hasPrefix(DocumentID.designPrefix) {
                     let design = String(summary.docID.dropFirst(DocumentID.designPrefix.count))
                     if try viewDefinition(design) != nil {
@@ -149,7 +139,7 @@ extension DocumentFileSystem {
         case .view(let design, let name):
             let view = try openView(design, name, path: path)
             let finished = try listPaged(path, after: position, add: add) { mark, limit in
-                try database.viewKeys(index: view.indexID, view: view.position, after: mark, limit: limit).compactMap { row in
+                try store.viewKeys(index: view.indexID, view: view.position, after: mark, limit: limit).compactMap { row in
                     // A key too long for a file name is left out (the README says so).
                     ViewKeyNames.name(of: row.key).map { (mark: row.collation, entry: ($0, viewFolder(modified))) }
                 }
@@ -160,7 +150,7 @@ extension DocumentFileSystem {
             let view = try openView(design, name, path: path)
             let key = try key(keyName, in: view, path: path)
             let finished = try listPaged(path, after: position, add: add) { mark, limit in
-                try database.viewDocuments(index: view.indexID, view: view.position, key: key,
+                try store.viewDocuments(index: view.indexID, view: view.position, key: key,
                                            after: mark.map { String(decoding: $0, as: UTF8.self) }, limit: limit)
                     .map { (mark: Array($0.utf8), entry: (FileNames.escape($0), link(to: Self.linkTarget($0), modified))) }
             }
@@ -227,7 +217,7 @@ extension DocumentFileSystem {
         if let cached = derived.reducedFiles[path], cached.sequence == view.sequence { return cached.bytes }
         var range = ViewRange()
         if let keyName { range = .key(try key(keyName, in: view, path: path), descending: false) }
-        let rows = try database.viewRows(index: view.indexID, view: view.position, range: range, skip: 0, limit: Int.max,
+        let rows = try store.viewRows(index: view.indexID, view: view.position, range: range, skip: 0, limit: Int.max,
                                          countingOffset: false).rows
         let bytes = Array(try ViewReduce.reduce(source, rows).prettyPrinted().utf8)
         derived.reducedFiles[path] = (view.sequence, bytes)

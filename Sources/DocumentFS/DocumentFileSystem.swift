@@ -32,7 +32,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     // Sendable invariant: no mutable state of its own; each part (below) guards its own, and
     // handles guard theirs.
 
-    public let database: Database
+    /// The database shown, through what the mount may ask of it (MountStore.swift).
+    public let store: any MountStore
     public let readOnly: Bool
     /// Where scratch files are kept (sealed in an encrypted database).
     let scratch: ScratchFolder
@@ -80,7 +81,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = Tuning.mountFetchTimeout,
                 browsing: BrowsingPolicy = BrowsingPolicy()) throws {
         self.browsing = browsing
-        self.database = database
+        self.store = database
         self.bodySource = bodySource
         self.fetchTimeout = fetchTimeout
         self.readOnly = readOnly || database.isReadOnly
@@ -113,16 +114,16 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     func cached(_ id: String) throws -> DocumentCache.Entry {
         try cache.entry(id) {
             // An id that is not valid is not a document the mount shows (its name is just absent).
-            guard DocumentID.isStorable(id), let revision = try database.document(withID: id) else {
+            guard DocumentID.isStorable(id), let revision = try store.document(withID: id) else {
                 return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false)
             }
             // Staged files' times and modes are in the log until their fold stores them: read
             // first, so that a fold in between leaves them in one or the other.
             let staged = stagingLog?.attributes(in: id) ?? [:]
-            let local = try database.localAttributes(ofDocument: id).merging(staged) { $1 }
-            return DocumentCache.Entry(revision: revision, key: try database.storageKey(of: id), rendered: render(revision.properties),
-                                       hasConflicts: !(try database.revisionTree(of: id).conflicts.isEmpty),
-                                       revisionTimes: try database.revisionTimes(of: revision), local: local)
+            let local = try store.localAttributes(ofDocument: id).merging(staged) { $1 }
+            return DocumentCache.Entry(revision: revision, key: try store.storageKey(of: id), rendered: render(revision.properties),
+                                       hasConflicts: !(try store.revisionTree(of: id).conflicts.isEmpty),
+                                       revisionTimes: try store.revisionTimes(of: revision), local: local)
         }
     }
 
@@ -208,7 +209,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     public func path(ofNumber number: UInt64) throws -> String? {
-        guard let part = DocumentPart(number: number), let id = try database.documentID(storageKey: part.key) else { return nil }
+        guard let part = DocumentPart(number: number), let id = try store.documentID(storageKey: part.key) else { return nil }
         return part.path(id)
     }
 
@@ -231,7 +232,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// then stay stale until it looks the node up again; nothing else depends on it).
     private func storageKeyForInvalidation(of id: String, at path: String) -> Int64? {
         do {
-            return try database.storageKey(of: id)
+            return try store.storageKey(of: id)
         } catch {
             log.error("cannot tell the kernel about a change of \(path.escapingControlCharacters): \(error)")
             return nil
@@ -268,8 +269,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     }
 
     func conflictRevision(_ id: String, _ rev: String) throws -> Revision? {
-        guard let revID = RevisionID(rev), try database.revisionTree(of: id).conflicts.contains(where: { $0.id == revID }) else { return nil }
-        return try database.revision(revID, of: id)
+        guard let revID = RevisionID(rev), try store.revisionTree(of: id).conflicts.contains(where: { $0.id == revID }) else { return nil }
+        return try store.revision(revID, of: id)
     }
 
     // MARK: - Attributes
@@ -312,7 +313,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         case .document(let id):
             // A folder's time and number are all a stat needs: the document is not loaded for it
             // (`ls -l docs/` after `ls docs/` looks up every name).
-            if DocumentID.isStorable(id), let stored = try database.storedDocument(live: id) {
+            if DocumentID.isStorable(id), let stored = try store.storedDocument(live: id) {
                 return documentFolder(stored)
             }
             guard isDirectory(scratchDirectory(id)) else { throw MountError.notFound(path) }
@@ -417,7 +418,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         if node == .docs, position < ListingPosition.firstName {
             var after = ListingPosition.documentKey(after: position)
             while true {
-                let page = try database.documentsInStorageOrder(afterKey: after, limit: Tuning.documentListingPage)
+                let page = try store.documentsInStorageOrder(afterKey: after, limit: Tuning.documentListingPage)
                 for document in page {
                     let entry = DirectoryEntry(name: FileNames.escape(document.docID), attributes: documentFolder(document),
                                                position: ListingPosition.document(key: document.key))
@@ -527,7 +528,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             }
             return entries
         case .conflicts(let id):
-            return (try database.revisionTree(of: id).conflicts.map { named($0.id.description) })
+            return (try store.revisionTree(of: id).conflicts.map { named($0.id.description) })
         case .conflict(let id, let rev):
             guard let conflict = try conflictRevision(id, rev) else { throw MountError.notFound(path) }
             let modified = conflict.savedAt.timeIntervalSince1970
@@ -585,10 +586,10 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     func statusFile(_ name: String) throws -> [UInt8]? {
         guard name == "status.json" else { return nil }
         var status: JSONObject = [
-            "database": .string(database.path),
+            "database": .string(store.path),
             "read_only": .bool(readOnly),
             "mounted_at": .string(ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: mountTime))),
-            "last_sequence": .integer(try database.lastSequence),
+            "last_sequence": .integer(try store.lastSequence),
             "replication": ["state": "none"],
             "downloads": [],
         ]
@@ -614,7 +615,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
 
     public func statistics(of path: String) throws -> statvfs {
         var result = statvfs()
-        guard statvfs(database.path, &result) == 0 else { throw SofaError.system("statvfs", path: database.path, errno: errno) }
+        guard statvfs(store.path, &result) == 0 else { throw SofaError.system("statvfs", path: store.path, errno: errno) }
         return result
     }
 
@@ -661,12 +662,12 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     private func attachmentAttributes(_ attachment: Attachment, revision: RevisionID) throws -> [String: String] {
         // Asked of the store, not only of the revision cached: a body evicted or purged by another
         // process a moment ago is gone before the watcher says so.
-        let here = attachment.contentAvailable && attachment.blobKey.map(database.blobs.contains) == true
+        let here = attachment.contentAvailable && attachment.blobKey.map(store.blobs.contains) == true
         var attributes = [DocumentFileSystem.revisionAttribute: revision.description,
                           DocumentFileSystem.digestAttribute: attachment.digest,
                           DocumentFileSystem.availableAttribute: here ? "true" : "false",
                           DocumentFileSystem.contentTypeAttribute: attachment.contentType,
-                          DocumentFileSystem.pinnedAttribute: try database.isPinned(digest: attachment.digest) ? "true" : "false"]
+                          DocumentFileSystem.pinnedAttribute: try store.isPinned(digest: attachment.digest) ? "true" : "false"]
         if let pointer = Blobs.pointer(ofStandIn: attachment.name) { attributes[DocumentFileSystem.blobAttribute] = pointer }
         if !here, let progress = bodySource?.progress(of: attachment) {
             if progress.present == attachment.length {
@@ -741,7 +742,7 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
             found = nil
         }
         guard let (attachment, docID, revID) = found else { throw MountError.notFound(path) }
-        try database.setPinned(pinned, digest: attachment.digest)
+        try store.setPinned(pinned, digest: attachment.digest)
         if pinned && !attachment.contentAvailable { bodySource?.fetchInBackground(attachment, docID: docID, revID: revID) }
     }
 }

@@ -106,7 +106,7 @@ extension DocumentFileSystem {
             let row = LocalAttributes.folderName(name)
             // A folder given only an atime keeps the mtime it shows (read first: no part's lock is held while the database is asked).
             let changed = keptFolders.forgetChange(name, in: id)
-            let local = try database.updateLocalAttributes(docID: id, name: row) { attributes in
+            let local = try store.updateLocalAttributes(docID: id, name: row) { attributes in
                 if let modified = newModified ?? changed?.nanoseconds { attributes.modified = modified }
                 if let newAccessed { attributes.accessed = newAccessed }
             }
@@ -169,7 +169,7 @@ extension DocumentFileSystem {
            let local = try stagingLog.updateAttributes(of: staged, change) {
             return local == LocalAttributes(digest: local.digest) ? nil : local
         }
-        return try database.updateLocalAttributes(docID: id, name: name, change)
+        return try store.updateLocalAttributes(docID: id, name: name, change)
     }
 
     /// Renamed files and folders take their times and modes along; those of a file or empty
@@ -187,10 +187,10 @@ extension DocumentFileSystem {
         }
         let replaced = folder ? LocalAttributes.folderName(toName) : toName
         if fromID == toID {
-            try database.moveLocalAttributes(docID: fromID, moves: moves, removing: [replaced])
+            try store.moveLocalAttributes(docID: fromID, moves: moves, removing: [replaced])
         } else {
-            try database.moveLocalAttributes(docID: toID, moves: [], removing: [replaced])
-            try database.moveLocalAttributes(docID: fromID, moves: moves, toDocument: toID)
+            try store.moveLocalAttributes(docID: toID, moves: [], removing: [replaced])
+            try store.moveLocalAttributes(docID: fromID, moves: moves, toDocument: toID)
         }
         documentChanged(fromID)
         if toID != fromID { documentChanged(toID) }
@@ -201,7 +201,7 @@ extension DocumentFileSystem {
         guard try cached(id).local[name] != nil else { return }
         // Staged still (a removal under way saves it later): its fold would store them again.
         _ = try updateLocalAttributes(of: name, in: id) { $0 = LocalAttributes() }
-        try database.moveLocalAttributes(docID: id, moves: [], removing: [name])
+        try store.moveLocalAttributes(docID: id, moves: [], removing: [name])
         cache.update(id) { $0.setLocal(name, nil) }
     }
 

@@ -172,7 +172,7 @@ struct Mount: SofaCommand {
         }
         if let pipe = guardPipe.flatMap({ $0 }) { MountGuard.arm(pipe, mountPoint: mountPoint) }
         mounted.withLock { $0 = mount }
-        let watcher = try ChangeWatcher(database: database, madeHere: { [fileSystem] change in fileSystem.madeHere(change) },
+        let watcher = try ChangeWatcher(store: database, madeHere: { [fileSystem] change in fileSystem.madeHere(change) },
                                         documentChanged: { [fileSystem] id in fileSystem.documentChanged(id) },
                                         invalidate: { [mount] path, descendants in mount.invalidate(path, descendants: descendants) })
         watcher.start()
