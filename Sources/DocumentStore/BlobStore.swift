@@ -288,7 +288,7 @@ public final class BlobStore: Sendable {
     }
 
     /// The names in `folder` (with `errno` set and nil when it cannot be read).
-    private static func names(in folder: String) -> [String]? {
+    static func names(in folder: String) -> [String]? {
         guard let dir = opendir(folder) else { return nil }
         defer { closedir(dir) }
         var names: [String] = []

@@ -60,7 +60,7 @@ extension BlobStore {
     func removeKeptFiles(notIn named: Set<String>, dryRun: Bool) -> Int64 {
         let cutoff = Date().timeIntervalSince1970 - Tuning.blobGracePeriod
         var freed: Int64 = 0
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: temporaryDirectory)) ?? []  // no folder: nothing to sweep
+        for name in BlobStore.names(in: temporaryDirectory) ?? []  // no folder: nothing to sweep
         where name.hasSuffix(".keep") && !named.contains("\(temporaryDirectory)/\(name)") {
             let path = "\(temporaryDirectory)/\(name)"
             var info = stat()
