@@ -178,6 +178,8 @@ final class Box: @unchecked Sendable {
     let table: InodeTable
     let passthrough: Passthrough
     let readRequests = Atomic<Int>(0)
+    /// Whether the reading thread may spin now (`DeviceIO`).
+    let spinGate = SpinGate()
     /// Whether the kernel opens directories without asking (set at INIT, read by every worker).
     private let kernelOpensDirectories = Atomic<Bool>(false)
     var openDirectoryInKernel: Bool {
