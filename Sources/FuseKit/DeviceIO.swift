@@ -19,7 +19,8 @@ import Synchronization
 ///   of the mount and of the program writing into it waited for the CPU the reader spun on
 ///   (the mount's dispatch thread waited 4.7 s of an 8.2 s `cp -r`), and `cp -r`, `tar x` and
 ///   `rsync -a` of 10,000 files took 1.5–2× as long as without spinning, while quiet, spinning
-///   saved 15–30 %. So the reader spins only while the CPUs have recently been idle.
+///   saved 13–37 % (medians of two such A/Bs). So the reader spins only while the CPUs have
+///   recently been idle.
 enum DeviceIO {
     static func install(on session: OpaquePointer, box: Box) {
         let device = fuse_session_fd(session)
@@ -90,7 +91,9 @@ enum DeviceIO {
 /// 10,000 files into a mount, 100 ms windows: on a quiet machine, with the reader spinning,
 /// the two CPUs were idle 0.20–1.1 CPUs of each window (median 0.7–0.8); with both loaded by
 /// `stress-ng --cpu 2`, 0 to 0.10. Once it stops, spinning adds nothing to hide idle time, so
-/// a quiet machine resumes at the next look and a loaded one stays without.
+/// a quiet machine resumes at the next look and a loaded one stays without. (In a container
+/// limited to fewer CPUs than its host, `/proc/stat` counts the host's: the mount then spins
+/// whenever the host has time to spare.)
 final class SpinGate: Sendable {
     static let window: UInt64 = 100_000_000  // ns
     static let spareCPUs = 0.15
