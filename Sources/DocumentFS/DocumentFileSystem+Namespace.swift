@@ -130,7 +130,7 @@ extension DocumentFileSystem {
             draft.properties = [:]  // as CouchDB's DELETE: a tombstone of nothing
             draft.deleted = true
             defer { documentChanged(id) }
-            try store.save(draft, allowConflict: true)
+            _ = try store.save(draft, allowConflict: true)
         case .conflicts(let id):
             guard try liveRevision(id) != nil else { throw MountError.notFound(path) }
             guard try store.revisionTree(of: id).conflicts.isEmpty else { throw MountError.notEmpty(path) }
@@ -167,7 +167,7 @@ extension DocumentFileSystem {
         defer { documentChanged(id) }
         for _ in 0..<8 {
             guard let current = try store.document(withID: id) else { return }
-            do { try store.deleteDocument(id, revID: current.revID) } catch SofaError.conflict { continue }
+            do { _ = try store.deleteDocument(id, revID: current.revID) } catch SofaError.conflict { continue }
         }
     }
 

@@ -78,15 +78,15 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     /// Told of every failure `failed` records (the mount command's desktop notifications).
     public var onFailure: (@Sendable (_ operation: String, _ path: String, _ errno: Int32, _ reason: String) -> Void)?
 
-    public init(database: Database, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = Tuning.mountFetchTimeout,
+    public init(store: any MountStore, readOnly: Bool = false, bodySource: BodySource? = nil, fetchTimeout: Double = Tuning.mountFetchTimeout,
                 browsing: BrowsingPolicy = BrowsingPolicy()) throws {
         self.browsing = browsing
-        self.store = database
+        self.store = store
         self.bodySource = bodySource
         self.fetchTimeout = fetchTimeout
-        self.readOnly = readOnly || database.isReadOnly
-        stagingLog = self.readOnly ? nil : StagingLog.make(for: database)
-        scratch = ScratchFolder(database: database)
+        self.readOnly = readOnly || store.isReadOnly
+        stagingLog = self.readOnly ? nil : store.makeStagingLog()
+        scratch = store.makeScratchFolder()
         if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {
             throw SofaError.system("create directory", path: scratchRoot, errno: errno)
         }

@@ -98,20 +98,20 @@ public protocol MountStore: AnyObject, Sendable {
               log: StagingLog?) throws -> [Revision]
     /// Takes in the staging logs of stopped mounts (all but `own`); the rows staged from them.
     func importStoppedStagingLogs(except own: String?) throws -> Set<Int64>
+    /// A staging log for a mount writing to this store (MountTables' `StagingLog`), or nil when
+    /// its staged files stay in rows (an encrypted store).
+    func makeStagingLog() -> StagingLog?
+    /// Where the mount keeps files that are not attachments (sealed in an encrypted store).
+    func makeScratchFolder() -> ScratchFolder
     func recordPendingSave(_ save: PendingSave) throws
     func removePendingSave(_ id: String)
     func pendingSaves() throws -> [PendingSave]
 }
 
 extension Database: MountStore {
-    /// The later modification time of the database file and its write-ahead log (a log not
-    /// there yet gives none: the file's stands).
-    public func lastCommitTime() -> Double? {
-        [Database.databaseFileName, Database.databaseFileName + "-wal"].compactMap { file -> Double? in
-            var info = stat()
-            return stat(path + "/" + file, &info) == 0 ? FileTime(info.st_mtim).seconds : nil
-        }.max()
-    }
+    public func makeStagingLog() -> StagingLog? { StagingLog.make(for: self) }
+
+    public func makeScratchFolder() -> ScratchFolder { ScratchFolder(database: self) }
 
     public func importStoppedStagingLogs(except own: String?) throws -> Set<Int64> {
         try StagingLog.importStopped(into: self, except: own)
@@ -136,13 +136,5 @@ extension MountStore {
 
     func documents(after afterID: String?, limit: Int) throws -> [DocumentSummary] {
         try documents(after: afterID, including: false, offset: 0, limit: limit, includeDeleted: false, countingConflicts: false)
-    }
-
-    func moveLocalAttributes(docID: String, moves: [(from: String, to: String)], toDocument target: String) throws {
-        try moveLocalAttributes(docID: docID, moves: moves, toDocument: target, removing: [])
-    }
-
-    func moveLocalAttributes(docID: String, moves: [(from: String, to: String)], removing removed: [String]) throws {
-        try moveLocalAttributes(docID: docID, moves: moves, toDocument: nil, removing: removed)
     }
 }

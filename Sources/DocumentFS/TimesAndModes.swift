@@ -187,10 +187,10 @@ extension DocumentFileSystem {
         }
         let replaced = folder ? LocalAttributes.folderName(toName) : toName
         if fromID == toID {
-            try store.moveLocalAttributes(docID: fromID, moves: moves, removing: [replaced])
+            try store.moveLocalAttributes(docID: fromID, moves: moves, toDocument: nil, removing: [replaced])
         } else {
-            try store.moveLocalAttributes(docID: toID, moves: [], removing: [replaced])
-            try store.moveLocalAttributes(docID: fromID, moves: moves, toDocument: toID)
+            try store.moveLocalAttributes(docID: toID, moves: [], toDocument: nil, removing: [replaced])
+            try store.moveLocalAttributes(docID: fromID, moves: moves, toDocument: toID, removing: [])
         }
         documentChanged(fromID)
         if toID != fromID { documentChanged(toID) }
@@ -201,7 +201,7 @@ extension DocumentFileSystem {
         guard try cached(id).local[name] != nil else { return }
         // Staged still (a removal under way saves it later): its fold would store them again.
         _ = try updateLocalAttributes(of: name, in: id) { $0 = LocalAttributes() }
-        try store.moveLocalAttributes(docID: id, moves: [], removing: [name])
+        try store.moveLocalAttributes(docID: id, moves: [], toDocument: nil, removing: [name])
         cache.update(id) { $0.setLocal(name, nil) }
     }
 

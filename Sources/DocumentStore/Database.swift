@@ -75,6 +75,17 @@ public final class Database: @unchecked Sendable {
 
     public var databaseFilePath: String { "\(path)/\(Database.databaseFileName)" }
 
+    /// When the database last committed, by any process: the later modification time of its
+    /// file and its write-ahead log (a log not there yet gives none; the file's stands), nil
+    /// when neither can be read.
+    public func lastCommitTime() -> Double? {
+        [databaseFilePath, databaseFilePath + "-wal"].compactMap { file -> Double? in
+            var info = stat()
+            guard stat(file, &info) == 0 else { return nil }
+            return Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
+        }.max()
+    }
+
     private init(path: String, writer: SQLiteConnection, readOnly: Bool = false, fullDisk: Bool = false,
                  schema: AppliedSchema = AppliedSchema(names: Set(Schema.steps.map(\.name))), encryption: DatabaseKey? = nil) throws {
         self.path = path

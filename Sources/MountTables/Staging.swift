@@ -9,7 +9,7 @@ import Foundation
 /// list. Instead, while a document is busy, each closed file is *staged*: its body is already
 /// in the blob store and one small row records it, so the file is safe against a killed mount
 /// at once and costs the same whatever the folder holds. The mount then folds every staged
-/// file of the document into one revision (`Database.save(_:allowConflict:unstaging:)`), and
+/// file of the document into one revision (`Database.save(_:unstaging:log:)`), and
 /// the rows go in the same transaction, so a file is in a revision or staged, never both or
 /// neither.
 ///
@@ -18,7 +18,7 @@ import Foundation
 ///                                                   expectedDigest: nil, base: rev))
 /// var draft = try db.newRevision(of: "photos")
 /// try draft.setAttachment(staged.attachment)
-/// try db.save(draft, unstaging: [staged])
+/// try db.save([(draft, allowConflict: false)], unstaging: [staged])
 /// ```
 public struct StagedAttachment: Hashable, Sendable {
     /// The row's number (in the log: the record's): later stagings of the same name have higher ones.
@@ -154,14 +154,6 @@ extension Database {
                                         expectedDigest: row.optionalText(7), base: try row.optionalText(8).map(Database.revisionID))
             }
         }
-    }
-
-    /// Saves a draft and forgets the staged files `unstaged` in the same transaction (the draft
-    /// has taken them in); with no draft, only the files go.
-    @discardableResult
-    public func save(_ draft: RevisionDraft?, allowConflict: Bool = false, unstaging unstaged: [StagedAttachment],
-                     log: StagingLog? = nil) throws -> Revision? {
-        try save(draft.map { [($0, allowConflict)] } ?? [], unstaging: unstaged, log: log).first
     }
 
     /// Saves drafts (a revision on top of the current one, conflicting branches) and forgets

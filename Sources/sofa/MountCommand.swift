@@ -122,7 +122,7 @@ struct Mount: SofaCommand {
                 session?.caFile = connection.cacert
             }
         }
-        let fileSystem = try DocumentFileSystem(database: database, readOnly: readOnly || fileReadOnly, bodySource: downloader, fetchTimeout: fetchTimeout,
+        let fileSystem = try DocumentFileSystem(store: database, readOnly: readOnly || fileReadOnly, bodySource: downloader, fetchTimeout: fetchTimeout,
                                                 browsing: try browsingPolicy())
         // A desktop user learns of a lost save from a notification (where a session bus is).
         if let notifier = DesktopNotifier() { fileSystem.onFailure = notifier.failed }

@@ -35,7 +35,7 @@ func readAsTheKernelDoes(_ fs: DocumentFileSystem, _ path: String, count: Int,
 
     init() throws {
         db = try directory.makeDatabase()
-        fs = try DocumentFileSystem(database: db)
+        fs = try DocumentFileSystem(store: db)
     }
 
     func list(_ path: String, count: Int, between: (Int) throws -> Void = { _ in }) throws -> [String] {
@@ -98,7 +98,7 @@ func readAsTheKernelDoes(_ fs: DocumentFileSystem, _ path: String, count: Int,
 
     init() throws {
         db = try directory.makeDatabase()
-        fs = try DocumentFileSystem(database: db)
+        fs = try DocumentFileSystem(store: db)
         try db.put("_design/app", ["views": ["by_n": ["map": "function(d) { if (d.n !== undefined) emit(d.n, null); }"]]])
         // More keys than a page of the index (Tuning.viewListingPage), one document per key.
         for n in 0..<600 { try db.put(String(format: "doc-%03d", n), ["n": .integer(Int64(n))]) }

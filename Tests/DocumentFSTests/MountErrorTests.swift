@@ -19,7 +19,7 @@ import TestSupport
     init() throws {
         db = try directory.makeDatabase()
         try db.put("doc", ["title": "t"], attachments: ["keep.txt": Array("kept".utf8)])
-        fs = try DocumentFileSystem(database: db)
+        fs = try DocumentFileSystem(store: db)
     }
 
     /// The error `body` throws (nil: none).
@@ -92,7 +92,7 @@ import TestSupport
     }
 
     @Test func aReadOnlyMountSaysSoForEveryWrite() throws {
-        let readOnly = try DocumentFileSystem(database: db, readOnly: true)
+        let readOnly = try DocumentFileSystem(store: db, readOnly: true)
         let attempts: [(String, () throws -> Void)] = [
             ("unlink", { try readOnly.unlink("/docs/doc/attachments/keep.txt") }),
             ("mkdir", { try readOnly.makeDirectory("/docs/new") }),
@@ -118,7 +118,7 @@ import TestSupport
             attachments: [DocumentStore.Attachment(name: "big.bin", contentType: "application/octet-stream", length: 10,
                                      digest: key.digestString, blobKey: nil, revpos: 1)]))
         let source = UnreachableRemote()
-        let remote = try DocumentFileSystem(database: db, bodySource: source, fetchTimeout: 1)
+        let remote = try DocumentFileSystem(store: db, bodySource: source, fetchTimeout: 1)
         let path = "/docs/far/attachments/big.bin"
         #expect(try remote.attributes(of: path).size == 10, "the true length, body or not")
         let file = try remote.open(path, flags: O_RDONLY, caller: shell)

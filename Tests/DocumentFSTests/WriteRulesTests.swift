@@ -20,7 +20,7 @@ import TestSupport
     init() throws {
         db = try directory.makeDatabase()
         try db.put("doc", [:], attachments: ["keep.txt": Array("kept".utf8)])
-        fs = try DocumentFileSystem(database: db)
+        fs = try DocumentFileSystem(store: db)
     }
 
     func generation() throws -> Int { try db.currentRevision(of: "doc")?.revID.generation ?? 0 }

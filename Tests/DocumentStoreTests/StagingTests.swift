@@ -31,7 +31,7 @@ import TestSupport
         #expect(rows.map(\.seq) == [second.seq], "one row per name")
         var draft = try db.newRevision(of: "doc")
         try draft.setAttachment(second.attachment)
-        let saved = try #require(try db.save(draft, unstaging: [second]))
+        let saved = try #require(try db.save([(draft, false)], unstaging: [second]).first)
         #expect(try db.stagedAttachments().isEmpty)
         #expect(try db.blobs.contents(of: try #require(saved.attachment(named: "b.txt")?.blobKey)) == Array("second".utf8))
         #expect(saved.attachment(named: "b.txt")?.revpos == 2)
@@ -142,7 +142,7 @@ import TestSupport
         var draft = try db.newRevision(of: "doc")
         try draft.setAttachment(second.attachment)
         try draft.setAttachment(renamed.attachment)
-        let saved = try #require(try db.save(draft, unstaging: [second, renamed], log: log))
+        let saved = try #require(try db.save([(draft, false)], unstaging: [second, renamed], log: log).first)
         #expect(saved.attachmentNames.sorted() == ["a.txt", "b.txt", "c.txt"])
         #expect(try db.stagedAttachments().isEmpty)
         // Stored by the fold: as the mount showed them.
@@ -151,7 +151,7 @@ import TestSupport
         #expect(local["tmp/.c.XYZ"] == nil)
         #expect(fileSize(file) == 0, "nothing unfolded is left: the log is emptied")
         // A record folded already cannot be folded or renamed again.
-        #expect(throws: SofaError.self) { try db.save(nil, unstaging: [second], log: log) }
+        #expect(throws: SofaError.self) { try db.save([], unstaging: [second], log: log) }
         #expect(throws: SofaError.self) { try log.restage(second, as: "d.txt", expectedDigest: nil) }
         log.finish()
         #expect(try logFiles().isEmpty)
@@ -163,7 +163,7 @@ import TestSupport
         let waiting = try stage("waiting.txt", "not saved yet", in: log, modified: 77)
         var draft = try db.newRevision(of: "doc")
         try draft.setAttachment(folded.attachment)
-        try db.save(draft, unstaging: [folded], log: log)
+        try db.save([(draft, false)], unstaging: [folded], log: log)
         log.finish()  // as a kill leaves it: unfolded records, the lock let go
         let file = try #require(try logFiles().first, "a log with an unfolded record stays")
         // A power loss can tear the last record: the frames before it are read.
@@ -193,7 +193,7 @@ import TestSupport
 
         var draft = try db.newRevision(of: "doc")
         for file in files[0..<30] { try draft.setAttachment(file.attachment) }
-        try db.save(draft, unstaging: Array(files[0..<30]), log: log)
+        try db.save([(draft, false)], unstaging: Array(files[0..<30]), log: log)
         #expect(try db.localAttributes(docID: "doc", name: "f1.txt")?.modified == 11)
         #expect(try !logFiles().contains { $0 == first }, "a segment with nothing unfolded is removed")
         #expect(try logFiles().count <= 3)
