@@ -29,8 +29,7 @@ extension Database {
         try read { connection in
             var mark = [try Database.lastSequence(in: connection)]
             if schema.has(Schema.bodyEvents) { mark += try connection.query("SELECT COALESCE(MAX(seq), 0) FROM body_events") { $0.int64(0) } }
-            mark += try schema.activity(in: connection)
-            return mark + (try StagingLogFiles.activity(in: stagingLogDirectory))
+            return mark + (try schema.activity(in: connection, folder: path))
         }
     }
 

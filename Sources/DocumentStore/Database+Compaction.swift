@@ -12,12 +12,10 @@ extension Database {
     public func removeUnreferencedBlobs(_ keys: [BlobKey], writtenSince since: Date) throws {
         guard !keys.isEmpty else { return }
         try write { connection in
-            let logged = try StagingLogFiles.heldBlobKeys(in: stagingLogDirectory)
+            let held = try heldBlobKeys(in: connection)
             for key in Set(keys) {
-                var referenced = try connection.query("SELECT EXISTS (SELECT 1 FROM rev_attachments WHERE blob_key = ?)", .text(key.hex)) {
-                    $0.bool(0)
-                }[0]
-                if !referenced { referenced = try logged.contains(key.hex) || schema.holds(blobKey: key.hex, in: connection) }
+                let referenced = try held.contains(key.hex) || connection.query(
+                    "SELECT EXISTS (SELECT 1 FROM rev_attachments WHERE blob_key = ?)", .text(key.hex)) { $0.bool(0) }[0]
                 var info = stat()
                 guard !referenced, stat(blobs.path(for: key), &info) == 0,
                       Double(info.st_mtim.tv_sec) + 1 >= since.timeIntervalSince1970 else { continue }
@@ -148,12 +146,9 @@ extension Database {
 }
 
 extension Database {
-    /// The folder of the mount's staging logs (`StagingLogFiles`).
-    package var stagingLogDirectory: String { StagingLogFiles.directory(ofDatabaseAt: path) }
-
     /// The bodies other parts hold that no revision names yet (a mount's staged files, in its
-    /// rows and its logs): compaction and encryption keep them.
+    /// rows and its logs: `SchemaStep.blobKeys`, `StepFiles.blobKeys`): compaction keeps them.
     func heldBlobKeys(in connection: SQLiteConnection) throws -> Set<String> {
-        try schema.heldBlobKeys(in: connection).union(try StagingLogFiles.heldBlobKeys(in: stagingLogDirectory))
+        try schema.heldBlobKeys(in: connection, folder: path)
     }
 }

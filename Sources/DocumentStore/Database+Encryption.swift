@@ -25,12 +25,8 @@ extension Database {
                 guard alone else {
                     throw SofaError.invalidArgument("\(path) is open in another process (a mount, a server, a replication): stop it first")
                 }
-                if let work = try source.read({ try source.schema.unfinishedWork(in: $0) }).first {
+                if let work = try source.read({ try source.schema.unfinishedWork(in: $0, folder: source.path) }).first {
                     throw SofaError.invalidArgument("\(path) has \(work): mount it once to save them, then try again")
-                }
-                // Its records name documents and files in clear; the next mount makes them rows.
-                guard try StagingLogFiles.paths(in: source.stagingLogDirectory).isEmpty else {
-                    throw SofaError.invalidArgument("\(path) has files a stopped mount wrote and did not save as revisions yet: mount it once to save them, then try again")
                 }
                 return try source.writeConverted(to: target)
             }
@@ -68,7 +64,7 @@ extension Database {
                 guard problems.isEmpty else { throw SofaError.notADatabase(path: stage, reason: problems.prefix(3).joined(separator: "; ")) }
                 // Every body the revisions or other parts' rows (a mount's staged saves) refer to, read here and written there.
                 var keysToCopy = Set(try Database.referencedBlobKeys(in: copy))
-                keysToCopy.formUnion(try schema.heldBlobKeys(in: copy).compactMap(BlobKey.init(hex:)))
+                keysToCopy.formUnion(try schema.heldBlobKeys(in: copy, folder: stage).compactMap(BlobKey.init(hex:)))
                 let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BlobStore.chunkSize, alignment: 16)
                 defer { buffer.deallocate() }
                 for key in keysToCopy.sorted() where self.blobs.contains(key) {

@@ -51,9 +51,18 @@ extension Schema {
     /// `staging_log_folds`: the records of a mount's staging log (`StagingLog`, in the
     /// MountTables module) already saved in a revision, written in the fold's transaction, so a
     /// log read after a kill gives back only what no revision holds. A log's rows go once the
-    /// log is emptied. Its bodies are in the log files (`StagingLogFiles`), not here.
+    /// log is emptied. Its bodies are in the log files (`StagingLogFiles`), not here: the
+    /// step's `files` say which bodies they hold (compaction and encryption keep them), change
+    /// with them (automatic compaction waits), and that a stopped mount left work in them
+    /// (`sofa encrypt` waits for a mount to save it: the records name documents and files in
+    /// clear, and the next mount makes them rows).
     package static let stagingLogFolds = SchemaStep("staging log folds", numberedVersion: nil,
-                                                    forgetInCopies: "DELETE FROM staging_log_folds", sql: """
+                                                    forgetInCopies: "DELETE FROM staging_log_folds",
+                                                    files: StepFiles(blobKeys: { try StagingLogFiles.heldBlobKeys(ofDatabaseAt: $0) },
+                                                                     activity: { try StagingLogFiles.activity(ofDatabaseAt: $0) },
+                                                                     unfinishedWork: ({ try !StagingLogFiles.paths(in: StagingLogFiles.directory(ofDatabaseAt: $0)).isEmpty },
+                                                                                      "files a stopped mount wrote and did not save as revisions yet")),
+                                                    sql: """
         CREATE TABLE IF NOT EXISTS staging_log_folds (
             log TEXT NOT NULL,
             seq INTEGER NOT NULL,

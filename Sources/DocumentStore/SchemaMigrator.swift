@@ -40,26 +40,41 @@ package struct SchemaStep: Sendable, Hashable {
     /// one row, 1 when there is some, and what it is, for the message (`sofa encrypt` refuses
     /// to rewrite the database until a mount has finished it).
     let unfinishedWork: (query: String, description: String)?
+    /// What it keeps in files in the database's folder instead of rows, asked the same questions.
+    let files: StepFiles?
 
     init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
          forgetInCopies: String? = nil, keptFiles: String? = nil, unfinishedWork: (query: String, description: String)? = nil,
-         migrate: @escaping @Sendable (SQLiteConnection) throws -> Void) {
+         files: StepFiles? = nil, migrate: @escaping @Sendable (SQLiteConnection) throws -> Void) {
         (self.name, self.numberedVersion, self.blobKeys, self.activity, self.forgetDocument, self.migrate) =
             (name, numberedVersion, blobKeys, activity, forgetDocument, migrate)
-        (self.forgetInCopies, self.keptFiles, self.unfinishedWork) = (forgetInCopies, keptFiles, unfinishedWork)
+        (self.forgetInCopies, self.keptFiles, self.unfinishedWork, self.files) = (forgetInCopies, keptFiles, unfinishedWork, files)
     }
 
     init(_ name: String, numberedVersion: Int?, blobKeys: String? = nil, activity: String? = nil, forgetDocument: String? = nil,
          forgetInCopies: String? = nil, keptFiles: String? = nil, unfinishedWork: (query: String, description: String)? = nil,
-         sql: String) {
+         files: StepFiles? = nil, sql: String) {
         self.init(name, numberedVersion: numberedVersion, blobKeys: blobKeys, activity: activity, forgetDocument: forgetDocument,
-                  forgetInCopies: forgetInCopies, keptFiles: keptFiles, unfinishedWork: unfinishedWork) {
+                  forgetInCopies: forgetInCopies, keptFiles: keptFiles, unfinishedWork: unfinishedWork, files: files) {
             try $0.execute(sql)
         }
     }
 
     package static func == (lhs: SchemaStep, rhs: SchemaStep) -> Bool { lhs.name == rhs.name }
     package func hash(into hasher: inout Hasher) { hasher.combine(name) }
+}
+
+/// What a step keeps in files in the database's folder rather than in rows (the mount's staging
+/// logs, `StagingLogFiles`): the questions its row hooks answer, asked of the folder `folder`,
+/// so compaction, automatic compaction and `sofa encrypt` ask them of every step alike.
+package struct StepFiles: Sendable {
+    /// The blob keys (hex) the files hold (as `SchemaStep.blobKeys`).
+    let blobKeys: @Sendable (_ folder: String) throws -> Set<String>
+    /// Changes whenever the files do (as `SchemaStep.activity`).
+    let activity: @Sendable (_ folder: String) throws -> [Int64]
+    /// Whether the files hold a stopped mount's unfinished work, and what it is (as
+    /// `SchemaStep.unfinishedWork`).
+    let unfinishedWork: (holds: @Sendable (_ folder: String) throws -> Bool, description: String)
 }
 
 /// The steps a file has: all of `Schema.steps` once opened for writing; a read-only file keeps
@@ -70,46 +85,47 @@ package struct AppliedSchema: Sendable {
     package func has(_ step: SchemaStep) -> Bool { names.contains(step.name) }
 
     /// The applied steps' statements forgetting a purged document's rows.
-    var forgetDocumentStatements: [String] { Schema.steps.filter(has).compactMap(\.forgetDocument) }
+    var forgetDocumentStatements: [String] { applied.compactMap(\.forgetDocument) }
 
     /// The applied steps' statements a copy runs (`SchemaStep.forgetInCopies`).
-    var forgetInCopiesStatements: [String] { Schema.steps.filter(has).compactMap(\.forgetInCopies) }
+    var forgetInCopiesStatements: [String] { applied.compactMap(\.forgetInCopies) }
 
-    /// The blob keys (hex) the applied steps' rows hold (`SchemaStep.blobKeys`).
-    func heldBlobKeys(in connection: SQLiteConnection) throws -> Set<String> {
+    /// The blob keys (hex) the applied steps' rows hold (`SchemaStep.blobKeys`) and their files
+    /// in the database folder `folder` (`StepFiles.blobKeys`).
+    func heldBlobKeys(in connection: SQLiteConnection, folder: String) throws -> Set<String> {
         var keys = Set<String>()
-        for query in Schema.steps.filter(has).compactMap(\.blobKeys) { keys.formUnion(try connection.query(query) { $0.text(0) }) }
+        for query in applied.compactMap(\.blobKeys) { keys.formUnion(try connection.query(query) { $0.text(0) }) }
+        for files in applied.compactMap(\.files) { keys.formUnion(try files.blobKeys(folder)) }
         return keys
     }
 
     /// The kept files the applied steps' rows name (`SchemaStep.keptFiles`).
     func keptFiles(in connection: SQLiteConnection) throws -> Set<String> {
         var files = Set<String>()
-        for query in Schema.steps.filter(has).compactMap(\.keptFiles) { files.formUnion(try connection.query(query) { $0.text(0) }) }
+        for query in applied.compactMap(\.keptFiles) { files.formUnion(try connection.query(query) { $0.text(0) }) }
         return files
     }
 
-    /// What the applied steps' rows hold of a stopped mount's unfinished work
-    /// (`SchemaStep.unfinishedWork`): the descriptions of those that hold some.
-    func unfinishedWork(in connection: SQLiteConnection) throws -> [String] {
-        try Schema.steps.filter(has).compactMap(\.unfinishedWork).filter { work in
+    /// What the applied steps' rows and files in `folder` hold of a stopped mount's unfinished
+    /// work (`SchemaStep.unfinishedWork`, `StepFiles.unfinishedWork`): the descriptions of those
+    /// that hold some.
+    func unfinishedWork(in connection: SQLiteConnection, folder: String) throws -> [String] {
+        let rows = try applied.compactMap(\.unfinishedWork).filter { work in
             try connection.query(work.query) { $0.bool(0) }.first ?? false
         }.map(\.description)
+        return try rows + applied.compactMap(\.files?.unfinishedWork).filter { try $0.holds(folder) }.map(\.description)
     }
 
-    /// Whether an applied step's rows hold the blob `key` (hex).
-    func holds(blobKey key: String, in connection: SQLiteConnection) throws -> Bool {
-        try Schema.steps.filter(has).compactMap(\.blobKeys).contains { query in
-            try connection.query("SELECT EXISTS (SELECT 1 FROM (\(query)) WHERE blob_key = ?)", .text(key)) { $0.bool(0) }[0]
-        }
-    }
-
-    /// The applied steps' activity rows, one after another (`SchemaStep.activity`).
-    func activity(in connection: SQLiteConnection) throws -> [Int64] {
-        try Schema.steps.filter(has).compactMap(\.activity).flatMap { query in
+    /// The applied steps' activity rows and their files' marks, one after another
+    /// (`SchemaStep.activity`, `StepFiles.activity`).
+    func activity(in connection: SQLiteConnection, folder: String) throws -> [Int64] {
+        let rows = try applied.compactMap(\.activity).flatMap { query in
             try connection.query(query) { row in (0..<row.columnCount).map { row.int64($0) } }.first ?? []
         }
+        return try rows + applied.compactMap(\.files).flatMap { try $0.activity(folder) }
     }
+
+    private var applied: [SchemaStep] { Schema.steps.filter(has) }
 }
 
 /// Applies `Schema.steps` to a file and says which it has.

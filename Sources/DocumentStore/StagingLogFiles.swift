@@ -70,9 +70,9 @@ package enum StagingLogFiles {
 
     /// The blob keys (hex) named by the staged files' records of every log in `directory`:
     /// folded ones too (a revision names them anyway; the log is emptied once all are folded).
-    package static func heldBlobKeys(in directory: String) throws -> Set<String> {
+    package static func heldBlobKeys(ofDatabaseAt databasePath: String) throws -> Set<String> {
         var keys = Set<String>()
-        for path in try paths(in: directory) {
+        for path in try paths(in: directory(ofDatabaseAt: databasePath)) {
             for payload in payloads(try contents(of: path)) {
                 var reader = LogRecord.Reader(payload)
                 guard (try? reader.byte()) == stagedFileKind, let key = try? reader.string() else { continue }
@@ -83,9 +83,9 @@ package enum StagingLogFiles {
     }
 
     /// A mark that changes whenever a log is written, emptied, made or removed.
-    package static func activity(in directory: String) throws -> [Int64] {
+    package static func activity(ofDatabaseAt databasePath: String) throws -> [Int64] {
         var count: Int64 = 0, bytes: Int64 = 0, latest: Int64 = 0
-        for path in try paths(in: directory) {
+        for path in try paths(in: directory(ofDatabaseAt: databasePath)) {
             var info = stat()
             guard stat(path, &info) == 0 else { continue }
             count += 1
@@ -170,4 +170,9 @@ package struct LogRecord {
 
         static let short = SofaError.invalidArgument("a staging log record is shorter than its fields")
     }
+}
+
+extension Database {
+    /// The folder of the mount's staging logs.
+    package var stagingLogDirectory: String { StagingLogFiles.directory(ofDatabaseAt: path) }
 }

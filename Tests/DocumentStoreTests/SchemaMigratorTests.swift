@@ -82,7 +82,7 @@ import TestSupport
         try db.updateLocalAttributes(docID: "doc", name: "f.txt") { $0.mode = 0o600 }
         #expect(try db.compact(alone: true).blobsDeleted == 0)
         #expect(try db.blobs.contents(of: body.key) == Array("held by a staged row only".utf8))
-        #expect(try db.read { try db.schema.heldBlobKeys(in: $0) } == [body.key.hex])
+        #expect(try db.read { try db.schema.heldBlobKeys(in: $0, folder: db.path) } == [body.key.hex])
 
         _ = try db.purge(["doc": [rev]])
         #expect(try db.localAttributes(ofDocument: "doc").isEmpty, "the purged document's attributes went with it")
