@@ -109,9 +109,9 @@ final class SpinGate: Sendable {
     /// (`idleSeconds`), at most once a window.
     func mayStart(at now: UInt64, idle readIdle: () -> Double? = SpinGate.idleSeconds) -> Bool {
         last.withLock { look in
-            guard now &- look.at >= SpinGate.window else { return look.open }
+            guard now >= look.at + SpinGate.window else { return look.open }
             let idle = readIdle()
-            if let idle, let before = look.idle, now > look.at {
+            if let idle, let before = look.idle {
                 look.open = (idle - before) / (Double(now - look.at) / 1e9) >= SpinGate.spareCPUs
             }
             (look.at, look.idle) = (now, idle)
