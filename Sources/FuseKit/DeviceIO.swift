@@ -20,7 +20,10 @@ import Synchronization
 ///   (the mount's dispatch thread waited 4.7 s of an 8.2 s `cp -r`), and `cp -r`, `tar x` and
 ///   `rsync -a` of 10,000 files took 1.5–2× as long as without spinning, while quiet, spinning
 ///   saved 13–37 % (medians of two such A/Bs). So the reader spins only while the CPUs have
-///   recently been idle.
+///   recently been idle. While it does not, the device stays non-blocking: a request costs one
+///   `read` that says EAGAIN, then `poll`, then the `read`. A blocking read would save that
+///   first call, but the reader would then never come back to ask the gate when the machine
+///   is quiet again, short of a `fcntl` on the shared descriptor each time the gate turns.
 enum DeviceIO {
     static func install(on session: OpaquePointer, box: Box) {
         let device = fuse_session_fd(session)
