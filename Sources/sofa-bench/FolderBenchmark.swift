@@ -63,14 +63,6 @@ func folderBenchmark(_ options: Options) throws {
 
     var peak = 0
     var referenceMedians: [String: Double] = [:]
-    func mountRSS(_ db: String) -> Int {
-        let pids = (try? shellOutput("pgrep -f 'sofa mount \(db)'")) ?? ""
-        guard let first = pids.split(separator: "\n").first,
-              let status = try? String(contentsOfFile: "/proc/\(first)/status", encoding: .utf8),
-              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM") }),
-              let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else { return 0 }
-        return kib * 1024
-    }
 
     /// Runs `job` into a fresh mount (`into` is the folder below the mount's root), beside the
     /// same job into a plain folder followed by `sync`, and beside `passthrough_ll`: with
@@ -112,11 +104,19 @@ func folderBenchmark(_ options: Options) throws {
                 let sent = output.split(separator: "\n").first { $0.hasPrefix("Number of regular files transferred") }
                 extra = "  second run: " + (sent.map { String($0.split(separator: ":").last ?? "").trimmingCharacters(in: .whitespaces) } ?? "?") + " sent"
             }
-            peak = max(peak, mountRSS(dbPath))
+            peak = max(peak, mountPeakRSS(dbPath))
             _ = try timeShell("fusermount3 -u \(mountPoint)")
             unmounted = true
-            // The mount process ends after the unmount; wait for it to let go of the database.
-            for _ in 0..<100 where mountRSS(dbPath) != 0 { usleep(50_000) }
+            // The mount process ends after the unmount, once its last fold is saved (10,000 text
+            // files with both cores loaded: more than 5 s, gzip for each body's revision id);
+            // wait for it to let go of the database, or the SQLite figure below is read before
+            // the fold and the next job runs beside it.
+            var waited = 0
+            while mountPeakRSS(dbPath) != 0 {
+                guard waited < 2_400 else { throw SofaError.invalidArgument("the mount of \(dbPath) did not end within 120 s of its unmount") }
+                usleep(50_000)
+                waited += 1
+            }
             let info = try Database.open(at: dbPath).info()
             (bytes, documents) = (info.databaseBytes, info.documentCount)
             if withReference, round % 2 == 0, let reference = try referenceTime(label, files: files, round: round, job: job, into: into) {

@@ -130,12 +130,20 @@ func mountBenchmark(_ options: Options) throws {
                 mount: "cd \(mountDocs) && xargs -a \(work)/small.txt cat > /dev/null")
 
     print(String(repeating: "-", count: 96))
-    let pids = (try? shellOutput("pgrep -f 'sofa mount \(db.path)'")) ?? ""
-    if let first = pids.split(separator: "\n").first,
-       let status = try? String(contentsOfFile: "/proc/\(first)/status", encoding: .utf8),
-       let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM") }) {
-        row("peak RSS of the mount process", line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().joined(separator: " "))
-    }
+    let peak = mountPeakRSS(db.path)
+    if peak > 0 { row("peak RSS of the mount process", "\(peak / 1024) kB") }
+}
+
+/// The peak RSS (bytes) of the `sofa mount` process serving the database at `path`; 0 when none
+/// runs.
+func mountPeakRSS(_ path: String) -> Int {
+    // "[s]ofa": the shell running pgrep has the pattern in its own command line, but no match.
+    let pids = (try? shellOutput("pgrep -f '[s]ofa mount \(path) '")) ?? ""
+    guard let first = pids.split(separator: "\n").first,
+          let status = try? String(contentsOfFile: "/proc/\(first)/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM") }),
+          let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else { return 0 }
+    return kib * 1024
 }
 
 func shellOutput(_ command: String) throws -> String {
