@@ -55,6 +55,9 @@ public protocol MountStore: AnyObject, Sendable {
     func newRevision(of id: String, from parent: RevisionID?, like content: Revision?) throws -> RevisionDraft
     func save(_ draft: RevisionDraft, allowConflict: Bool) throws -> Revision
     func deleteDocument(_ id: String, revID: RevisionID?) throws -> Revision
+    /// Reads ahead, outside any transaction, the bodies a save of `attachments` needs for its
+    /// revision id (a fold of thousands of files then holds the staging log only for its rows).
+    func workOutCouchMD5s(of attachments: [Attachment])
 
     // MARK: What changed (the change watcher)
 

@@ -21,6 +21,16 @@ enum CouchAttachmentMD5 {
     /// CouchDB's `compression_level` default.
     static let compressionLevel: Int32 = 8
 
+    /// A body as its MD5 is worked out: its bytes, and whether CouchDB stores them gzipped.
+    struct Body: Hashable {
+        let key: BlobKey
+        let compressible: Bool
+    }
+
+    /// The most MD5s worked out ahead that wait for their save (`Database.workOutCouchMD5s`;
+    /// ~100 bytes each). Beyond them, a save works its bodies' out itself.
+    static let aheadLimit = 65_536
+
     /// The largest body whose MD5 is worked out from its bytes: 1 MiB of a compressed type
     /// (at most ~0.1 s of gzip), 64 MiB of any other (~0.12 s of MD5).
     static func exactLimit(compressible: Bool) -> Int64 { compressible ? 1 << 20 : 64 << 20 }
@@ -40,16 +50,17 @@ enum CouchAttachmentMD5 {
         let reader = try blobs.openReader(key)
         let md5 = MessageDigest(.md5)
         let deflater = isCompressible(contentType) ? try Deflater(.gzip, level: compressionLevel) : nil
-        var buffer = [UInt8](repeating: 0, count: BlobStore.chunkSize)
+        // As large as the body, up to a chunk: a fold works out thousands of small bodies' MD5s
+        // in its transaction, and a zeroed chunk each (1 MiB) was most of their cost.
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(min(Int64(BlobStore.chunkSize), max(reader.length, 1))), alignment: 16)
+        defer { buffer.deallocate() }
         var offset: Int64 = 0
         while true {
-            let count = try buffer.withUnsafeMutableBytes { try reader.read(into: $0, at: offset) }
+            let count = try reader.read(into: buffer, at: offset)
             guard count > 0 else { break }
             offset += Int64(count)
-            try buffer.withUnsafeBytes { bytes in
-                let piece = UnsafeRawBufferPointer(rebasing: bytes[0..<count])
-                if let deflater { try deflater.deflate(piece, finish: false) { md5.update($0) } } else { md5.update(piece) }
-            }
+            let piece = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
+            if let deflater { try deflater.deflate(piece, finish: false) { md5.update($0) } } else { md5.update(piece) }
         }
         guard offset == reader.length else { throw SofaError.blobCorrupted(key: key.hex, path: reader.path) }
         try deflater?.deflate(UnsafeRawBufferPointer(start: nil, count: 0), finish: true) { md5.update($0) }

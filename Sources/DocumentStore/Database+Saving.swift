@@ -393,6 +393,10 @@ extension Database {
         var result: [String: [UInt8]] = [:]
         for attachment in attachments {
             let compressible = CouchAttachmentMD5.isCompressible(attachment.contentType)
+            // Taken whichever way the MD5 is found, so none is left waiting.
+            let ahead = attachment.blobKey.flatMap { key in
+                aheadMD5s.withLock { $0.isEmpty ? nil : $0.removeValue(forKey: CouchAttachmentMD5.Body(key: key, compressible: compressible)) }
+            }
             if let old = parentAttachments[attachment.name], old.digest == attachment.digest,
                CouchAttachmentMD5.isCompressible(old.contentType) == compressible, let md5 = parentMD5s[attachment.name] {
                 result[attachment.name] = md5
@@ -405,13 +409,33 @@ extension Database {
                 result[attachment.name] = encoded
             } else if let key = attachment.blobKey, attachment.length <= CouchAttachmentMD5.exactLimit(compressible: compressible),
                       blobs.contains(key) {
-                result[attachment.name] = try CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs)
+                result[attachment.name] = try ahead ?? CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs)
             } else {
                 result[attachment.name] = CouchAttachmentMD5.md5(ofDigest: attachment.digest)
                     ?? MessageDigest.hash(.md5, Array(attachment.digest.utf8))
             }
         }
         return result
+    }
+
+    /// Works out, outside any transaction, the MD5s a save of `attachments` would read their
+    /// bodies for inside its own (bodies here within `CouchAttachmentMD5.exactLimit` whose digest
+    /// is not already CouchDB's MD5), so a save of thousands of new bodies holds the write lock
+    /// for its rows only: a mount's fold of 6,000 files spent half its transaction reading them,
+    /// and a file closed meanwhile waited for it. The next save naming a body takes its MD5,
+    /// whether it needs it or not; at most `CouchAttachmentMD5.aheadLimit` wait.
+    public func workOutCouchMD5s(of attachments: [Attachment]) {
+        for attachment in attachments {
+            guard let key = attachment.blobKey else { continue }
+            let compressible = CouchAttachmentMD5.isCompressible(attachment.contentType)
+            let body = CouchAttachmentMD5.Body(key: key, compressible: compressible)
+            guard attachment.length <= CouchAttachmentMD5.exactLimit(compressible: compressible),
+                  compressible || CouchAttachmentMD5.md5(ofDigest: attachment.digest) == nil,
+                  aheadMD5s.withLock({ $0[body] == nil && $0.count < CouchAttachmentMD5.aheadLimit }),
+                  blobs.contains(key),
+                  let md5 = try? CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs) else { continue }
+            aheadMD5s.withLock { $0[body] = md5 }
+        }
     }
 
     /// CouchDB's MD5 of the gzip form of body `key`, when it came gzip-encoded from CouchDB

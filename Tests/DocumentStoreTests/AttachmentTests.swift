@@ -256,4 +256,26 @@ import TestSupport
         #expect(Set(ids).count == 3)
         #expect(try save(one, "other", big.reversed(), type: "text/plain") != ids[1])
     }
+
+    /// A mount's fold works its bodies' MD5s out before its transaction (`workOutCouchMD5s`):
+    /// the revision id is the one the save works out itself, and one worked out for the other
+    /// kind of type (gzipped or not) is not taken.
+    @Test func md5sWorkedOutAheadNameTheRevisionAsTheSaveWould() throws {
+        let plain = try directory.makeDatabase("plain.sofa")
+        let ahead = try directory.makeDatabase("ahead.sofa")
+        let cases = [("text/plain", "text/plain"), ("application/octet-stream", "application/octet-stream"),
+                     ("application/octet-stream", "text/plain"), ("text/plain", "application/octet-stream")]
+        for (index, (type, aheadType)) in cases.enumerated() {
+            let bytes = Array("body \(index), which gzip and MD5 both see\n".utf8)  // a body of its own: none known from before
+            func attachment(in db: Database, _ type: String) throws -> DocumentStore.Attachment {
+                DocumentStore.Attachment(name: "a.txt", contentType: type, blob: try db.blobs.write(bytes), revpos: 0)
+            }
+            ahead.workOutCouchMD5s(of: [try attachment(in: ahead, aheadType)])
+            var one = try plain.newDocument("doc\(index)")
+            try one.setAttachment(try attachment(in: plain, type))
+            var two = try ahead.newDocument("doc\(index)")
+            try two.setAttachment(try attachment(in: ahead, type))
+            #expect(try ahead.save(two).revID == plain.save(one).revID, "saved as \(type), worked out as \(aheadType)")
+        }
+    }
 }
