@@ -180,7 +180,7 @@ extension DocumentFileSystem {
             do {
                 defer { if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) } }
                 try syncBodies(staged.compactMap(\.attachment.blobKey))
-                store.workOutCouchMD5s(of: staged.map(\.attachment))
+                for index in drafts.indices { store.workOutCouchMD5s(of: &drafts[index].draft) }
                 let saved = try store.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged, log: stagingLog)
                 // The cached revision goes before the staged files it now holds: in between, a
                 // lookup would find neither (an unlink of a file just folded answered ENOENT).

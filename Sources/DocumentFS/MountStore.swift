@@ -55,9 +55,10 @@ public protocol MountStore: AnyObject, Sendable {
     func newRevision(of id: String, from parent: RevisionID?, like content: Revision?) throws -> RevisionDraft
     func save(_ draft: RevisionDraft, allowConflict: Bool) throws -> Revision
     func deleteDocument(_ id: String, revID: RevisionID?) throws -> Revision
-    /// Reads ahead, outside any transaction, the bodies a save of `attachments` needs for its
-    /// revision id (a fold of thousands of files then holds the staging log only for its rows).
-    func workOutCouchMD5s(of attachments: [Attachment])
+    /// Reads ahead, outside any transaction, the new bodies a save of `draft` needs for its
+    /// revision id, onto the draft (a fold of thousands of files then holds the staging log
+    /// only for its rows).
+    func workOutCouchMD5s(of draft: inout RevisionDraft)
 
     // MARK: What changed (the change watcher)
 

@@ -27,13 +27,18 @@ enum CouchAttachmentMD5 {
         let compressible: Bool
     }
 
-    /// The most MD5s worked out ahead that wait for their save (`Database.workOutCouchMD5s`;
-    /// ~100 bytes each). Beyond them, a save works its bodies' out itself.
-    static let aheadLimit = 65_536
-
     /// The largest body whose MD5 is worked out from its bytes: 1 MiB of a compressed type
     /// (at most ~0.1 s of gzip), 64 MiB of any other (~0.12 s of MD5).
     static func exactLimit(compressible: Bool) -> Int64 { compressible ? 1 << 20 : 64 << 20 }
+
+    /// Whether a save reads `attachment`'s body for its MD5, when nothing known names it: a
+    /// body here within `exactLimit` whose digest is not already CouchDB's MD5 of it. The one
+    /// test for both the save and the work done ahead of it (`Database.workOutCouchMD5s`).
+    static func isWorkedOutFromBody(_ attachment: Attachment) -> Bool {
+        let compressible = isCompressible(attachment.contentType)
+        return attachment.blobKey != nil && attachment.length <= exactLimit(compressible: compressible)
+            && (compressible || md5(ofDigest: attachment.digest) == nil)
+    }
 
     /// Whether CouchDB (with its defaults: `text/*, application/javascript,
     /// application/json, application/xml`, any case, parameters after `;` ignored)

@@ -246,7 +246,8 @@ extension Database {
         if validated == nil || seen != validated { try validate(prepared, draft: draft, in: connection) }
         let (row, tree, parent, attachments, properties) = (prepared.row, prepared.tree, prepared.parent, prepared.attachments, prepared.properties)
         let (parentAttachments, parentMD5s, generation) = (prepared.parentAttachments, prepared.parentMD5s, prepared.generation)
-        let couchMD5s = try couchMD5s(of: attachments, parentAttachments: parentAttachments, parentMD5s: parentMD5s, in: connection)
+        let couchMD5s = try couchMD5s(of: attachments, parentAttachments: parentAttachments, parentMD5s: parentMD5s,
+                                     ahead: draft.couchMD5sAhead, in: connection)
         // A tombstone keeps no properties here, but CouchDB's id covers those it was sent with.
         let revID = RevisionID.derive(parent: parent, deleted: draft.deleted, properties: draft.properties, attachments: attachments.map {
             RevisionAttachmentIdentity(name: $0.name, contentType: $0.contentType, md5: couchMD5s[$0.name]!)
@@ -384,19 +385,15 @@ extension Database {
     /// parent's where the body and its kind (compressed or not) did not change, one worked
     /// out before for the same body, one known for free (`md5-` digest of a type CouchDB does
     /// not compress, CouchDB's name of a gzip-encoded body), else from the body up to
-    /// `CouchAttachmentMD5.exactLimit`; for a body not here, its CouchDB digest (`md5-…`, the
-    /// remote's own); else, with no way to know CouchDB's at a cost worth paying, the MD5 of
-    /// its digest string.
+    /// `CouchAttachmentMD5.exactLimit` (`ahead`: those worked out before the transaction, on
+    /// the draft); for a body not here, its CouchDB digest (`md5-…`, the remote's own); else,
+    /// with no way to know CouchDB's at a cost worth paying, the MD5 of its digest string.
     private func couchMD5s(of attachments: [Attachment], parentAttachments: [String: Attachment], parentMD5s: [String: [UInt8]],
-                           in connection: SQLiteConnection) throws -> [String: [UInt8]] {
+                           ahead: [CouchAttachmentMD5.Body: [UInt8]], in connection: SQLiteConnection) throws -> [String: [UInt8]] {
         guard !attachments.isEmpty else { return [:] }
         var result: [String: [UInt8]] = [:]
         for attachment in attachments {
             let compressible = CouchAttachmentMD5.isCompressible(attachment.contentType)
-            // Taken whichever way the MD5 is found, so none is left waiting.
-            let ahead = attachment.blobKey.flatMap { key in
-                aheadMD5s.withLock { $0.isEmpty ? nil : $0.removeValue(forKey: CouchAttachmentMD5.Body(key: key, compressible: compressible)) }
-            }
             if let old = parentAttachments[attachment.name], old.digest == attachment.digest,
                CouchAttachmentMD5.isCompressible(old.contentType) == compressible, let md5 = parentMD5s[attachment.name] {
                 result[attachment.name] = md5
@@ -407,9 +404,9 @@ extension Database {
                 result[attachment.name] = md5
             } else if compressible, let key = attachment.blobKey, let encoded = try encodedBodyMD5(of: key, in: connection) {
                 result[attachment.name] = encoded
-            } else if let key = attachment.blobKey, attachment.length <= CouchAttachmentMD5.exactLimit(compressible: compressible),
-                      blobs.contains(key) {
-                result[attachment.name] = try ahead ?? CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs)
+            } else if CouchAttachmentMD5.isWorkedOutFromBody(attachment), let key = attachment.blobKey, blobs.contains(key) {
+                result[attachment.name] = try ahead[CouchAttachmentMD5.Body(key: key, compressible: compressible)]
+                    ?? CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs)
             } else {
                 result[attachment.name] = CouchAttachmentMD5.md5(ofDigest: attachment.digest)
                     ?? MessageDigest.hash(.md5, Array(attachment.digest.utf8))
@@ -418,23 +415,17 @@ extension Database {
         return result
     }
 
-    /// Works out, outside any transaction, the MD5s a save of `attachments` would read their
-    /// bodies for inside its own (bodies here within `CouchAttachmentMD5.exactLimit` whose digest
-    /// is not already CouchDB's MD5), so a save of thousands of new bodies holds the write lock
-    /// for its rows only: a mount's fold of 6,000 files spent half its transaction reading them,
-    /// and a file closed meanwhile waited for it. The next save naming a body takes its MD5,
-    /// whether it needs it or not; at most `CouchAttachmentMD5.aheadLimit` wait.
-    public func workOutCouchMD5s(of attachments: [Attachment]) {
-        for attachment in attachments {
-            guard let key = attachment.blobKey else { continue }
-            let compressible = CouchAttachmentMD5.isCompressible(attachment.contentType)
-            let body = CouchAttachmentMD5.Body(key: key, compressible: compressible)
-            guard attachment.length <= CouchAttachmentMD5.exactLimit(compressible: compressible),
-                  compressible || CouchAttachmentMD5.md5(ofDigest: attachment.digest) == nil,
-                  aheadMD5s.withLock({ $0[body] == nil && $0.count < CouchAttachmentMD5.aheadLimit }),
-                  blobs.contains(key),
-                  let md5 = try? CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs) else { continue }
-            aheadMD5s.withLock { $0[body] = md5 }
+    /// Works out, outside any transaction, the MD5s a save of `draft` would read its new bodies
+    /// for inside its own (`CouchAttachmentMD5.isWorkedOutFromBody`), and hands them to the
+    /// save on the draft, so a save of thousands of new bodies holds the write lock for its
+    /// rows only: a mount's fold of 6,000 files spent half its transaction reading them, and a
+    /// file closed meanwhile waited for it. A body that cannot be read is left to the save.
+    public func workOutCouchMD5s(of draft: inout RevisionDraft) {
+        for attachment in draft.attachments.values where attachment.revpos == 0 && CouchAttachmentMD5.isWorkedOutFromBody(attachment) {
+            let body = CouchAttachmentMD5.Body(key: attachment.blobKey!, compressible: CouchAttachmentMD5.isCompressible(attachment.contentType))
+            guard draft.couchMD5sAhead[body] == nil, blobs.contains(body.key),
+                  let md5 = try? CouchAttachmentMD5.md5(of: body.key, contentType: attachment.contentType, in: blobs) else { continue }
+            draft.couchMD5sAhead[body] = md5
         }
     }
 

@@ -49,9 +49,6 @@ public final class Database: @unchecked Sendable {
     let viewLocks = Locked<[String: NSLock]>([:])
     /// Each view's `ViewRanks`, by "index id/view position".
     let viewRankCache = Locked<[String: ViewRanks]>([:])
-    /// Bodies' MD5s worked out ahead of the saves that need them (`workOutCouchMD5s`), each
-    /// taken by the save that uses it.
-    let aheadMD5s = Locked<[CouchAttachmentMD5.Body: [UInt8]]>([:])
     /// Reads of bodies not recorded yet (`noteRead`). Guarded by `readNotesLock`.
     var readNotes = ReadNotes()
     let readNotesLock = Lock()

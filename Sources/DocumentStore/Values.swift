@@ -207,6 +207,9 @@ public struct RevisionDraft: Sendable {
     /// gave the order. Lower ranks first; the rank of a name no longer there is left (unused).
     private var ranks: [String: Int] = [:]
     private var nextFirst = -1
+    /// New bodies' MD5s for the revision id, worked out before the save
+    /// (`Database.workOutCouchMD5s(of:)`) so it need not read them under the write lock.
+    var couchMD5sAhead: [CouchAttachmentMD5.Body: [UInt8]] = [:]
     let blobs: BlobStore
 
     init(docID: String, parent: RevisionID?, properties: JSONObject, attachments: [Attachment], blobs: BlobStore) {

@@ -257,9 +257,9 @@ import TestSupport
         #expect(try save(one, "other", big.reversed(), type: "text/plain") != ids[1])
     }
 
-    /// A mount's fold works its bodies' MD5s out before its transaction (`workOutCouchMD5s`):
-    /// the revision id is the one the save works out itself, and one worked out for the other
-    /// kind of type (gzipped or not) is not taken.
+    /// A mount's fold works its drafts' new bodies' MD5s out before its transaction
+    /// (`workOutCouchMD5s`): the revision id is the one the save works out itself, and one
+    /// worked out for the other kind of type (gzipped or not) is not taken.
     @Test func md5sWorkedOutAheadNameTheRevisionAsTheSaveWould() throws {
         let plain = try directory.makeDatabase("plain.sofa")
         let ahead = try directory.makeDatabase("ahead.sofa")
@@ -270,10 +270,11 @@ import TestSupport
             func attachment(in db: Database, _ type: String) throws -> DocumentStore.Attachment {
                 DocumentStore.Attachment(name: "a.txt", contentType: type, blob: try db.blobs.write(bytes), revpos: 0)
             }
-            ahead.workOutCouchMD5s(of: [try attachment(in: ahead, aheadType)])
             var one = try plain.newDocument("doc\(index)")
             try one.setAttachment(try attachment(in: plain, type))
             var two = try ahead.newDocument("doc\(index)")
+            try two.setAttachment(try attachment(in: ahead, aheadType))
+            ahead.workOutCouchMD5s(of: &two)
             try two.setAttachment(try attachment(in: ahead, type))
             #expect(try ahead.save(two).revID == plain.save(one).revID, "saved as \(type), worked out as \(aheadType)")
         }
