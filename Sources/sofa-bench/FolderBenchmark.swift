@@ -112,7 +112,7 @@ func folderBenchmark(_ options: Options) throws {
             // wait for it to let go of the database, or the SQLite figure below is read before
             // the fold and the next job runs beside it.
             var waited = 0
-            while mountPeakRSS(dbPath) != 0 {
+            while mountProcess(of: dbPath) != nil {
                 guard waited < 2_400 else { throw SofaError.invalidArgument("the mount of \(dbPath) did not end within 120 s of its unmount") }
                 usleep(50_000)
                 waited += 1

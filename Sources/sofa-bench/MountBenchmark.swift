@@ -134,13 +134,18 @@ func mountBenchmark(_ options: Options) throws {
     if peak > 0 { row("peak RSS of the mount process", "\(peak / 1024) kB") }
 }
 
+/// The process of the `sofa mount` serving the database at `path`, while one runs.
+func mountProcess(of path: String) -> Int32? {
+    // "[s]ofa": the shell running pgrep has the pattern in its own command line, but no match.
+    let pids = (try? shellOutput("pgrep -f '[s]ofa mount \(path) '")) ?? ""
+    return pids.split(separator: "\n").first.flatMap { Int32($0) }
+}
+
 /// The peak RSS (bytes) of the `sofa mount` process serving the database at `path`; 0 when none
 /// runs.
 func mountPeakRSS(_ path: String) -> Int {
-    // "[s]ofa": the shell running pgrep has the pattern in its own command line, but no match.
-    let pids = (try? shellOutput("pgrep -f '[s]ofa mount \(path) '")) ?? ""
-    guard let first = pids.split(separator: "\n").first,
-          let status = try? String(contentsOfFile: "/proc/\(first)/status", encoding: .utf8),
+    guard let pid = mountProcess(of: path),
+          let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
           let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM") }),
           let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else { return 0 }
     return kib * 1024
