@@ -105,7 +105,12 @@ extension DocumentFileSystem {
         shown.take(local, forBody: attachment.digest)
         let draft = StagedAttachment.Draft(docID: id, attachment: attachment, expectedDigest: entry.byName[name]?.digest,
                                            base: live.revID, given: local)
-        let staged = try stagingLog.map { try $0.stage(draft, shown: shown) } ?? store.stage(draft)
+        let staged: StagedAttachment
+        do {
+            staged = try stagingLog.map { try $0.stage(draft, shown: shown) } ?? store.stage(draft)
+        } catch SofaError.conflict {
+            return nil  // the file of that name was folded meanwhile: saved now, on top of that revision
+        }
         cache.update(id) { $0.setLocal(name, shown) }
         track(staged, in: id, base: live)
         return live.revID

@@ -207,6 +207,58 @@ import TestSupport
         #expect(try db.stagedAttachments().count == 10, "nothing taken in twice")
     }
 
+    /// A fold does not hold the log through its transaction (here kept waiting for the
+    /// database's write lock): a file closed meanwhile is staged at once; times given to a file
+    /// being folded, and its rename, wait for the fold's end and then find it in the revision
+    /// (the row of `local_attributes` is the one to change), so the fold loses neither; a file
+    /// written again under its name waits too, and is refused: its mount saves it itself.
+    @Test func filesAreStagedWhileAFoldWaitsAndTimesGivenToAFoldingFileAreNotLost() throws {
+        let log = try #require(StagingLog.make(for: db))
+        let folded = try stage("folded.txt", "folded body", in: log)
+        let renamed = try stage("renamed.txt", "renamed body", in: log)
+        func draft(_ name: String, _ text: String) throws -> StagedAttachment.Draft {
+            let attachment = Attachment(name: name, contentType: "text/plain", blob: try db.blobs.write(Array(text.utf8)), revpos: 0)
+            return StagedAttachment.Draft(docID: "doc", attachment: attachment, expectedDigest: nil, base: try db.currentRevision(of: "doc")?.revID)
+        }
+        let (closedDraft, againDraft) = (try draft("closed.txt", "closed meanwhile"), try draft("folded.txt", "written again"))
+        let holding = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+        let writer = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async { [db] in
+            try? db.write { _ in
+                holding.signal()
+                release.wait()
+            }
+            writer.signal()
+        }
+        #expect(holding.wait(timeout: .now() + 60) == .success)
+        defer { release.signal() }
+
+        var draft = try db.newRevision(of: "doc")
+        try draft.setAttachment(folded.attachment)
+        try draft.setAttachment(renamed.attachment)
+        let fold = Outcome { [db, draft] in try db.save([(draft, false)], unstaging: [folded, renamed], log: log) }
+        usleep(200_000)  // for the fold to reach the database (the test holds either way)
+
+        let closed = Outcome { try log.stage(closedDraft, shown: LocalAttributes()) }
+        #expect(closed.wait(60), "a file closed while a fold waits for the database is staged at once")
+        let touched = Outcome { try log.updateAttributes(of: folded) { $0.modified = 42 } }
+        let moved = Outcome { try log.restage(renamed, as: "moved.txt", expectedDigest: nil) }
+        let again = Outcome { try log.stage(againDraft, shown: LocalAttributes()) }
+        #expect(!touched.wait(0.2) && !moved.wait(0) && !again.wait(0), "they wait for the fold, which waits for the database")
+
+        release.signal()
+        #expect(writer.wait(timeout: .now() + 60) == .success)
+        #expect(fold.wait(60) && touched.wait(60) && moved.wait(60) && again.wait(60))
+        let saved = try #require(try fold.result?.get().first)
+        #expect(saved.attachment(named: "folded.txt") != nil && saved.attachment(named: "renamed.txt") != nil)
+        #expect(try touched.result?.get() == .some(nil), "folded: its row takes the change, not a record about to go")
+        #expect(throws: SofaError.self) { try moved.result?.get() }
+        #expect(throws: SofaError.self) { try again.result?.get() }
+        #expect(try db.localAttributes(docID: "doc", name: "folded.txt")?.modified == 1_600_000_000_000_000_007)
+        #expect(log.attributes(in: "doc").keys.sorted() == ["closed.txt"])
+        #expect(Set(try db.stagedAttachments().map(\.name)) == ["closed.txt"])
+    }
+
     @Test func aLogStillWrittenIsLeftToItsMount() throws {
         let log = try #require(StagingLog.make(for: db))
         _ = try stage("b.txt", "live", in: log)
@@ -355,4 +407,28 @@ import TestSupport
         #expect(try db.blobs.readKeptFile(keep, limit: 1000) == text)
         #expect(throws: SofaError.self) { try db.blobs.readKeptFile(keep, limit: text.count - 1) }
     }
+}
+
+/// A call made on a thread of its own (a pool's threads can all be waiting), and what it ended
+/// with, once it has.
+final class Outcome<T: Sendable>: @unchecked Sendable {
+    private let done = DispatchSemaphore(value: 0)
+    private let lock = NSLock()
+    private var ended: Result<T, any Error>?
+
+    init(_ body: @escaping @Sendable () throws -> T) {
+        Thread { [self] in
+            let result = Result { try body() }
+            lock.withLock { ended = result }
+            done.signal()
+        }.start()
+    }
+
+    /// Whether it ended within `seconds` (a wait that succeeds is not repeated).
+    func wait(_ seconds: Double) -> Bool {
+        guard lock.withLock({ ended == nil }) else { return true }
+        return done.wait(timeout: .now() + seconds) == .success
+    }
+
+    var result: Result<T, any Error>? { lock.withLock { ended } }
 }
