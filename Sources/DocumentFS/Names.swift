@@ -3,23 +3,36 @@ import DocumentModel
 extension FileNames {
     /// Names of the temporary files that editors and tools make beside the files
     /// they write. Inside `attachments/` such files are scratch files, not attachments.
+    /// Asked of every path a lookup, `getattr` or `create` names: read as UTF-8 bytes (the
+    /// names it knows are ASCII), since by characters it was a third of the cost of making a
+    /// `Node` (rsync of 10,000 files: 4.5% of the mount's time).
     static func isToolTemporary(_ name: String) -> Bool {
-        if name == "4913" || name.hasSuffix("~") { return true }  // vim's write test; backups
-        if name.hasPrefix(".") {
-            if [".swp", ".swo", ".swx", ".swn", ".tmp"].contains(where: name.hasSuffix) { return true }
+        let bytes = name.utf8
+        func has(prefix: StaticString) -> Bool { bytes.starts(with: UnsafeBufferPointer(start: prefix.utf8Start, count: prefix.utf8CodeUnitCount)) }
+        func has(suffix: StaticString) -> Bool {
+            bytes.count >= suffix.utf8CodeUnitCount
+                && bytes.suffix(suffix.utf8CodeUnitCount).elementsEqual(UnsafeBufferPointer(start: suffix.utf8Start, count: suffix.utf8CodeUnitCount))
+        }
+        if bytes.last == UInt8(ascii: "~") || name == "4913" { return true }  // backups; vim's write test
+        if bytes.first == UInt8(ascii: ".") {
+            if has(suffix: ".swp") || has(suffix: ".swo") || has(suffix: ".swx") || has(suffix: ".swn") || has(suffix: ".tmp") { return true }
             // gedit, emacs locks, Foundation's atomic writes
-            if name.hasPrefix(".goutputstream-") || name.hasPrefix(".#") || name.hasPrefix(".dat.nosync") { return true }
+            if has(prefix: ".goutputstream-") || has(prefix: ".#") || has(prefix: ".dat.nosync") { return true }
             // rsync: ".name.XXXXXX"
-            if let dot = name.lastIndex(of: "."), dot != name.startIndex {
-                let suffix = name[name.index(after: dot)...]
+            if let dot = bytes.lastIndex(of: UInt8(ascii: ".")), dot != bytes.startIndex {
+                let suffix = bytes[bytes.index(after: dot)...]
+                func isAlphanumeric(_ byte: UInt8) -> Bool {
+                    (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || isUpperOrDigit(byte)
+                }
+                func isUpperOrDigit(_ byte: UInt8) -> Bool {
+                    (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
+                }
                 // Random suffixes almost always hold a capital or a digit; ".config.backup" is no temp file.
-                if suffix.count == 6 && suffix.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) })
-                    && suffix.contains(where: { $0.isUppercase || $0.isNumber }) { return true }
+                if suffix.count == 6 && suffix.allSatisfy(isAlphanumeric) && suffix.contains(where: isUpperOrDigit) { return true }
             }
         }
         // sed -i: "sedXXXXXX"
-        if name.hasPrefix("sed") && name.count == 9 { return true }
-        return false
+        return bytes.count == 9 && has(prefix: "sed")
     }
 }
 
@@ -82,10 +95,13 @@ enum Node: Equatable {
 
     init?(path: String) {
         // Split as bytes: "/" is one in UTF-8, and splitting by characters costs more than the rest.
-        let parts = path.utf8.split(separator: UInt8(ascii: "/")).map { String(Substring($0)) }
+        let pieces = path.utf8.split(separator: UInt8(ascii: "/"))
+        let parts = pieces.map { String(Substring($0)) }
+        /// The path from its `index`th part on, as it is (the kernel sends no empty parts).
+        func from(_ index: Int) -> String { String(Substring(path.utf8[pieces[index].startIndex...])) }
         guard let first = parts.first else { self = .root; return }
         if Node.isRootScratchName(first) {
-            self = .scratch(Node.rootScratchID, relative: parts.joined(separator: "/"))
+            self = .scratch(Node.rootScratchID, relative: from(0))
             return
         }
         if first == Node.statusDirectoryName {
@@ -103,7 +119,7 @@ enum Node: Equatable {
         }
         if first == Node.queriesDirectoryName {
             if parts.count > 1 && QueryNode.isFileName(parts[1]) {
-                self = .scratch(Node.rootScratchID, relative: parts.joined(separator: "/"))
+                self = .scratch(Node.rootScratchID, relative: from(0))
                 return
             }
             guard let query = QueryNode(Array(parts[1...])) else { return nil }
@@ -120,7 +136,7 @@ enum Node: Equatable {
             self = .properties(id)
         case Node.attachmentsDirectoryName:
             if let last = rest.last, FileNames.isToolTemporary(last) {
-                self = .scratch(id, relative: parts[2...].joined(separator: "/"))
+                self = .scratch(id, relative: from(2))
             } else {
                 let name = FileNames.attachmentName(rest)
                 // The stand-ins of blob properties are shown in blobs/, never here.
@@ -129,7 +145,7 @@ enum Node: Equatable {
             }
         case Node.blobsDirectoryName:
             if let last = rest.last, FileNames.isToolTemporary(last) {
-                self = .scratch(id, relative: parts[2...].joined(separator: "/"))
+                self = .scratch(id, relative: from(2))
             } else {
                 self = .attachment(id, name: rest.isEmpty ? Node.blobsFolder : Blobs.standInName("/" + FileNames.attachmentName(rest)))
             }
@@ -152,7 +168,7 @@ enum Node: Equatable {
                 }
             }
         default:
-            self = .scratch(id, relative: parts[2...].joined(separator: "/"))
+            self = .scratch(id, relative: from(2))
         }
     }
 

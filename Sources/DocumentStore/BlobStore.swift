@@ -324,7 +324,9 @@ public final class BlobStore: Sendable {
 
     /// Moves the file at `path` (on the same file system) into the store, without
     /// copying it. With `keepingOriginal`, the store gets a hard link and the file
-    /// stays where it is, for the caller to remove once the blob is referenced.
+    /// stays where it is, for the caller to remove once the blob is referenced; the link is
+    /// made under the blob's own name once the file is hashed (a link to a temporary name
+    /// and its rename cost rsync's rename of each file two more path walks).
     ///
     /// In an encrypted store, a file in the sealed format (a scratch file of this store) is
     /// adopted as it is; any other is plaintext, and is sealed into a new blob.
@@ -335,12 +337,6 @@ public final class BlobStore: Sendable {
             let blob = try write(contentsOf: path, durable: durable)
             if !keepingOriginal { _ = LongPath.unlink(path) }
             return blob
-        }
-        var path = path
-        if keepingOriginal {
-            let link = newTemporaryPath()
-            guard LongPath.link(path, link) == 0 else { throw SofaError.system("link", path: path, errno: errno) }
-            path = link
         }
         let fd = LongPath.open(path, O_RDONLY)
         guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
@@ -357,8 +353,28 @@ public final class BlobStore: Sendable {
         // save may be about to use them): the file's own time may be any (`rsync -a` set it to
         // its source's before the rename that brings it here).
         futimens(fd, nil)
-        try install(fd, at: path, as: key, durable: durable)
+        if keepingOriginal {
+            try installLink(fd, to: path, as: key, durable: durable)
+        } else {
+            try install(fd, at: path, as: key, durable: durable)
+        }
         return StoredBlob(key: key, length: length)
+    }
+
+    /// `install` for a file that stays where it is: the blob `key` is a hard link to it
+    /// (`original`, open as `fd`), unless the store holds those bytes already. Closes `fd`.
+    private func installLink(_ fd: Int32, to original: String, as key: BlobKey, durable: Bool) throws {
+        defer { close(fd) }
+        guard !durable || fsync(fd) == 0 else { throw SofaError.system("fsync", path: original, errno: errno) }
+        fchmod(fd, 0o444)
+        let finalPath = path(for: key)
+        if LongPath.link(original, finalPath) == 0 {
+            if durable { try syncDirectory() }
+        } else if errno == EEXIST {
+            utimensat(AT_FDCWD, finalPath, nil, 0)  // as `install`: fresh for a compaction running before the save
+        } else {
+            throw SofaError.system("link", path: original, errno: errno)
+        }
     }
 
     /// Whether the file at `path` starts as a sealed body does.

@@ -44,7 +44,11 @@ import Testing
         for name in [".notes.txt.swp", "4913", "notes.txt~", ".goutputstream-ABC123", "sedAb12Cd", ".photo.jpg.aB3dE9", ".dat.nosync5519.ovoqlb"] {
             #expect(FileNames.isToolTemporary(name), "\(name)")
         }
-        for name in ["notes.txt", ".config.backup", "photo.jpg", "sediment.txt", ".hidden"] {
+        for name in [".x.tmp", ".#notes.txt", ".notes.txt.swx", "sed123456"] {
+            #expect(FileNames.isToolTemporary(name), "\(name)")
+        }
+        for name in ["notes.txt", ".config.backup", "photo.jpg", "sediment.txt", ".hidden", ".photo.jpg.rÉsumé", ".photo.jpg.abcdef",
+                     "~notes.txt", "notes.tmp", "sed12345", "", "."] {
             #expect(!FileNames.isToolTemporary(name), "\(name)")
         }
     }

@@ -192,6 +192,29 @@ import TestSupport
         #expect(db.blobs.contains(adopted.key))
     }
 
+    /// A file adopted where it stays (rsync's temporary file, renamed into a document) is linked
+    /// under its blob's name; when those bytes are stored already, the stored file is kept (made
+    /// fresh) and the other is left alone.
+    @Test func aFileAdoptedInPlaceIsLinkedUnderItsBlobsNameOrLeftWhenTheBytesAreStored() throws {
+        let db = try directory.makeDatabase()
+        let (path, again) = (directory.appending("kept"), directory.appending("again"))
+        for file in [path, again] { try Data(repeating: 9, count: 5_000).write(to: URL(fileURLWithPath: file)) }
+        let first = try db.blobs.adopt(fileAt: path, keepingOriginal: true)
+        let blobPath = db.blobs.path(for: first.key)
+        var original = stat(), blob = stat()
+        #expect(stat(path, &original) == 0 && stat(blobPath, &blob) == 0)
+        #expect(original.st_ino == blob.st_ino && blob.st_nlink == 2 && blob.st_mode & 0o777 == 0o444)
+
+        var times = [timespec(tv_sec: 978_307_200, tv_nsec: 0), timespec(tv_sec: 978_307_200, tv_nsec: 0)]  // 2001
+        #expect(utimensat(AT_FDCWD, blobPath, &times, 0) == 0)
+        let second = try db.blobs.adopt(fileAt: again, keepingOriginal: true, durable: false)
+        var other = stat()
+        #expect(second.key == first.key && stat(blobPath, &blob) == 0 && stat(again, &other) == 0)
+        #expect(blob.st_ino == original.st_ino && blob.st_mtim.tv_sec > 978_307_200, "the stored file, made fresh")
+        #expect(other.st_nlink == 1, "the other file is not linked anywhere")
+        #expect(try db.blobs.contents(of: first.key) == [UInt8](repeating: 9, count: 5_000))
+    }
+
     /// `sofa compact` right after a detach frees the body at once when no other process has
     /// the database open, and keeps it (saying why) while one has.
     @Test func compactionAloneFreesFreshOrphansAtOnceAndKeepsThemWhileAnotherProcessHasTheDatabase() throws {
