@@ -308,7 +308,9 @@ public final class BlobStore: Sendable {
         let finalPath = path(for: key)
         if contains(key) {
             // The same bytes are stored already. Touch the blob so that a compaction
-            // running before this save commits sees it as fresh and keeps it.
+            // running before this save commits sees it as fresh and keeps it. (Not a rename
+            // over it: without `durable` the new file is not synced yet, and a power loss
+            // could take the body a saved revision holds.)
             _ = LongPath.unlink(temporaryPath)
             utimensat(AT_FDCWD, finalPath, nil, 0)
         } else {

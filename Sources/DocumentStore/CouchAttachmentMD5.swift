@@ -42,11 +42,22 @@ enum CouchAttachmentMD5 {
 
     /// Whether CouchDB (with its defaults: `text/*, application/javascript,
     /// application/json, application/xml`, any case, parameters after `;` ignored)
-    /// compresses bodies of this type.
+    /// compresses bodies of this type. Read as ASCII bytes: a fold asks it of every
+    /// attachment of the document, three times each, and through Foundation's trimming it
+    /// was a quarter of a fold of 10,000 files.
     static func isCompressible(_ contentType: String) -> Bool {
-        let type = (contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false).first ?? "")
-            .trimmingCharacters(in: .whitespaces).lowercased()
-        return type.hasPrefix("text/") || ["application/javascript", "application/json", "application/xml"].contains(type)
+        let bytes = contentType.utf8
+        func isBlank(_ byte: UInt8) -> Bool { byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
+        var start = bytes.startIndex, end = bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.endIndex
+        while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }
+        while start < end, isBlank(bytes[bytes.index(before: end)]) { end = bytes.index(before: end) }
+        let type = bytes[start..<end]
+        func lowercased(_ byte: UInt8) -> UInt8 {
+            (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) ? byte + 32 : byte
+        }
+        func equals(_ name: String) -> Bool { type.count == name.utf8.count && type.lazy.map(lowercased).elementsEqual(name.utf8) }
+        return type.lazy.map(lowercased).starts(with: "text/".utf8)
+            || equals("application/javascript") || equals("application/json") || equals("application/xml")
     }
 
     /// The MD5 of the blob `key` as CouchDB would store a body of `contentType`. Reads the

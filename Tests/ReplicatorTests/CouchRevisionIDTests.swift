@@ -92,6 +92,10 @@ extension CouchDBInteropTests {
             "long.txt": ["content_type": "text/plain", "data": base64(longText)],
             "image.png": ["content_type": "image/png", "data": "iVBORw0KGgo="],
             "noise.jpg": ["content_type": "image/jpeg", "data": .string(noise)],
+            // Which types CouchDB compresses: any case, parameters ignored, "text" alone is no prefix.
+            "feed.xml": ["content_type": "Application/XML", "data": base64("<feed/>")],
+            "app.js": ["content_type": "application/javascript;charset=utf-8", "data": base64("let a = 1")],
+            "odd.txt": ["content_type": "textual/plain", "data": base64("hello")],
         ]
         var rev = record("PUT attachments", try target.json("PUT", "/\(db)/files", ["kind": "files", "_attachments": attachments]))
         try show("files")
