@@ -381,7 +381,7 @@ struct StagedDirectory {
 
     /// Syncs what was written, renames it into place and opens it.
     func install(unlocked: DatabaseKey? = nil) throws -> Database {
-        try syncFile(path)  // syncfs: every file staged on that file system
+        try syncFileSystem(of: path)  // every file staged on that file system
         if replacing, access(destination, F_OK) == 0 {
             let aside = path + ".replaced"
             guard rename(destination, aside) == 0 else { throw SofaError.system("rename", path: destination, errno: errno) }
@@ -396,7 +396,7 @@ struct StagedDirectory {
             guard access(destination, F_OK) != 0 else { throw SofaError.databaseExists(path: destination) }
             guard rename(path, destination) == 0 else { throw SofaError.system("rename", path: destination, errno: errno) }
         }
-        try syncFile(stagingLocation(for: destination).directory)
+        try syncFileSystem(of: stagingLocation(for: destination).directory)
         return try Database.open(at: destination, secret: nil, unlocked: unlocked)
     }
 
@@ -421,13 +421,3 @@ struct StagedDirectory {
     }
 }
 
-/// `syncfs` for a directory (the whole file system it is on), `fsync` for a file.
-private func syncFile(_ path: String) throws {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
-    defer { close(fd) }
-    var info = stat()
-    fstat(fd, &info)
-    let result = info.st_mode & S_IFMT == S_IFDIR ? syncfs(fd) : fsync(fd)
-    guard result == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
-}

@@ -121,10 +121,3 @@ extension Database {
     }
 }
 
-/// `syncfs` of the file system holding `path`.
-private func syncFileSystem(of path: String) throws {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
-    defer { close(fd) }
-    guard syncfs(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
-}

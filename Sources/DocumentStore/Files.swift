@@ -1,3 +1,4 @@
+import CLinux
 import DocumentModel
 import Foundation
 
@@ -27,6 +28,29 @@ private func writeInPieces(_ bytes: UnsafeRawBufferPointer, path: String, _ writ
         }
         done += count
     }
+}
+
+/// `syncfs` of the file system holding `path`: every file written on it, and its metadata.
+func syncFileSystem(of path: String) throws {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { throw SofaError.system("open", path: path, errno: errno) }
+    defer { close(fd) }
+    guard syncfs(fd) == 0 else { throw SofaError.system("sync", path: path, errno: errno) }
+}
+
+/// The bytes waiting to be written to any disk of the machine (`Dirty` and `Writeback` in
+/// `/proc/meminfo`): what a `syncfs` may have to wait for besides what its caller wrote. nil
+/// when it cannot be read.
+func bytesWaitingForDisks() -> Int64? {
+    guard let text = try? String(contentsOfFile: "/proc/meminfo", encoding: .utf8) else { return nil }
+    var total: Int64 = 0, found = 0
+    for line in text.split(separator: "\n") where line.hasPrefix("Dirty:") || line.hasPrefix("Writeback:") {
+        let fields = line.split(separator: " ")
+        guard fields.count >= 2, let kib = Int64(fields[1]) else { return nil }
+        total += kib * 1024
+        found += 1
+    }
+    return found == 2 ? total : nil
 }
 
 /// Where something bound for `destination` is built before one rename puts it in place:

@@ -1,5 +1,5 @@
 import DocumentModel
-import DocumentStore
+@testable import DocumentStore
 import Foundation
 import Testing
 import TestSupport
@@ -213,6 +213,35 @@ import TestSupport
         #expect(blob.st_ino == original.st_ino && blob.st_mtim.tv_sec > 978_307_200, "the stored file, made fresh")
         #expect(other.st_nlink == 1, "the other file is not linked anywhere")
         #expect(try db.blobs.contents(of: first.key) == [UInt8](repeating: 9, count: 5_000))
+    }
+
+    /// Bodies stored without their fsync are synced file by file, or many at once by one
+    /// `syncfs` when little else waits for the disks; either way a body that is not there
+    /// fails the sync (a fold must not save a revision without it).
+    @Test func manyBodiesAreSyncedAtOnceWhenLittleElseWaitsAndAMissingOneFailsEitherWay() throws {
+        #expect(!BlobStore.syncsWholeFileSystem(bodies: 255, bytesWaiting: 0))
+        #expect(BlobStore.syncsWholeFileSystem(bodies: 256, bytesWaiting: 256 * (40 << 10)))
+        #expect(!BlobStore.syncsWholeFileSystem(bodies: 256, bytesWaiting: 256 * (40 << 10) + 1))
+        #expect(BlobStore.syncsWholeFileSystem(bodies: 10_000, bytesWaiting: 300 << 20))
+        #expect(!BlobStore.syncsWholeFileSystem(bodies: 10_000, bytesWaiting: nil), "unknown: file by file")
+        #expect(bytesWaitingForDisks() != nil, "/proc/meminfo is read")
+
+        let db = try directory.makeDatabase()
+        for count in [3, 300] {
+            var keys: [BlobKey] = []
+            for index in 0..<count {
+                let path = directory.appending("body-\(count)-\(index)")
+                try Data("body \(count) \(index)".utf8).write(to: URL(fileURLWithPath: path))
+                keys.append(try db.blobs.adopt(fileAt: path, durable: false).key)
+            }
+            let missing = BlobKey(digest: [UInt8](repeating: UInt8(count % 256), count: 20))
+            for waiting: Int64? in [0, nil] {  // one syncfs for 300 bodies, or file by file
+                try db.blobs.sync(keys, bytesWaiting: waiting)
+                #expect(throws: SofaError.self) { try db.blobs.sync(keys + [missing], bytesWaiting: waiting) }
+            }
+            try db.blobs.sync(keys)
+            #expect(keys.allSatisfy(db.blobs.contains))
+        }
     }
 
     /// `sofa compact` right after a detach frees the body at once when no other process has
