@@ -209,7 +209,7 @@ extension Database {
         }
         let generation = (parent?.generation ?? 0) + 1
         let ranks = Dictionary(draft.orderedAttachments.enumerated().map { ($1.name, $0) }, uniquingKeysWith: { first, _ in first })
-        let ordered = draftRows.values.sorted { (ranks[$0.name] ?? Int.max, $0.name) < (ranks[$1.name] ?? Int.max, $1.name) }
+        let ordered = RevisionDraft.order(draftRows.values, by: ranks)
         let attachments: [Attachment] = draft.deleted ? [] : ordered.map { attachment in
             // Keep revpos when neither body nor type changed since the parent.
             let old = parentAttachments[attachment.name]

@@ -223,7 +223,16 @@ public struct RevisionDraft: Sendable {
 
     /// The attachments in the revision's order.
     public var orderedAttachments: [Attachment] {
-        attachments.values.sorted { (ranks[$0.name] ?? Int.max, $0.name) < (ranks[$1.name] ?? Int.max, $1.name) }
+        RevisionDraft.order(attachments.values, by: ranks)
+    }
+
+    /// `attachments` by their rank in `ranks`, then the unranked ones by name. Each rank is
+    /// looked up once: in the comparison, two lookups per step made a fourteenth of a fold of
+    /// 10,000 files.
+    static func order(_ attachments: some Sequence<Attachment>, by ranks: [String: Int]) -> [Attachment] {
+        attachments.map { (rank: ranks[$0.name] ?? Int.max, attachment: $0) }
+            .sorted { $0.rank != $1.rank ? $0.rank < $1.rank : $0.attachment.name < $1.attachment.name }
+            .map(\.attachment)
     }
 
     /// Puts the attachments named in `names` first, in that order (a document's
