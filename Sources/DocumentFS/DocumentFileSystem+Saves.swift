@@ -183,7 +183,11 @@ extension DocumentFileSystem {
                 defer { if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) } }
                 try syncBodies(staged.compactMap(\.attachment.blobKey))
                 for index in drafts.indices { store.workOutCouchMD5s(of: &drafts[index].draft) }
-                let saved = try store.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged, log: stagingLog)
+                // What the mount showed is what the revision holds: nothing for the watcher to undo.
+                let isOwn = clashes.isEmpty && drafts.count == 1 && !drafts[0].allowConflict
+                let saved = try store.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged, log: stagingLog) { saved in
+                    if isOwn { ledger.noteOwnSave(saved[0].revID, of: id) }
+                }
                 // The cached revision goes before the staged files it now holds: in between, a
                 // lookup would find neither (an unlink of a file just folded answered ENOENT).
                 if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) }
@@ -191,9 +195,7 @@ extension DocumentFileSystem {
                     log.warning("docs/\(FileNames.escape(id)): changed since it was written; saved as conflicting revision \(saved[index].revID)")
                 }
                 endSetAside(aside.keys, of: id)
-                // What the mount showed is what the revision holds: nothing for the watcher to undo.
-                let own = clashes.isEmpty && drafts.count == 1 && !drafts[0].allowConflict ? saved[0].revID : nil
-                ledger.saved(staged, in: id, own: own)
+                ledger.saved(staged, in: id)
                 if !drafts.isEmpty { overlay.endRemoval(id) }
                 if changeDraft != nil { return saved[drafts.firstIndex { $0.allowConflict }!] }
                 if liveDraft != nil, let first = drafts.firstIndex(where: { !$0.allowConflict }) { return saved[first] }

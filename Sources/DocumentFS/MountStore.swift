@@ -97,9 +97,9 @@ public protocol MountStore: AnyObject, Sendable {
     func restage(_ staged: StagedAttachment, as name: String, expectedDigest: String?) throws -> StagedAttachment
     func stagedAttachments(includingLogs: Bool) throws -> [StagedAttachment]
     /// Saves drafts and forgets the staged files they took in (rows, and `log`'s records), in
-    /// one transaction.
+    /// one transaction; `whileSaving` has the revisions before it commits.
     func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging unstaged: [StagedAttachment],
-              log: StagingLog?) throws -> [Revision]
+              log: StagingLog?, whileSaving: ([Revision]) -> Void) throws -> [Revision]
     /// Takes in the staging logs of stopped mounts (all but `own`); the rows staged from them.
     func importStoppedStagingLogs(except own: String?) throws -> Set<Int64>
     /// A staging log for a mount writing to this store (MountTables' `StagingLog`), or nil when
@@ -130,7 +130,7 @@ extension MountStore {
     /// One draft (or none: only the files go) and the staged files it takes in.
     @discardableResult
     func save(_ draft: RevisionDraft?, allowConflict: Bool = false, unstaging unstaged: [StagedAttachment]) throws -> Revision? {
-        try save(draft.map { [($0, allowConflict)] } ?? [], unstaging: unstaged, log: nil).first
+        try save(draft.map { [($0, allowConflict)] } ?? [], unstaging: unstaged, log: nil, whileSaving: { _ in }).first
     }
 
     @discardableResult

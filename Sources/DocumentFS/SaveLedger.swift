@@ -140,15 +140,22 @@ final class SaveLedger: @unchecked Sendable {
         }
     }
 
-    /// A fold (or another save of the document) saved `folded`: they leave the burst, which
-    /// ends when nothing is left in it. `own` is the revision the save made current, when the
-    /// mount showed exactly what it holds.
-    func saved(_ folded: [StagedAttachment], in id: String, own: RevisionID?) {
+    /// A save of the mount made `own` the current revision of `id`, holding exactly what the
+    /// mount shows: the change watcher passes it over. Noted before its commit (inside its
+    /// transaction): the watcher wakes at the commit, and a note made after the save returned
+    /// came too late now and then, so the mount forgot and invalidated all it had of the
+    /// document (10,000 files after a `cp -r`).
+    func noteOwnSave(_ own: RevisionID, of id: String) {
         lock.withLock {
-            if let own {
-                ownSaves[id] = own
-                if ownSaves.count > Tuning.mountRecentSaves { ownSaves.removeAll() }
-            }
+            ownSaves[id] = own
+            if ownSaves.count > Tuning.mountRecentSaves { ownSaves.removeAll() }
+        }
+    }
+
+    /// A fold (or another save of the document) saved `folded`: they leave the burst, which
+    /// ends when nothing is left in it.
+    func saved(_ folded: [StagedAttachment], in id: String) {
+        lock.withLock {
             guard var burst = bursts[id] else { return }
             for file in folded where burst.staged[file.name]?.seq == file.seq { burst.staged[file.name] = nil }
             if burst.staged.isEmpty {

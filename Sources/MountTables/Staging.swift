@@ -158,15 +158,22 @@ extension Database {
 
     /// Saves drafts (a revision on top of the current one, conflicting branches) and forgets
     /// the staged files `unstaged` (rows, and records of `log`), all in one transaction: all or
-    /// nothing.
+    /// nothing. `whileSaving` is given the revisions before the transaction commits (under the
+    /// write lock: it must take no lock but a leaf one), so what the caller notes of them is
+    /// there when another thread sees them.
     @discardableResult
     public func save(_ drafts: [(RevisionDraft, allowConflict: Bool)], unstaging unstaged: [StagedAttachment],
-                     log: StagingLog? = nil) throws -> [Revision] {
+                     log: StagingLog? = nil, whileSaving: ([Revision]) -> Void = { _ in }) throws -> [Revision] {
         let logged = unstaged.filter { $0.log != nil }
         let rows = unstaged.filter { $0.log == nil }
-        guard !logged.isEmpty else { return try write { try save(drafts, unstagingRows: rows, in: $0) } }
+        func transaction(_ connection: SQLiteConnection) throws -> [Revision] {
+            let saved = try save(drafts, unstagingRows: rows, in: connection)
+            whileSaving(saved)
+            return saved
+        }
+        guard !logged.isEmpty else { return try write(transaction) }
         guard let log else { throw SofaError.invalidArgument("staged files of a log were saved without it") }
-        return try log.fold(logged) { try save(drafts, unstagingRows: rows, in: $0) }
+        return try log.fold(logged, transaction)
     }
 
     /// The body of `save(_:unstaging:log:)`'s transaction: the drafts, and the rows `rows` gone.

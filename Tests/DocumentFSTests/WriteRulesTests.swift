@@ -248,4 +248,46 @@ import TestSupport
         #expect(misses.withLock { $0 } == 0, "the folder was missing \(misses.withLock { $0 }) times")
         #expect(try listing(folder).isEmpty)
     }
+
+    /// The mount's own saves are known as its own however soon the change watcher looks: it
+    /// wakes at their commit. Noted after the save had returned, a save into a document of
+    /// thousands of files (whose cached form takes a while to drop) was taken for another
+    /// writer's change now and then, and the mount dropped and invalidated all it had of the
+    /// document. Here a watcher's look runs at each commit, while files are saved one by one
+    /// and in bursts.
+    @Test func theMountsOwnSavesAreItsOwnWhenTheWatcherLooksAtTheirCommit() throws {
+        var attachments: [String: [UInt8]] = [:]
+        for index in 0..<3_000 { attachments["f\(index)"] = Array("\(index)".utf8) }
+        try db.put("big", [:], attachments: attachments)
+        let stream = db.changeStream
+        let done = Locked(false)
+        let taken = Locked<[String]>([]), foreign = Locked<[String]>([])
+        let start = (try db.lastSequence, stream.lastDocumentChange)
+        let watcher = Thread { [fs, db] in
+            var (sequence, position) = start
+            while !done.withLock({ $0 }) {
+                position = stream.waitForDocuments(after: position, until: Date().addingTimeInterval(0.2))
+                for change in (try? db.changes(since: sequence)) ?? [] {
+                    sequence = change.sequence
+                    let own = fs.madeHere(change)
+                    (own ? taken : foreign).withLock { $0.append("\(change.docID) \(change.revID)") }
+                }
+            }
+        }
+        watcher.start()
+        for index in 0..<40 {
+            _ = try fs.attributes(of: "/docs/big/attachments/f\(index)")  // the document cached, to be dropped by the save
+            let file = try fs.create("/docs/big/attachments/new\(index)", permissions: 0o644, flags: O_WRONLY | O_CREAT | O_TRUNC, caller: shell)
+            try write(file.handle, "new \(index)")
+            try fs.flush(file.handle, caller: shell)
+            fs.release(file.handle)
+            if index % 10 == 9 { fs.foldAllBursts() }
+        }
+        fs.foldAllBursts()
+        let last = try db.currentRevision(of: "big")!.revID
+        #expect(waitUntil(30) { taken.withLock { $0.contains("big \(last)") } || !foreign.withLock { $0.isEmpty } })
+        done.withLock { $0 = true }
+        #expect(foreign.withLock { $0 }.isEmpty, "own saves taken for another writer's: \(foreign.withLock { $0 })")
+        #expect(taken.withLock { $0.count } >= 4, "a save per burst at least")
+    }
 }
