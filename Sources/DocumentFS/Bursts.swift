@@ -112,14 +112,15 @@ extension DocumentFileSystem {
             return nil  // the file of that name was folded meanwhile: saved now, on top of that revision
         }
         cache.update(id) { $0.setLocal(name, shown) }
-        track(staged, in: id, base: live)
+        track(staged, in: id, base: live, bodyMD5: blob.md5)
         return live.revID
     }
 
     /// Adds a staged file to its document's burst (begun now if there is none: the first file,
     /// or one staged while the burst before it was folded), in place of `replacing`.
-    private func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment? = nil) {
-        let timer = ledger.track(staged, in: id, base: live, replacing: replacing, at: Date().timeIntervalSince1970)
+    private func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment? = nil,
+                       bodyMD5: [UInt8]? = nil) {
+        let timer = ledger.track(staged, in: id, base: live, replacing: replacing, bodyMD5: bodyMD5, at: Date().timeIntervalSince1970)
         if let timer { scheduleBurstCheck(id, timer: timer, after: Tuning.burstQuietWindow) }
     }
 

@@ -182,7 +182,11 @@ extension DocumentFileSystem {
             do {
                 defer { if !drafts.isEmpty || !staged.isEmpty { documentChanged(id) } }
                 try syncBodies(staged.compactMap(\.attachment.blobKey))
-                for index in drafts.indices { store.workOutCouchMD5s(of: &drafts[index].draft) }
+                let known = ledger.bodyMD5s(of: staged.compactMap(\.attachment.blobKey))
+                for index in drafts.indices {
+                    for (key, md5) in known { drafts[index].draft.useBodyMD5(md5, of: key) }
+                    store.workOutCouchMD5s(of: &drafts[index].draft)
+                }
                 // What the mount showed is what the revision holds: nothing for the watcher to undo.
                 let isOwn = clashes.isEmpty && drafts.count == 1 && !drafts[0].allowConflict
                 let saved = try store.save(drafts.map { ($0.draft, $0.allowConflict) }, unstaging: staged, log: stagingLog) { saved in

@@ -18,11 +18,15 @@ import Foundation
 /// - A body is in `unsynced` from its staging until a fold syncs it; a revision never refers
 ///   to a body still in it.
 /// - An own save is recognised once (`takeOwnSave`): the change watcher then passes over it.
+/// - `bodyMD5s` holds MD5s worked out as staged files were written (`StoredBlob.md5`), for
+///   their fold's revision id; a body's goes when a save takes its file in, all of them when
+///   no burst is left. An MD5 missing there only means the fold reads the body for it.
 final class SaveLedger: @unchecked Sendable {
     private var bursts: [String: DocumentFileSystem.Burst] = [:]
     private var recentSaves: [String: Double] = [:]
     private var unsynced: Set<BlobKey> = []
     private var ownSaves: [String: RevisionID] = [:]
+    private var bodyMD5s: [BlobKey: [UInt8]] = [:]
     private let lock = NSLock()
 
     // MARK: Saves and bursts
@@ -62,8 +66,10 @@ final class SaveLedger: @unchecked Sendable {
 
     /// Adds a staged file to document `id`'s burst, begun now from `live` if there is none, in
     /// place of `replacing`. Returns the new burst's timer, to schedule its first check.
-    func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment?, at now: Double) -> Int? {
+    func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment?, bodyMD5: [UInt8]?,
+               at now: Double) -> Int? {
         lock.withLock {
+            if let bodyMD5, let key = staged.attachment.blobKey { bodyMD5s[key] = bodyMD5 }
             let isNew = bursts[id] == nil
             if isNew { bursts[id] = DocumentFileSystem.Burst(base: live, first: now, last: now, timer: 1) }
             // In place: a copy of the burst would copy its staged files, each time one more.
@@ -158,8 +164,10 @@ final class SaveLedger: @unchecked Sendable {
         lock.withLock {
             guard var burst = bursts[id] else { return }
             for file in folded where burst.staged[file.name]?.seq == file.seq { burst.staged[file.name] = nil }
+            for key in folded.compactMap(\.attachment.blobKey) { bodyMD5s[key] = nil }
             if burst.staged.isEmpty {
                 bursts[id] = nil
+                if bursts.isEmpty { bodyMD5s = [:] }
             } else {
                 burst.folders = FolderIndex(holding: burst.staged.keys)
                 bursts[id] = burst
@@ -180,6 +188,11 @@ final class SaveLedger: @unchecked Sendable {
 
     func noteSynced(_ keys: [BlobKey]) {
         lock.withLock { unsynced.subtract(keys) }
+    }
+
+    /// The MD5s known of the bodies `keys` (see `bodyMD5s`).
+    func bodyMD5s(of keys: some Sequence<BlobKey>) -> [(key: BlobKey, md5: [UInt8])] {
+        lock.withLock { keys.compactMap { key in bodyMD5s[key].map { (key, $0) } } }
     }
 
     // MARK: Own saves

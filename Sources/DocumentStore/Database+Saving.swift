@@ -264,8 +264,11 @@ extension Database {
         try noteSavedHere(attachments.filter { $0.revpos == generation && $0.blobKey != nil }.map(\.digest), in: connection)
         let newNode = RevisionNode(id: revID, parent: parent, deleted: draft.deleted, isLeaf: true)
         let sequence = try finishChange(docKey: docKey, docID: draft.docID, tree: tree, added: [newNode], in: connection)
+        // A body the draft had here is here still (a revision or a staged file holds it from
+        // compaction): only the others are looked for (10,000 path walks under the write lock in
+        // a fold of 10,000 files).
         return Revision(docID: draft.docID, revID: revID, parentRevID: parent, deleted: draft.deleted, properties: properties,
-                        attachments: attachments.map { $0.with(contentAvailable: $0.blobKey.map(blobs.contains) ?? false) },
+                        attachments: attachments.map { $0.contentAvailable ? $0 : $0.with(contentAvailable: $0.blobKey.map(blobs.contains) ?? false) },
                         sequence: sequence, savedAt: savedAt)
     }
 
@@ -423,7 +426,8 @@ extension Database {
     public func workOutCouchMD5s(of draft: inout RevisionDraft) {
         for attachment in draft.attachments.values where attachment.revpos == 0 && CouchAttachmentMD5.isWorkedOutFromBody(attachment) {
             let body = CouchAttachmentMD5.Body(key: attachment.blobKey!, compressible: CouchAttachmentMD5.isCompressible(attachment.contentType))
-            guard draft.couchMD5sAhead[body] == nil, blobs.contains(body.key),
+            // A body that is not here fails to open: no MD5 ahead, the save decides.
+            guard draft.couchMD5sAhead[body] == nil,
                   let md5 = try? CouchAttachmentMD5.md5(of: body.key, contentType: attachment.contentType, in: blobs) else { continue }
             draft.couchMD5sAhead[body] = md5
         }

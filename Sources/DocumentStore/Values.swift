@@ -272,6 +272,14 @@ public struct RevisionDraft: Sendable {
         let attachment = Attachment(name: name, contentType: type, blob: blob, revpos: 0)
         try updateBlobProperty(for: attachment)
         place(attachment)
+        if let md5 = blob.md5 { useBodyMD5(md5, of: blob.key) }
+    }
+
+    /// The MD5 of body `key`'s bytes, worked out as they were written (`StoredBlob.md5`): the
+    /// save takes it for the revision id where CouchDB's MD5 is the body's own (a type it does
+    /// not compress) instead of reading the body.
+    public mutating func useBodyMD5(_ md5: [UInt8], of key: BlobKey) {
+        couchMD5sAhead[CouchAttachmentMD5.Body(key: key, compressible: false)] = md5
     }
 
     public mutating func setAttachment(_ name: String, data: some ContiguousBytes, contentType: String? = nil) throws {

@@ -215,6 +215,46 @@ import TestSupport
         #expect(try db.blobs.contents(of: first.key) == [UInt8](repeating: 9, count: 5_000))
     }
 
+    /// A small body's MD5 is worked out as it is written or adopted (the mount's files), so a
+    /// save need not read it again for the revision id: it is the MD5 of exactly the bytes
+    /// stored, whatever order they came in, and none is given for a body hashed elsewhere.
+    /// The revision id is the same with it as when the save reads the body.
+    @Test func aSmallBodysMD5IsWorkedOutAsItIsWrittenAndGivesTheSameRevisionID() throws {
+        let db = try directory.makeDatabase()
+        let bytes = (0..<10_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let md5 = MessageDigest.hash(.md5, bytes)
+        func written(_ pieces: [(Int, Int)], truncatingTo size: Int64? = nil) throws -> StoredBlob {
+            let file = try db.blobs.makeTemporaryFile()
+            for (start, end) in pieces { try bytes[start..<end].withUnsafeBytes { try file.write($0, at: Int64(start)) } }
+            if let size { try file.truncate(to: size) }
+            return try file.commit(durable: false)
+        }
+        #expect(try written([(0, 4_096), (4_096, 10_000)]).md5 == md5, "in order")
+        #expect(try written([(4_096, 10_000), (0, 4_096)]).md5 == md5, "out of order: hashed again at the commit")
+        #expect(try written([(0, 10_000), (0, 3)], truncatingTo: 10_000).md5 == md5, "rewritten in place")
+        #expect(try written([(0, 10_000)], truncatingTo: 5_000).md5 == MessageDigest.hash(.md5, Array(bytes[0..<5_000])))
+        let big = try db.blobs.makeTemporaryFile()
+        for offset in stride(from: 0, to: 300 << 10, by: 10_000) {
+            try bytes.withUnsafeBytes { try big.write($0, at: Int64(offset)) }
+        }
+        #expect(try big.commit(durable: false).md5 == nil, "past 128 KiB: hashed on another core, read at the save")
+
+        let path = directory.appending("adopted")
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        let adopted = try db.blobs.adopt(fileAt: path, keepingOriginal: true, durable: false)
+        #expect(adopted.md5 == md5)
+
+        // The same edit with the MD5 known and with the body read for it.
+        try db.put("known", [:])
+        try db.put("read", [:])
+        var known = try db.newRevision(of: "known")
+        try known.setAttachment("a.bin", blob: adopted)
+        var read = try db.newRevision(of: "read")
+        try read.setAttachment("a.bin", blob: StoredBlob(key: adopted.key, length: adopted.length))
+        #expect(known.couchMD5sAhead.count == 1 && read.couchMD5sAhead.isEmpty)
+        #expect(try db.save(known).revID == db.save(read).revID)
+    }
+
     /// Bodies stored without their fsync are synced file by file, or many at once by one
     /// `syncfs` when little else waits for the disks; either way a body that is not there
     /// fails the sync (a fold must not save a revision without it).
