@@ -21,14 +21,9 @@ extension FileNames {
             // rsync: ".name.XXXXXX"
             if let dot = bytes.lastIndex(of: UInt8(ascii: ".")), dot != bytes.startIndex {
                 let suffix = bytes[bytes.index(after: dot)...]
-                func isAlphanumeric(_ byte: UInt8) -> Bool {
-                    (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || isUpperOrDigit(byte)
-                }
-                func isUpperOrDigit(_ byte: UInt8) -> Bool {
-                    (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
-                }
                 // Random suffixes almost always hold a capital or a digit; ".config.backup" is no temp file.
-                if suffix.count == 6 && suffix.allSatisfy(isAlphanumeric) && suffix.contains(where: isUpperOrDigit) { return true }
+                if suffix.count == 6 && suffix.allSatisfy(ASCII.isAlphanumeric)
+                    && suffix.contains(where: { ASCII.isUpper($0) || ASCII.isDigit($0) }) { return true }
             }
         }
         // sed -i: "sedXXXXXX"

@@ -67,7 +67,7 @@ public struct BlobKey: Hashable, Sendable, Comparable, CustomStringConvertible {
 
     /// A key from its 40 hex digits; nil when `hex` is not one.
     public init?(hex: String) {
-        guard hex.utf8.count == 40, hex.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) else { return nil }
+        guard hex.utf8.count == 40, hex.utf8.allSatisfy(ASCII.isLowerHexDigit) else { return nil }
         self.hex = hex
     }
 
@@ -88,7 +88,7 @@ public struct BlobKey: Hashable, Sendable, Comparable, CustomStringConvertible {
         bytes.reserveCapacity(20)
         var iterator = hex.utf8.makeIterator()
         while let high = iterator.next(), let low = iterator.next() {
-            bytes.append(BlobKey.nibble(high) << 4 | BlobKey.nibble(low))
+            bytes.append((ASCII.hexValue(high) ?? 0) << 4 | (ASCII.hexValue(low) ?? 0))  // checked by init
         }
         return bytes
     }
@@ -109,9 +109,5 @@ public struct BlobKey: Hashable, Sendable, Comparable, CustomStringConvertible {
             output.append(digits[Int(byte & 0x0F)])
         }
         return String(decoding: output, as: UTF8.self)
-    }
-
-    private static func nibble(_ digit: UInt8) -> UInt8 {
-        digit <= 0x39 ? digit - 0x30 : digit - 0x61 + 10
     }
 }

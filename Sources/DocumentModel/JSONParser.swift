@@ -250,13 +250,7 @@ private struct Parser {
         var value: UInt16 = 0
         for _ in 0..<4 {
             guard let byte = peek else { throw error("unexpected end of input in \\u escape") }
-            let digit: UInt8
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = byte - UInt8(ascii: "0")
-            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = byte - UInt8(ascii: "a") + 10
-            case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = byte - UInt8(ascii: "A") + 10
-            default: throw error("invalid hex digit \(describe(byte)) in \\u escape")
-            }
+            guard let digit = ASCII.hexValue(byte) else { throw error("invalid hex digit \(describe(byte)) in \\u escape") }
             value = value << 4 | UInt16(digit)
             index += 1
         }

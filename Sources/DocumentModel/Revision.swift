@@ -77,19 +77,10 @@ public struct RevisionID: Hashable, Sendable, Comparable, CustomStringConvertibl
         var bytes: [UInt8] = []
         bytes.reserveCapacity(16)
         for index in stride(from: 0, to: 32, by: 2) {
-            guard let high = hexValue(utf8[index]), let low = hexValue(utf8[index + 1]) else { return utf8 }
+            guard let high = ASCII.hexValue(utf8[index]), let low = ASCII.hexValue(utf8[index + 1]) else { return utf8 }
             bytes.append(high << 4 | low)
         }
         return bytes
-    }
-
-    private func hexValue(_ character: UInt8) -> UInt8? {
-        switch character {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): character - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): character - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): character - UInt8(ascii: "A") + 10
-        default: nil
-        }
     }
 }
 

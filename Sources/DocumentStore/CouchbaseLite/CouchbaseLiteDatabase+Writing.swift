@@ -298,8 +298,9 @@ extension CouchbaseLiteDatabase {
         }
         bytes.append(UInt8(generation))
         var iterator = id.suffix.utf8.makeIterator()
-        func nibble(_ digit: UInt8) -> UInt8 { digit <= 0x39 ? digit &- 0x30 : digit &- 0x61 &+ 10 }
-        while let high = iterator.next(), let low = iterator.next() { bytes.append(nibble(high) << 4 | nibble(low)) }
+        while let high = iterator.next(), let low = iterator.next() {
+            bytes.append((ASCII.hexValue(high) ?? 0) << 4 | (ASCII.hexValue(low) ?? 0))  // `canStore` checked them
+        }
         return bytes
     }
 
@@ -307,7 +308,7 @@ extension CouchbaseLiteDatabase {
     public static func canStore(_ id: RevisionID) -> Bool {
         let suffix = id.suffix.utf8
         return !suffix.isEmpty && suffix.count % 2 == 0 && suffix.count <= 64
-            && suffix.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+            && suffix.allSatisfy(ASCII.isLowerHexDigit)
     }
 }
 
