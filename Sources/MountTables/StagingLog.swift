@@ -151,7 +151,7 @@ public final class StagingLog: @unchecked Sendable {
     public func restage(_ staged: StagedAttachment, as newName: String, expectedDigest: String?) throws -> StagedAttachment {
         try AttachmentName.validate(newName)
         return try lock.withLock {
-            waitForFold(of: staged.seq)
+            waitForFolds(of: [staged.seq])
             guard let old = live[staged.seq], staged.log == name else {
                 throw SofaError.conflict(docID: staged.docID, revID: staged.base?.description, current: "(folded)")
             }
@@ -168,7 +168,7 @@ public final class StagingLog: @unchecked Sendable {
     /// staged here any more: its row of `local_attributes` is the one to change.
     public func updateAttributes(of staged: StagedAttachment, _ change: (inout LocalAttributes) -> Void) throws -> LocalAttributes? {
         try lock.withLock {
-            waitForFold(of: staged.seq)
+            waitForFolds(of: [staged.seq])
             guard staged.log == name, var entry = live[staged.seq] else { return nil }
             change(&entry.attributes)
             var record = LogRecord(kind: Self.attributesKind)
@@ -194,16 +194,17 @@ public final class StagingLog: @unchecked Sendable {
     /// here (renamed or staged again meanwhile: the caller looks again). The log is not held
     /// through the transaction: other files are staged meanwhile.
     func fold<T>(_ folded: [StagedAttachment], _ save: (SQLiteConnection) throws -> T) throws -> T {
+        let seqs = folded.map(\.seq)
         let entries = try lock.withLock {
             // Another save folding some of them (a file's own commit beside its burst's fold): its end tells.
-            while folded.contains(where: { folding.contains($0.seq) }) { lock.wait() }
+            waitForFolds(of: seqs)
             let entries = try folded.map { staged in
                 guard staged.log == name, let entry = live[staged.seq] else {
                     throw SofaError.conflict(docID: staged.docID, revID: nil, current: "(staged file \(staged.seq) gone)")
                 }
                 return entry
             }
-            folding.formUnion(folded.map(\.seq))
+            folding.formUnion(seqs)
             return entries
         }
         // Their entries do not change until the end (`folding`): what is settled is what they hold.
@@ -215,36 +216,38 @@ public final class StagingLog: @unchecked Sendable {
                 return result
             }
         } catch {
-            lock.withLock {
-                folding.subtract(folded.map(\.seq))
-                lock.broadcast()
-            }
+            endFold(seqs, saved: nil)
             throw error
         }
-        lock.withLock {
-            folding.subtract(folded.map(\.seq))
-            for entry in entries { remove(entry.staged) }
-            if live.isEmpty {
-                empty()
-            } else {
-                removeFoldedSegments()
-            }
-            lock.broadcast()
-        }
+        endFold(seqs, saved: entries)
         return result
     }
 
-    /// Waits, under `lock`, until no fold is saving record `seq`.
-    private func waitForFold(of seq: Int64) {
-        while folding.contains(seq) { lock.wait() }
+    /// The end of a fold of records `seqs`: unmarked, and, when its transaction committed, the
+    /// `saved` entries gone from the log; whoever waits for it is woken.
+    private func endFold(_ seqs: [Int64], saved: [Entry]?) {
+        lock.withLock {
+            folding.subtract(seqs)
+            if let saved {
+                for entry in saved { remove(entry.staged) }
+                if live.isEmpty { empty() } else { removeFoldedSegments() }
+            }
+            lock.broadcast()
+        }
+    }
+
+    /// Waits, under `lock`, until no fold is saving any of records `seqs`.
+    private func waitForFolds(of seqs: [Int64]) {
+        while seqs.contains(where: folding.contains) { lock.wait() }
     }
 
     /// When a fold is saving the file staged as `name` of document `id`, waits for its end and
     /// answers a conflict: the writer saw that file, which is now in a revision its caller has
     /// not seen, so the digest it expects there is stale (the caller saves the file now).
+    /// Without a fold under way (most closes), nothing is looked up.
     private func waitForFold(ofName name: String, in id: String) throws {
-        guard let seq = byName[NameKey(docID: id, name: name)], folding.contains(seq) else { return }
-        waitForFold(of: seq)
+        guard !folding.isEmpty, let seq = byName[NameKey(docID: id, name: name)], folding.contains(seq) else { return }
+        waitForFolds(of: [seq])
         throw SofaError.conflict(docID: id, revID: nil, current: "(\(name) folded meanwhile)")
     }
 
@@ -281,11 +284,15 @@ public final class StagingLog: @unchecked Sendable {
         try write(record, into: newest)
         nextSeq += 1
         if let replaced, let old = live[replaced] { remove(old.staged) }
-        if let earlier = byName[NameKey(docID: staged.docID, name: staged.name)], let old = live[earlier] { remove(old.staged) }
+        // One hash of the name for both: the file staged under it before goes (its `byName` is
+        // already this one's, which `remove` leaves).
+        if let earlier = byName.updateValue(staged.seq, forKey: NameKey(docID: staged.docID, name: staged.name)),
+           let old = live[earlier] {
+            remove(old.staged)
+        }
         var entry = entry
         entry.segment = newest
         live[staged.seq] = entry
-        byName[NameKey(docID: staged.docID, name: staged.name)] = staged.seq
         segments[newest]!.live += 1
         segments[newest]!.seqs = (segments[newest]!.seqs?.lowerBound ?? staged.seq)...staged.seq
     }
