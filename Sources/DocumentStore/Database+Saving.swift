@@ -395,10 +395,16 @@ extension Database {
                            ahead: [CouchAttachmentMD5.Body: [UInt8]], in connection: SQLiteConnection) throws -> [String: [UInt8]] {
         guard !attachments.isEmpty else { return [:] }
         var result: [String: [UInt8]] = [:]
+        let worker = CouchAttachmentMD5.Worker()
         for attachment in attachments {
             let compressible = CouchAttachmentMD5.isCompressible(attachment.contentType)
             if let old = parentAttachments[attachment.name], old.digest == attachment.digest,
                CouchAttachmentMD5.isCompressible(old.contentType) == compressible, let md5 = parentMD5s[attachment.name] {
+                result[attachment.name] = md5
+            } else if !compressible, let key = attachment.blobKey, let md5 = ahead[CouchAttachmentMD5.Body(key: key, compressible: false)] {
+                // The bytes' own MD5, worked out before the save: the same as any MD5 known of
+                // them, with no query and no read under the write lock. (Of a compressed type,
+                // an MD5 CouchDB gave for those bytes comes first: its gzip form may differ.)
                 result[attachment.name] = md5
             } else if let key = attachment.blobKey, let known = try knownCouchMD5(of: key, compressible: compressible, in: connection) {
                 result[attachment.name] = known
@@ -409,7 +415,7 @@ extension Database {
                 result[attachment.name] = encoded
             } else if CouchAttachmentMD5.isWorkedOutFromBody(attachment), let key = attachment.blobKey, blobs.contains(key) {
                 result[attachment.name] = try ahead[CouchAttachmentMD5.Body(key: key, compressible: compressible)]
-                    ?? CouchAttachmentMD5.md5(of: key, contentType: attachment.contentType, in: blobs)
+                    ?? worker.md5(of: key, contentType: attachment.contentType, in: blobs)
             } else {
                 result[attachment.name] = CouchAttachmentMD5.md5(ofDigest: attachment.digest)
                     ?? MessageDigest.hash(.md5, Array(attachment.digest.utf8))
@@ -424,11 +430,12 @@ extension Database {
     /// rows only: a mount's fold of 6,000 files spent half its transaction reading them, and a
     /// file closed meanwhile waited for it. A body that cannot be read is left to the save.
     public func workOutCouchMD5s(of draft: inout RevisionDraft) {
+        let worker = CouchAttachmentMD5.Worker()
         for attachment in draft.attachments.values where attachment.revpos == 0 && CouchAttachmentMD5.isWorkedOutFromBody(attachment) {
             let body = CouchAttachmentMD5.Body(key: attachment.blobKey!, compressible: CouchAttachmentMD5.isCompressible(attachment.contentType))
             // A body that is not here fails to open: no MD5 ahead, the save decides.
             guard draft.couchMD5sAhead[body] == nil,
-                  let md5 = try? CouchAttachmentMD5.md5(of: body.key, contentType: attachment.contentType, in: blobs) else { continue }
+                  let md5 = try? worker.md5(of: body.key, contentType: attachment.contentType, in: blobs) else { continue }
             draft.couchMD5sAhead[body] = md5
         }
     }

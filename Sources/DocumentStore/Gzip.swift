@@ -61,6 +61,11 @@ final class Deflater {
 
     deinit { deflateEnd(&stream) }
 
+    /// Starts a new stream with the same settings, keeping the memory of this one.
+    func reset() throws {
+        guard deflateReset(&stream) == Z_OK else { throw SofaError.invalidArgument("cannot start deflate") }
+    }
+
     func deflate(_ input: UnsafeRawBufferPointer, finish: Bool, into sink: ([UInt8]) throws -> Void) throws {
         stream.next_in = UnsafeMutablePointer(mutating: input.bindMemory(to: Bytef.self).baseAddress)
         stream.avail_in = uInt(input.count)
