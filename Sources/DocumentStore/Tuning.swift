@@ -177,4 +177,9 @@ public enum Tuning {
     /// writes. So a `syncfs` waits for other programs' bytes no longer than the fsyncs it
     /// replaces would have taken; a fold beside another program writing a lot syncs file by file.
     public static let wholeFileSystemSyncBytesPerBody: Int64 = 40 << 10
+
+    /// How many bodies' MD5s one core works out before a save's work ahead of it is shared with
+    /// another (`Database.workOutCouchMD5s`): fewer would gain little (64 small text bodies are
+    /// about 13 ms of gzip here), and a save of a few files stays on its own thread.
+    public static let couchMD5sPerShare = 64
 }
