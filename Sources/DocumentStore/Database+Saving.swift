@@ -438,6 +438,7 @@ extension Database {
             let body = CouchAttachmentMD5.Body(key: attachment.blobKey!, compressible: CouchAttachmentMD5.isCompressible(attachment.contentType))
             if draft.couchMD5sAhead[body] == nil, listed.insert(body).inserted { work.append((body, attachment.contentType)) }
         }
+        guard !work.isEmpty else { return }  // most single-file saves: no threads, no lock
         let shares = min(ProcessInfo.processInfo.activeProcessorCount, work.count / Tuning.couchMD5sPerShare + 1)
         let found = Locked<[CouchAttachmentMD5.Body: [UInt8]]>([:])
         DispatchQueue.concurrentPerform(iterations: shares) { [blobs, work] share in
