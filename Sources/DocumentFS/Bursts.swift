@@ -112,15 +112,18 @@ extension DocumentFileSystem {
             return nil  // the file of that name was folded meanwhile: saved now, on top of that revision
         }
         cache.update(id) { $0.setLocal(name, shown) }
-        track(staged, in: id, base: live, bodyMD5: blob.md5)
+        let awaits = CouchMD5sInBackground.isWorthIt(contentType: contentType, length: blob.length)
+        track(staged, in: id, base: live, bodyMD5: blob.md5, awaitsCompressedMD5: awaits)
+        if awaits { md5sAhead.add(blob.key) }
         return live.revID
     }
 
     /// Adds a staged file to its document's burst (begun now if there is none: the first file,
     /// or one staged while the burst before it was folded), in place of `replacing`.
     private func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment? = nil,
-                       bodyMD5: [UInt8]? = nil) {
-        let timer = ledger.track(staged, in: id, base: live, replacing: replacing, bodyMD5: bodyMD5, at: Date().timeIntervalSince1970)
+                       bodyMD5: [UInt8]? = nil, awaitsCompressedMD5: Bool = false) {
+        let timer = ledger.track(staged, in: id, base: live, replacing: replacing, bodyMD5: bodyMD5,
+                                 awaitsCompressedMD5: awaitsCompressedMD5, at: Date().timeIntervalSince1970)
         if let timer { scheduleBurstCheck(id, timer: timer, after: Tuning.burstQuietWindow) }
     }
 

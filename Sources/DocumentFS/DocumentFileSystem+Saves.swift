@@ -184,7 +184,9 @@ extension DocumentFileSystem {
                 try syncBodies(staged.compactMap(\.attachment.blobKey))
                 let known = ledger.bodyMD5s(of: staged.compactMap(\.attachment.blobKey))
                 for index in drafts.indices {
-                    for (key, md5) in known { drafts[index].draft.useBodyMD5(md5, of: key) }
+                    for (key, md5, compressed) in known {
+                        if compressed { drafts[index].draft.useCompressedBodyMD5(md5, of: key) } else { drafts[index].draft.useBodyMD5(md5, of: key) }
+                    }
                     store.workOutCouchMD5s(of: &drafts[index].draft)
                 }
                 // What the mount showed is what the revision holds: nothing for the watcher to undo.

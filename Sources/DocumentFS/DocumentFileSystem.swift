@@ -64,6 +64,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     let stagingLog: StagingLog?
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
+    /// Works out staged text files' CouchDB MD5s while their burst goes on, for its fold.
+    let md5sAhead: CouchMD5sInBackground
     typealias Removal = NamespaceOverlay.Removal
 
     /// Where bodies that are not here come from (the replicator's downloader), if anywhere.
@@ -86,6 +88,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         self.fetchTimeout = fetchTimeout
         self.readOnly = readOnly || store.isReadOnly
         stagingLog = self.readOnly ? nil : store.makeStagingLog()
+        md5sAhead = CouchMD5sInBackground(blobs: store.blobs, wanted: { [ledger] in ledger.awaitsCompressedMD5($0) },
+                                          found: { [ledger] in ledger.noteCompressedMD5($1, of: $0) })
         scratch = store.makeScratchFolder()
         if !self.readOnly, mkdir(scratchRoot, 0o755) != 0, errno != EEXIST {
             throw SofaError.system("create directory", path: scratchRoot, errno: errno)

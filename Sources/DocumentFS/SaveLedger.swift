@@ -19,14 +19,20 @@ import Foundation
 ///   to a body still in it.
 /// - An own save is recognised once (`takeOwnSave`): the change watcher then passes over it.
 /// - `bodyMD5s` holds MD5s worked out as staged files were written (`StoredBlob.md5`), for
-///   their fold's revision id; a body's goes when a save takes its file in, all of them when
-///   no burst is left. An MD5 missing there only means the fold reads the body for it.
+///   their fold's revision id; `compressedMD5s` those of text bodies gzipped as CouchDB stores
+///   them, worked out in the background while the burst goes on (`CouchMD5sInBackground`),
+///   for the bodies in `compressedMD5sAwaited` only: a fold that takes a body's MD5s ends the
+///   wait for it (it works out what is missing itself). A body's go when a save takes its file
+///   in, all of them when no burst is left. An MD5 missing there only means the fold reads the
+///   body for it.
 final class SaveLedger: @unchecked Sendable {
     private var bursts: [String: DocumentFileSystem.Burst] = [:]
     private var recentSaves: [String: Double] = [:]
     private var unsynced: Set<BlobKey> = []
     private var ownSaves: [String: RevisionID] = [:]
     private var bodyMD5s: [BlobKey: [UInt8]] = [:]
+    private var compressedMD5s: [BlobKey: [UInt8]] = [:]
+    private var compressedMD5sAwaited: Set<BlobKey> = []
     private let lock = NSLock()
 
     // MARK: Saves and bursts
@@ -66,10 +72,14 @@ final class SaveLedger: @unchecked Sendable {
 
     /// Adds a staged file to document `id`'s burst, begun now from `live` if there is none, in
     /// place of `replacing`. Returns the new burst's timer, to schedule its first check.
+    /// `awaitsCompressedMD5`: its body's gzipped MD5 is being worked out in the background.
     func track(_ staged: StagedAttachment, in id: String, base live: Revision, replacing: StagedAttachment?, bodyMD5: [UInt8]?,
-               at now: Double) -> Int? {
+               awaitsCompressedMD5: Bool = false, at now: Double) -> Int? {
         lock.withLock {
-            if let bodyMD5, let key = staged.attachment.blobKey { bodyMD5s[key] = bodyMD5 }
+            if let key = staged.attachment.blobKey {
+                if let bodyMD5 { bodyMD5s[key] = bodyMD5 }
+                if awaitsCompressedMD5 { compressedMD5sAwaited.insert(key) }
+            }
             let isNew = bursts[id] == nil
             if isNew { bursts[id] = DocumentFileSystem.Burst(base: live, first: now, last: now, timer: 1) }
             // In place: a copy of the burst would copy its staged files, each time one more.
@@ -164,10 +174,18 @@ final class SaveLedger: @unchecked Sendable {
         lock.withLock {
             guard var burst = bursts[id] else { return }
             for file in folded where burst.staged[file.name]?.seq == file.seq { burst.staged[file.name] = nil }
-            for key in folded.compactMap(\.attachment.blobKey) { bodyMD5s[key] = nil }
+            for key in folded.compactMap(\.attachment.blobKey) {
+                bodyMD5s[key] = nil
+                compressedMD5s[key] = nil
+                compressedMD5sAwaited.remove(key)
+            }
             if burst.staged.isEmpty {
                 bursts[id] = nil
-                if bursts.isEmpty { bodyMD5s = [:] }
+                if bursts.isEmpty {
+                    bodyMD5s = [:]
+                    compressedMD5s = [:]
+                    compressedMD5sAwaited = []
+                }
             } else {
                 burst.folders = FolderIndex(holding: burst.staged.keys)
                 bursts[id] = burst
@@ -190,9 +208,30 @@ final class SaveLedger: @unchecked Sendable {
         lock.withLock { unsynced.subtract(keys) }
     }
 
-    /// The MD5s known of the bodies `keys` (see `bodyMD5s`).
-    func bodyMD5s(of keys: some Sequence<BlobKey>) -> [(key: BlobKey, md5: [UInt8])] {
-        lock.withLock { keys.compactMap { key in bodyMD5s[key].map { (key, $0) } } }
+    /// The MD5s known of the bodies `keys`, of their bytes and of their gzip form (see
+    /// `bodyMD5s`); the background no longer works out the others: the fold does.
+    func bodyMD5s(of keys: some Sequence<BlobKey>) -> [(key: BlobKey, md5: [UInt8], compressed: Bool)] {
+        lock.withLock {
+            var known: [(key: BlobKey, md5: [UInt8], compressed: Bool)] = []
+            for key in keys {
+                if let md5 = bodyMD5s[key] { known.append((key, md5, false)) }
+                if let md5 = compressedMD5s[key] { known.append((key, md5, true)) }
+                compressedMD5sAwaited.remove(key)
+            }
+            return known
+        }
+    }
+
+    /// Whether body `key`'s gzipped MD5 is still wanted from the background.
+    func awaitsCompressedMD5(_ key: BlobKey) -> Bool {
+        lock.withLock { compressedMD5sAwaited.contains(key) }
+    }
+
+    /// The background worked out body `key`'s gzipped MD5: kept if still wanted.
+    func noteCompressedMD5(_ md5: [UInt8], of key: BlobKey) {
+        lock.withLock {
+            if compressedMD5sAwaited.remove(key) != nil { compressedMD5s[key] = md5 }
+        }
     }
 
     // MARK: Own saves

@@ -72,8 +72,13 @@ enum CouchAttachmentMD5 {
 
         /// `CouchAttachmentMD5.md5(of:contentType:in:)`.
         func md5(of key: BlobKey, contentType: String, in blobs: BlobStore) throws -> [UInt8] {
+            try md5(of: Body(key: key, compressible: isCompressible(contentType)), in: blobs)
+        }
+
+        func md5(of body: Body, in blobs: BlobStore) throws -> [UInt8] {
+            let key = body.key
             var deflater: Deflater? = nil
-            if isCompressible(contentType) {
+            if body.compressible {
                 if let made = self.deflater { try made.reset() } else { self.deflater = try Deflater(.gzip, level: compressionLevel) }
                 deflater = self.deflater
             }

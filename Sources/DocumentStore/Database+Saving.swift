@@ -432,11 +432,11 @@ extension Database {
     /// Many bodies are shared among the cores: gzip for those of text types is most of the end
     /// of a copy of many text files (10,000 of 4 KiB: 2 s on one core).
     public func workOutCouchMD5s(of draft: inout RevisionDraft) {
-        var work: [(body: CouchAttachmentMD5.Body, contentType: String)] = []
+        var work: [CouchAttachmentMD5.Body] = []
         var listed = Set<CouchAttachmentMD5.Body>()
         for attachment in draft.attachments.values where attachment.revpos == 0 && CouchAttachmentMD5.isWorkedOutFromBody(attachment) {
             let body = CouchAttachmentMD5.Body(key: attachment.blobKey!, compressible: CouchAttachmentMD5.isCompressible(attachment.contentType))
-            if draft.couchMD5sAhead[body] == nil, listed.insert(body).inserted { work.append((body, attachment.contentType)) }
+            if draft.couchMD5sAhead[body] == nil, listed.insert(body).inserted { work.append(body) }
         }
         guard !work.isEmpty else { return }  // most single-file saves: no threads, no lock
         let shares = min(ProcessInfo.processInfo.activeProcessorCount, work.count / Tuning.couchMD5sPerShare + 1)
@@ -446,7 +446,7 @@ extension Database {
             var mine: [CouchAttachmentMD5.Body: [UInt8]] = [:]
             for index in stride(from: share, to: work.count, by: shares) {
                 // A body that is not here fails to open: no MD5 ahead, the save decides.
-                mine[work[index].body] = try? worker.md5(of: work[index].body.key, contentType: work[index].contentType, in: blobs)
+                mine[work[index]] = try? worker.md5(of: work[index], in: blobs)
             }
             found.withLock { $0.merge(mine) { first, _ in first } }
         }

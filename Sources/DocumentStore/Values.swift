@@ -282,6 +282,12 @@ public struct RevisionDraft: Sendable {
         couchMD5sAhead[CouchAttachmentMD5.Body(key: key, compressible: false)] = md5
     }
 
+    /// CouchDB's MD5 of body `key` stored gzipped, as it stores the types it compresses,
+    /// worked out before the save (`CouchMD5sInBackground`).
+    public mutating func useCompressedBodyMD5(_ md5: [UInt8], of key: BlobKey) {
+        couchMD5sAhead[CouchAttachmentMD5.Body(key: key, compressible: true)] = md5
+    }
+
     public mutating func setAttachment(_ name: String, data: some ContiguousBytes, contentType: String? = nil) throws {
         try AttachmentName.validate(name)
         try setAttachment(name, blob: blobs.write(data), contentType: contentType)

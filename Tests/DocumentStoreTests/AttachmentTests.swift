@@ -274,6 +274,48 @@ import TestSupport
         #expect(try db.save(ahead).revID == db.save(inSave).revID)
     }
 
+    /// Text bodies' CouchDB MD5s (of their gzip form) worked out in the background, as a mount
+    /// does while a burst goes on: only the bodies still wanted, none for a body that is not
+    /// there, each the one the save works out itself (the same revision id).
+    @Test func textBodiesMD5sWorkedOutInTheBackgroundNameTheRevisionAsTheSaveWould() throws {
+        let db = try directory.makeDatabase()
+        var blobs: [StoredBlob] = []
+        for index in 0..<200 {
+            blobs.append(try db.blobs.write(Array(String(repeating: "text \(index) in the background\n", count: 1 + index % 50).utf8)))
+        }
+        let missing = BlobKey(digest: [UInt8](repeating: 7, count: 20))
+        let unwanted = Set(blobs.prefix(20).map(\.key))
+        let found = Locked<[BlobKey: [UInt8]]>([:])
+        let asked = Locked<Set<BlobKey>>([])
+        let background = CouchMD5sInBackground(blobs: db.blobs, wanted: { key in
+            asked.withLock { _ = $0.insert(key) }
+            return !unwanted.contains(key)
+        }, found: { key, md5 in found.withLock { $0[key] = md5 } })
+        for blob in blobs { background.add(blob.key) }
+        background.add(missing)
+        // Every body is asked about once, the missing one last: then nothing is left to find.
+        let deadline = Date().addingTimeInterval(60)
+        while asked.withLock({ $0.count }) < blobs.count + 1, Date() < deadline { usleep(2_000) }
+        #expect(asked.withLock { $0.count } == blobs.count + 1)
+        usleep(50_000)
+        let md5s = found.withLock { $0 }
+        #expect(md5s.count == blobs.count - unwanted.count && md5s[missing] == nil)
+        for blob in blobs where !unwanted.contains(blob.key) {
+            #expect(md5s[blob.key] == (try CouchAttachmentMD5.md5(of: blob.key, contentType: "text/plain", in: db.blobs)))
+        }
+
+        try db.put("ahead", [:])
+        try db.put("in-save", [:])
+        var ahead = try db.newRevision(of: "ahead"), inSave = try db.newRevision(of: "in-save")
+        for (index, blob) in blobs.enumerated() {
+            try ahead.setAttachment("f\(index).txt", blob: StoredBlob(key: blob.key, length: blob.length))
+            try inSave.setAttachment("f\(index).txt", blob: StoredBlob(key: blob.key, length: blob.length))
+            if let md5 = md5s[blob.key] { ahead.useCompressedBodyMD5(md5, of: blob.key) }
+        }
+        #expect(ahead.couchMD5sAhead.count == blobs.count - unwanted.count && inSave.couchMD5sAhead.isEmpty)
+        #expect(try db.save(ahead).revID == db.save(inSave).revID)
+    }
+
     /// Bodies stored without their fsync are synced file by file, or many at once by one
     /// `syncfs` when little else waits for the disks; either way a body that is not there
     /// fails the sync (a fold must not save a revision without it).
