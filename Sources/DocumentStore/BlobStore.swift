@@ -344,7 +344,15 @@ public final class BlobStore: Sendable {
         guard !durable || fsync(fd) == 0 else { throw SofaError.system("fsync", path: temporaryPath, errno: errno) }
         fchmod(fd, 0o444)
         let finalPath = path(for: key)
-        if contains(key) {
+        // One call where the body is new (every file of a copy): a rename that does not
+        // replace, where it was a look for the blob and a rename, two walks of its path.
+        var failure = LongPath.renameWithoutReplacing(temporaryPath, finalPath) == 0 ? 0 : errno
+        if failure == EINVAL || failure == ENOSYS {  // a file system without it
+            failure = contains(key) ? EEXIST : LongPath.rename(temporaryPath, finalPath) == 0 ? 0 : errno
+        }
+        if failure == 0 {
+            if durable { try syncDirectory() }
+        } else if failure == EEXIST {
             // The same bytes are stored already. Touch the blob so that a compaction
             // running before this save commits sees it as fresh and keeps it. (Not a rename
             // over it: without `durable` the new file is not synced yet, and a power loss
@@ -352,8 +360,7 @@ public final class BlobStore: Sendable {
             _ = LongPath.unlink(temporaryPath)
             utimensat(AT_FDCWD, finalPath, nil, 0)
         } else {
-            guard LongPath.rename(temporaryPath, finalPath) == 0 else { throw SofaError.system("rename", path: finalPath, errno: errno) }
-            if durable { try syncDirectory() }
+            throw SofaError.system("rename", path: finalPath, errno: failure)
         }
     }
 

@@ -1,3 +1,4 @@
+import CLinux
 import Glibc
 
 /// System calls on paths of any length. The kernel takes at most `PATH_MAX` (4,096) bytes,
@@ -75,6 +76,12 @@ public enum LongPath {
 
     public static func rename(_ from: String, _ to: String) -> Int32 {
         at(from, to) { renameat($0, $1, $2, $3) }
+    }
+
+    /// A rename that fails with EEXIST instead of replacing `to` (`RENAME_NOREPLACE`); EINVAL
+    /// where the file system cannot do it.
+    public static func renameWithoutReplacing(_ from: String, _ to: String) -> Int32 {
+        at(from, to) { renameat2($0, $1, $2, $3, 1 /* RENAME_NOREPLACE */) }
     }
 
     public static func link(_ from: String, _ to: String) -> Int32 {

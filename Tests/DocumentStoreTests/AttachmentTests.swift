@@ -215,6 +215,34 @@ import TestSupport
         #expect(try db.blobs.contents(of: first.key) == [UInt8](repeating: 9, count: 5_000))
     }
 
+    /// A body written again is not renamed over the stored one (a rename that does not
+    /// replace): the stored file stays, with its bytes, its time refreshed (for a compaction
+    /// running before the save), and no temporary file is left.
+    @Test func aBodyWrittenAgainKeepsTheStoredFileAndLeavesNoTemporaryFile() throws {
+        let db = try directory.makeDatabase()
+        let bytes = Array("the same bytes twice\n".utf8)
+        func written() throws -> StoredBlob {
+            let file = try db.blobs.makeTemporaryFile()
+            try bytes.withUnsafeBytes { try file.write($0, at: 0) }
+            return try file.commit(durable: false)
+        }
+        let first = try written()
+        let path = db.blobs.path(for: first.key)
+        var old = [timespec(tv_sec: 1_000_000_000, tv_nsec: 0), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+        #expect(utimensat(AT_FDCWD, path, &old, 0) == 0)
+        var before = stat()
+        #expect(stat(path, &before) == 0)
+        let second = try written()
+        #expect(second.key == first.key)
+        var after = stat()
+        #expect(stat(path, &after) == 0)
+        #expect(after.st_ino == before.st_ino, "the stored file was replaced")
+        #expect(after.st_mtim.tv_sec > 1_000_000_000, "not touched")
+        #expect(try db.blobs.contents(of: first.key) == bytes)
+        let left = try FileManager.default.contentsOfDirectory(atPath: db.blobs.directory + "/tmp")
+        #expect(left.isEmpty, "\(left)")
+    }
+
     /// A small body's MD5 is worked out as it is written or adopted (the mount's files), so a
     /// save need not read it again for the revision id: it is the MD5 of exactly the bytes
     /// stored, whatever order they came in, and none is given for a body hashed elsewhere.
