@@ -141,6 +141,14 @@ func mountProcess(of path: String) -> Int32? {
     return pids.split(separator: "\n").first.flatMap { Int32($0) }
 }
 
+/// Whether process `pid` still runs: not when it is gone, nor when it has ended and waits to be
+/// reaped (a zombie: where nothing reaps orphans, it stays one).
+func isRunning(_ pid: Int32) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return false }
+    return stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first != "Z"
+}
+
 /// The peak RSS (bytes) of the `sofa mount` process serving the database at `path`; 0 when none
 /// runs.
 func mountPeakRSS(_ path: String) -> Int {
