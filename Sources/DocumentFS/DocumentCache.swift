@@ -82,28 +82,41 @@ final class DocumentCache: @unchecked Sendable {
 
     // Guarded by `lock` (a leaf lock).
     private var entries: [String: Entry] = [:]
-    /// Counts `forget`s: a load that a forget overtook is returned but not kept (it may
-    /// predate the change the forget announced).
-    private var forgets: UInt64 = 0
+    /// Counts `forget`s, in stripes by document id: a load that a forget of its stripe
+    /// overtook may predate the change the forget announced, so it is done again.
+    private var forgets = [UInt64](repeating: 0, count: 64)
     private let lock = NSLock()
     static let capacity = Tuning.mountDocumentCache
 
+    /// Loads a document a fold saved meanwhile at most this many times before one load is used
+    /// uncached (a document saved again and again while it is read).
+    private static let loadAttempts = 4
+
     func entry(_ id: String, load: () throws -> Entry) rethrows -> Entry {
-        lock.lock()
-        if let entry = entries[id] {
+        let stripe = Int(UInt(bitPattern: id.hashValue) % UInt(forgets.count))
+        var attempt = 1
+        while true {
+            lock.lock()
+            if let entry = entries[id] {
+                lock.unlock()
+                return entry
+            }
+            let before = forgets[stripe]
             lock.unlock()
-            return entry
+            let entry = try load()
+            lock.lock()
+            let overtaken = forgets[stripe] != before
+            if !overtaken {
+                if entries.count >= DocumentCache.capacity { entries.removeAll(keepingCapacity: true) }
+                entries[id] = entry
+            }
+            lock.unlock()
+            // Overtaken, it may hold the revision from before a fold, and its caller compose it
+            // with the staged files after the fold: the fold's files in neither, a lookup
+            // answering ENOENT for a file that is there.
+            if !overtaken || attempt == DocumentCache.loadAttempts { return entry }
+            attempt += 1
         }
-        let before = forgets
-        lock.unlock()
-        let entry = try load()
-        lock.lock()
-        if forgets == before {
-            if entries.count >= DocumentCache.capacity { entries.removeAll(keepingCapacity: true) }
-            entries[id] = entry
-        }
-        lock.unlock()
-        return entry
     }
 
     /// Changes a cached entry in place (a time given to an attachment), without the reload
@@ -117,7 +130,7 @@ final class DocumentCache: @unchecked Sendable {
     func forget(_ id: String) {
         lock.lock()
         entries[id] = nil
-        forgets &+= 1
+        forgets[Int(UInt(bitPattern: id.hashValue) % UInt(forgets.count))] &+= 1
         lock.unlock()
     }
 }
