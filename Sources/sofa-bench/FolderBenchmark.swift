@@ -110,8 +110,15 @@ func folderBenchmark(_ options: Options) throws {
             mountTimes.append(try timeShell("\(job("\(mountPoint)/\(into)")) && sync"))
             if let again, round == 0 {
                 let output = try shellOutput(again("\(mountPoint)/\(into)"))
-                let sent = output.split(separator: "\n").first { $0.hasPrefix("Number of regular files transferred") }
-                extra = "  second run: " + (sent.map { String($0.split(separator: ":").last ?? "").trimmingCharacters(in: .whitespaces) } ?? "?") + " sent"
+                let lines = output.split(separator: "\n")
+                let sent = lines.first { $0.hasPrefix("Number of regular files transferred") }
+                    .map { String($0.split(separator: ":").last ?? "").trimmingCharacters(in: .whitespaces) } ?? "?"
+                extra = "  second run: \(sent) sent"
+                if sent != "0" {
+                    // What rsync found different and how (`-i`: `>f.st` size and time, `>f+++` new).
+                    let itemized = lines.filter { $0.hasPrefix(">f") || $0.hasPrefix("<f") }
+                    print("  second rsync sent \(sent) files; first of them, itemized:\n    " + itemized.prefix(10).joined(separator: "\n    "))
+                }
             }
             peak = max(peak, mountPeakRSS(dbPath))
             let process = mountProcess(of: dbPath)
@@ -196,7 +203,7 @@ func folderBenchmark(_ options: Options) throws {
         let time = try compare("cp -r, \(files) files, \(what)", files: files, job: copy, into: into)
         try compare("tar x, \(files) files, \(what)", files: files, job: { "tar xf \(tree).tar -C \($0)" }, into: into)
         try compare("rsync -a, \(files) files, \(what)", files: files, job: { "rsync -a \(tree)/ \($0)/" }, into: into,
-                    again: { "rsync -a --stats \(tree)/ \($0)/" })
+                    again: { "rsync -ai --stats \(tree)/ \($0)/" })
         if into != "docs" {
             // unzip writes each file in place; git clone writes its objects under .git/ (scratch
             // files in a mount: hidden names are local) through temporary names, then checks out.
