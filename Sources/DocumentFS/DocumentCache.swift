@@ -84,7 +84,8 @@ final class DocumentCache: @unchecked Sendable {
     private var entries: [String: Entry] = [:]
     /// Counts `forget`s, in stripes by document id: a load that a forget of its stripe
     /// overtook may predate the change the forget announced, so it is done again.
-    private var forgets = [UInt64](repeating: 0, count: 64)
+    private var forgets = [UInt64](repeating: 0, count: DocumentCache.stripes)
+    private static let stripes = 64
     private let lock = NSLock()
     static let capacity = Tuning.mountDocumentCache
 
@@ -93,7 +94,7 @@ final class DocumentCache: @unchecked Sendable {
     private static let loadAttempts = 4
 
     func entry(_ id: String, load: () throws -> Entry) rethrows -> Entry {
-        let stripe = Int(UInt(bitPattern: id.hashValue) % UInt(forgets.count))
+        let stripe = DocumentCache.stripe(of: id)  // not `forgets.count`: read outside the lock, a race
         var attempt = 1
         while true {
             lock.lock()
@@ -127,10 +128,14 @@ final class DocumentCache: @unchecked Sendable {
         lock.unlock()
     }
 
+    private static func stripe(of id: String) -> Int {
+        Int(UInt(bitPattern: id.hashValue) % UInt(stripes))
+    }
+
     func forget(_ id: String) {
         lock.lock()
         entries[id] = nil
-        forgets[Int(UInt(bitPattern: id.hashValue) % UInt(forgets.count))] &+= 1
+        forgets[DocumentCache.stripe(of: id)] &+= 1
         lock.unlock()
     }
 }
