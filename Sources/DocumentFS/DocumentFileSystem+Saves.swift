@@ -185,7 +185,7 @@ extension DocumentFileSystem {
                 let known = ledger.bodyMD5s(of: staged.compactMap(\.attachment.blobKey))
                 for index in drafts.indices {
                     for (key, md5, compressed) in known {
-                        if compressed { drafts[index].draft.useCompressedBodyMD5(md5, of: key) } else { drafts[index].draft.useBodyMD5(md5, of: key) }
+                        drafts[index].draft.useBodyMD5(md5, of: key, compressed: compressed)
                     }
                     store.workOutCouchMD5s(of: &drafts[index].draft)
                 }

@@ -432,12 +432,12 @@ extension Database {
     /// Many bodies are shared among the cores: gzip for those of text types is most of the end
     /// of a copy of many text files (10,000 of 4 KiB: 2 s on one core).
     public func workOutCouchMD5s(of draft: inout RevisionDraft) {
-        var work: [CouchAttachmentMD5.Body] = []
-        var listed = Set<CouchAttachmentMD5.Body>()
+        var wanted = Set<CouchAttachmentMD5.Body>()
         for attachment in draft.attachments.values where attachment.revpos == 0 && CouchAttachmentMD5.isWorkedOutFromBody(attachment) {
             let body = CouchAttachmentMD5.Body(key: attachment.blobKey!, compressible: CouchAttachmentMD5.isCompressible(attachment.contentType))
-            if draft.couchMD5sAhead[body] == nil, listed.insert(body).inserted { work.append(body) }
+            if draft.couchMD5sAhead[body] == nil { wanted.insert(body) }
         }
+        let work = Array(wanted)
         guard !work.isEmpty else { return }  // most single-file saves: no threads, no lock
         let shares = min(ProcessInfo.processInfo.activeProcessorCount, work.count / Tuning.couchMD5sPerShare + 1)
         let found = Locked<[CouchAttachmentMD5.Body: [UInt8]]>([:])

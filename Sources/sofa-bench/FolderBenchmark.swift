@@ -120,8 +120,8 @@ func folderBenchmark(_ options: Options) throws {
                     print("  second rsync sent \(sent) files; first of them, itemized:\n    " + itemized.prefix(10).joined(separator: "\n    "))
                 }
             }
-            peak = max(peak, mountPeakRSS(dbPath))
             let process = mountProcess(of: dbPath)
+            peak = max(peak, process.map(peakRSS) ?? 0)
             let unmounting = now()
             _ = try timeShell("fusermount3 -u \(mountPoint)")
             unmounted = true

@@ -130,7 +130,7 @@ func mountBenchmark(_ options: Options) throws {
                 mount: "cd \(mountDocs) && xargs -a \(work)/small.txt cat > /dev/null")
 
     print(String(repeating: "-", count: 96))
-    let peak = mountPeakRSS(db.path)
+    let peak = mountProcess(of: db.path).map(peakRSS) ?? 0
     if peak > 0 { row("peak RSS of the mount process", "\(peak / 1024) kB") }
 }
 
@@ -149,11 +149,9 @@ func isRunning(_ pid: Int32) -> Bool {
     return stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first != "Z"
 }
 
-/// The peak RSS (bytes) of the `sofa mount` process serving the database at `path`; 0 when none
-/// runs.
-func mountPeakRSS(_ path: String) -> Int {
-    guard let pid = mountProcess(of: path),
-          let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+/// The peak RSS (bytes) of process `pid`; 0 when it has ended.
+func peakRSS(_ pid: Int32) -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
           let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM") }),
           let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else { return 0 }
     return kib * 1024

@@ -338,7 +338,7 @@ import TestSupport
         for (index, blob) in blobs.enumerated() {
             try ahead.setAttachment("f\(index).txt", blob: StoredBlob(key: blob.key, length: blob.length))
             try inSave.setAttachment("f\(index).txt", blob: StoredBlob(key: blob.key, length: blob.length))
-            if let md5 = md5s[blob.key] { ahead.useCompressedBodyMD5(md5, of: blob.key) }
+            if let md5 = md5s[blob.key] { ahead.useBodyMD5(md5, of: blob.key, compressed: true) }
         }
         #expect(ahead.couchMD5sAhead.count == blobs.count - unwanted.count && inSave.couchMD5sAhead.isEmpty)
         #expect(try db.save(ahead).revID == db.save(inSave).revID)
