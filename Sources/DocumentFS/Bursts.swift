@@ -111,7 +111,7 @@ extension DocumentFileSystem {
         } catch SofaError.conflict {
             return nil  // the file of that name was folded meanwhile: saved now, on top of that revision
         }
-        cache.update(id) { $0.setLocal(name, shown) }
+        cache.setLocal(id, name, shown)
         let awaits = CouchMD5sInBackground.isWorthIt(contentType: contentType, length: blob.length)
         track(staged, in: id, base: live, bodyMD5: blob.md5, awaitsCompressedMD5: awaits)
         if awaits { md5sAhead.add(blob.key) }
@@ -144,10 +144,9 @@ extension DocumentFileSystem {
         } catch SofaError.conflict {
             return false  // folded meanwhile: renamed in a revision
         }
-        cache.update(id) {
-            $0.setLocal(toName, $0.local[fromName])  // as the restage moved it
-            $0.setLocal(fromName, nil)
-        }
+        // As the restage moved them; the values, not a move of whatever the entry holds, so that
+        // a load under way that read the log after the restage takes in the same.
+        cache.setLocal(id, [(toName, entry.local[fromName]), (fromName, nil)])
         track(moved, in: id, base: live, replacing: staged)
         return true
     }

@@ -86,6 +86,12 @@ final class DocumentCache: @unchecked Sendable {
     /// overtook may predate the change the forget announced, so it is done again.
     private var forgets = [UInt64](repeating: 0, count: DocumentCache.stripes)
     private static let stripes = 64
+    /// The rows changed (`setLocal`) in documents being loaded, in order, with how many loads
+    /// of each are under way: a load read its rows before some of them (the row of a file
+    /// `rsync` gave its time, then renamed), and takes them in before it is kept. Without this,
+    /// such a load kept the row as it was: the file showed its revision's time until the next
+    /// save, and a second `rsync -a` sent it again.
+    private var loading: [String: (loads: Int, changes: [(row: String, attributes: LocalAttributes?)])] = [:]
     private let lock = NSLock()
     static let capacity = Tuning.mountDocumentCache
 
@@ -103,9 +109,17 @@ final class DocumentCache: @unchecked Sendable {
                 return entry
             }
             let before = forgets[stripe]
+            let seen = loading[id]?.changes.count ?? 0
+            loading[id, default: (0, [])].loads += 1
             lock.unlock()
-            let entry = try load()
+            var entry: Entry
+            do { entry = try load() } catch {
+                lock.withLock { endLoad(id) }
+                throw error
+            }
             lock.lock()
+            for change in loading[id]!.changes[seen...] { entry.setLocal(change.row, change.attributes) }
+            endLoad(id)
             let overtaken = forgets[stripe] != before
             if !overtaken {
                 if entries.count >= DocumentCache.capacity { entries.removeAll(keepingCapacity: true) }
@@ -120,12 +134,24 @@ final class DocumentCache: @unchecked Sendable {
         }
     }
 
-    /// Changes a cached entry in place (a time given to an attachment), without the reload
-    /// a `forget` would cost; nothing happens when the document is not cached.
-    func update(_ id: String, _ change: (inout Entry) -> Void) {
+    /// Sets rows of a document's `local` in place (a time given to an attachment, after the
+    /// database's or the staging log's), without the reload a `forget` would cost: in its
+    /// cached entry, and in what loads under way of it read before.
+    func setLocal(_ id: String, _ changes: [(row: String, attributes: LocalAttributes?)]) {
         lock.lock()
-        if entries[id] != nil { change(&entries[id]!) }
+        if entries[id] != nil { for change in changes { entries[id]!.setLocal(change.row, change.attributes) } }
+        if loading[id] != nil { loading[id]!.changes += changes }
         lock.unlock()
+    }
+
+    func setLocal(_ id: String, _ row: String, _ attributes: LocalAttributes?) {
+        setLocal(id, [(row, attributes)])
+    }
+
+    /// Under `lock`: one load of `id` ended; its changes go with the last.
+    private func endLoad(_ id: String) {
+        loading[id]!.loads -= 1
+        if loading[id]!.loads == 0 { loading[id] = nil }
     }
 
     private static func stripe(of id: String) -> Int {

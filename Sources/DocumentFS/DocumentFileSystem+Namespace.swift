@@ -31,7 +31,7 @@ extension DocumentFileSystem {
             // Recorded, so that the empty folder is there at the next mount too.
             let row = LocalAttributes.folderName(folder)
             let local = try store.updateLocalAttributes(docID: id, name: row) { $0.modified = FileTime.now.nanoseconds }
-            cache.update(id) { $0.setLocal(row, local) }
+            cache.setLocal(id, row, local)
             noteEntryChange(folder, in: id)
         case .scratch(let id, let relative):
             guard try documentFolderExists(id) else { throw MountError.notFound(path) }

@@ -110,7 +110,7 @@ extension DocumentFileSystem {
                 if let modified = newModified ?? changed?.nanoseconds { attributes.modified = modified }
                 if let newAccessed { attributes.accessed = newAccessed }
             }
-            cache.update(id) { $0.setLocal(row, local) }
+            cache.setLocal(id, row, local)
             return
         }
         if let pending = pendingFile(at: path) {
@@ -150,7 +150,7 @@ extension DocumentFileSystem {
             guard try liveRevision(id) != nil, try visibleAttachment(name, in: id) != nil else { return }  // not saved yet
         }
         let local = try updateLocalAttributes(of: row, in: id) { $0.mode = bits == standard ? nil : bits }
-        cache.update(id) { $0.setLocal(row, local) }
+        cache.setLocal(id, row, local)
     }
 
     /// Records times and a mode given to an attachment whose body is `digest` (a file being
@@ -159,7 +159,7 @@ extension DocumentFileSystem {
     func recordGiven(_ given: LocalAttributes, of name: String, in id: String, digest: String) throws {
         guard given != LocalAttributes() else { return }
         let local = try updateLocalAttributes(of: name, in: id) { $0.take(given, forBody: digest) }
-        cache.update(id) { $0.setLocal(name, local) }
+        cache.setLocal(id, name, local)
     }
 
     /// Changes the times or mode of attachment `name`: in the staging log while it is staged
@@ -202,7 +202,7 @@ extension DocumentFileSystem {
         // Staged still (a removal under way saves it later): its fold would store them again.
         _ = try updateLocalAttributes(of: name, in: id) { $0 = LocalAttributes() }
         try store.moveLocalAttributes(docID: id, moves: [], toDocument: nil, removing: [name])
-        cache.update(id) { $0.setLocal(name, nil) }
+        cache.setLocal(id, name, nil)
     }
 
     static let utimeNow = (1 << 30) - 1

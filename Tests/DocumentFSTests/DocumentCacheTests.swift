@@ -1,6 +1,7 @@
 @testable import DocumentFS
 import DocumentModel
 import DocumentStore
+import MountTables
 import Foundation
 import Testing
 
@@ -51,5 +52,28 @@ import Testing
         var again = 0
         _ = cache.entry("busy") { again += 1; return entry("kept") }
         #expect(again == 1, "an overtaken load is not kept")
+    }
+
+    /// A file is given its time (`rsync -a` on its temporary name) and renamed while the
+    /// document is loaded, the load having read its rows before: the entry kept holds both
+    /// changes, not the rows as the load read them (the file showed its revision's time until
+    /// the next save, and a second `rsync -a` sent it again). Rows changed in another document
+    /// are not taken in.
+    @Test func rowsChangedWhileALoadRunsAreInTheEntryItKeeps() {
+        let cache = DocumentCache()
+        let given = LocalAttributes(digest: "md5-a", modified: 1_234_567_890_000_000_000)
+        let got = cache.entry("doc") {
+            // What the load read: the temporary name with no time yet.
+            let read = DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false, local: [".a.txt.X1": LocalAttributes(digest: "md5-a")])
+            cache.setLocal("doc", ".a.txt.X1", given)  // utimensat, after the load read the rows
+            cache.setLocal("doc", [("a.txt", given), (".a.txt.X1", nil)])  // the rename
+            cache.setLocal("other", "a.txt", LocalAttributes(digest: "md5-b", modified: 1))
+            return read
+        }
+        #expect(got.local["a.txt"] == given && got.local[".a.txt.X1"] == nil)
+        let kept = cache.entry("doc") { DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false) }
+        #expect(kept.local == ["a.txt": given])
+        let other = cache.entry("other") { DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false) }
+        #expect(other.local.isEmpty, "a change made while no load of it ran is not kept for a later load")
     }
 }
