@@ -199,13 +199,18 @@ extension DocumentFileSystem {
             guard let revision = try liveRevision(id), showsProperties(of: id, revision) else { throw MountError.notFound(path) }
             overlay.startRemoval(id)
         case .attachment(let id, let name):
-            guard let revision = try liveRevision(id), try visibleAttachment(name, in: id) != nil else {
+            guard let revision = try liveRevision(id), let shown = try visibleAttachment(name, in: id) else {
                 throw try isDirectoryNode(path) ? MountError.isFolder(path) : MountError.notFound(path)
             }
             let removing = overlay.removeDuringRemoval(name, in: id)
             keepFolders(of: [name], in: id)
             if !removing {
-                _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
+                // The file as it was shown: a staged file that a fold put in a revision since is
+                // that file, not a change made elsewhere (its unlink answered ENOENT, and `git`
+                // then found its index.lock still there).
+                _ = try commit(id, base: revision.revID, change: .attachment(name), seen: .attachment(shown.digest)) {
+                    try $0.removeAttachment(name)
+                }
             }
             try forgetLocalAttributes(of: name, in: id)
             noteEntryChange(name, in: id)

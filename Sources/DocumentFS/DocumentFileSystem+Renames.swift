@@ -194,7 +194,10 @@ extension DocumentFileSystem {
             noteEntryChange(toName, in: toID)
         }
         if fromID == toID {
-            _ = try commit(fromID, base: source.revID, change: .attachment(toName)) { draft in
+            // A file onto the file shown at its new name (or none): a fold since that put either in
+            // a revision is this mount's own, not a change made elsewhere (as `unlink`).
+            let seen: Seen = sourceKind == .regularFile ? .attachment(try visibleAttachment(toName, in: toID)?.digest) : .unknown
+            _ = try commit(fromID, base: source.revID, change: .attachment(toName), seen: seen) { draft in
                 for attachment in moving { try draft.renameAttachment(attachment.name, to: renamed(attachment.name)) }
             }
             try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: sourceKind == .directory)
