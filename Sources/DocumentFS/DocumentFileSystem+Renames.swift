@@ -123,7 +123,9 @@ extension DocumentFileSystem {
             if toID == id {
                 setAside(attachment, of: id)
             } else {
-                _ = try commit(id, base: revision.revID, change: .attachment(name)) { try $0.removeAttachment(name) }
+                _ = try commit(id, base: revision.revID, change: .attachment(name), seen: .attachment(attachment.digest)) {
+                    try $0.removeAttachment(name)
+                }
             }
         case let (.scratch(id, relative), .scratch(toID, toRelative)):
             guard try documentFolderExists(toID) else { throw MountError.notFound(to) }
@@ -193,11 +195,13 @@ extension DocumentFileSystem {
             noteEntryChange(fromName, in: fromID)
             noteEntryChange(toName, in: toID)
         }
+        // A file goes onto the file shown at its new name (or none), and leaves the one shown at
+        // its old: a fold since that put either in a revision is this mount's own, not a change
+        // made elsewhere (as `unlink`).
+        let file = sourceKind == .regularFile
+        let target: Seen = file ? .attachment(try visibleAttachment(toName, in: toID)?.digest) : .unknown
         if fromID == toID {
-            // A file onto the file shown at its new name (or none): a fold since that put either in
-            // a revision is this mount's own, not a change made elsewhere (as `unlink`).
-            let seen: Seen = sourceKind == .regularFile ? .attachment(try visibleAttachment(toName, in: toID)?.digest) : .unknown
-            _ = try commit(fromID, base: source.revID, change: .attachment(toName), seen: seen) { draft in
+            _ = try commit(fromID, base: source.revID, change: .attachment(toName), seen: target) { draft in
                 for attachment in moving { try draft.renameAttachment(attachment.name, to: renamed(attachment.name)) }
             }
             try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: sourceKind == .directory)
@@ -205,10 +209,10 @@ extension DocumentFileSystem {
         }
         guard try documentFolderExists(toID) else { throw MountError.notFound(.documentPath(toID)) }
         // No bytes move: the target refers to the same blobs.
-        _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .attachment(toName)) { draft in
+        _ = try commit(toID, base: try liveRevision(toID)?.revID, change: .attachment(toName), seen: target) { draft in
             for attachment in moving { try draft.setAttachment(attachment.with(name: renamed(attachment.name), revpos: 0)) }
         }
-        _ = try commit(fromID, base: source.revID, change: .attachment(fromName)) { draft in
+        _ = try commit(fromID, base: source.revID, change: .attachment(fromName), seen: file ? .attachment(moving[0].digest) : .unknown) { draft in
             for attachment in moving { try draft.removeAttachment(attachment.name) }
         }
         try moveLocalAttributes(fromID, fromName, to: toID, toName, folder: sourceKind == .directory)
