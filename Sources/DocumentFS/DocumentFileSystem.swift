@@ -717,7 +717,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
         let type = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         guard !type.isEmpty, type != current[name] else { return }
         let base = try liveRevision(id)?.revID
-        _ = try commit(id, base: base, change: .attachment(attachmentName)) { draft in
+        // The file as shown (as `unlink`): a fold since that put it in a revision is this mount's own.
+        _ = try commit(id, base: base, change: .attachment(attachmentName), seen: .attachment(current[DocumentFileSystem.digestAttribute])) { draft in
             try draft.setContentType(type, ofAttachment: attachmentName)
         }
     }

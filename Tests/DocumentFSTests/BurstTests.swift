@@ -241,10 +241,11 @@ import TestSupport
     }
 
     /// What `git` does with its index while files keep coming (a checkout, a status beside a
-    /// copy): create index.lock exclusively, write it, close it, then rename it onto index or
-    /// unlink it, 400 times, while another writer keeps the document's burst going, so that
-    /// folds come between a close and its unlink or rename. Each call succeeds: the unlink of
-    /// a lock folded meanwhile answered ENOENT, and the next exclusive create EEXIST (git:
+    /// copy): create index.lock exclusively, write it, close it, give it a type (`user.mime_type`),
+    /// then rename it onto index or unlink it, 400 times, while another writer keeps the
+    /// document's burst going, so that folds come between a close and what follows. Each call
+    /// succeeds: the unlink (or the setxattr) of a lock folded meanwhile answered ENOENT, and the
+    /// next exclusive create EEXIST (git:
     /// "Unable to create index.lock: File exists"). Run again after a fold, nothing is left.
     @Test func aLockFileCreatedAndRemovedDuringFoldsAlwaysGoes() throws {
         let mount = try MountedDatabase(db.path)
@@ -264,6 +265,7 @@ import TestSupport
                 try:
                     fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
                     os.write(fd, os.urandom(45000)); os.close(fd)
+                    os.setxattr(lock, 'user.mime_type', b'application/x-lock')
                 except OSError as e:
                     errors.append(('create', n, e.errno)); continue
                 try:
