@@ -86,12 +86,24 @@ final class DocumentCache: @unchecked Sendable {
     /// overtook may predate the change the forget announced, so it is done again.
     private var forgets = [UInt64](repeating: 0, count: DocumentCache.stripes)
     private static let stripes = 64
-    /// The rows changed (`setLocal`) in documents being loaded, in order, with how many loads
-    /// of each are under way: a load read its rows before some of them (the row of a file
-    /// `rsync` gave its time, then renamed), and takes them in before it is kept. Without this,
-    /// such a load kept the row as it was: the file showed its revision's time until the next
-    /// save, and a second `rsync -a` sent it again.
-    private var loading: [String: (loads: Int, changes: [(row: String, attributes: LocalAttributes?)])] = [:]
+    /// The rows changed (`setLocal`) in documents being loaded, in order, with where each load
+    /// under way began: a load read its rows before some of them (the row of a file `rsync`
+    /// gave its time, then renamed), and takes them in before it is kept. Without this, such a
+    /// load kept the row as it was: the file showed its revision's time until the next save,
+    /// and a second `rsync -a` sent it again.
+    private var loading: [String: Loads] = [:]
+
+    /// The changes of one document that loads under way still need. Positions count every
+    /// change since the first of these loads began; those before the oldest load still running
+    /// are dropped, so loads that overlap without end keep only what they need.
+    private struct Loads {
+        /// Where each load under way began (its position), oldest first.
+        var starts: [Int] = []
+        /// How many changes were dropped from the front of `changes`.
+        var dropped = 0
+        var changes: [(row: String, attributes: LocalAttributes?)] = []
+        var end: Int { dropped + changes.count }
+    }
     private let lock = NSLock()
     static let capacity = Tuning.mountDocumentCache
 
@@ -109,17 +121,18 @@ final class DocumentCache: @unchecked Sendable {
                 return entry
             }
             let before = forgets[stripe]
-            let seen = loading[id]?.changes.count ?? 0
-            loading[id, default: (0, [])].loads += 1
+            let start = loading[id]?.end ?? 0
+            loading[id, default: Loads()].starts.append(start)
             lock.unlock()
             var entry: Entry
             do { entry = try load() } catch {
-                lock.withLock { endLoad(id) }
+                lock.withLock { endLoad(id, start) }
                 throw error
             }
             lock.lock()
-            for change in loading[id]!.changes[seen...] { entry.setLocal(change.row, change.attributes) }
-            endLoad(id)
+            let loads = loading[id]!
+            for change in loads.changes[(start - loads.dropped)...] { entry.setLocal(change.row, change.attributes) }
+            endLoad(id, start)
             let overtaken = forgets[stripe] != before
             if !overtaken {
                 if entries.count >= DocumentCache.capacity { entries.removeAll(keepingCapacity: true) }
@@ -148,10 +161,23 @@ final class DocumentCache: @unchecked Sendable {
         setLocal(id, [(row, attributes)])
     }
 
-    /// Under `lock`: one load of `id` ended; its changes go with the last.
-    private func endLoad(_ id: String) {
-        loading[id]!.loads -= 1
-        if loading[id]!.loads == 0 { loading[id] = nil }
+    /// Under `lock`: the load of `id` that began at `start` ended; the changes no load under
+    /// way needs go.
+    private func endLoad(_ id: String, _ start: Int) {
+        loading[id]!.starts.remove(at: loading[id]!.starts.firstIndex(of: start)!)
+        guard let oldest = loading[id]!.starts.first else {
+            loading[id] = nil
+            return
+        }
+        if oldest > loading[id]!.dropped {
+            loading[id]!.changes.removeFirst(oldest - loading[id]!.dropped)
+            loading[id]!.dropped = oldest
+        }
+    }
+
+    /// How many changes of `id` are kept for loads under way (for tests).
+    func changesKeptForLoads(of id: String) -> Int {
+        lock.withLock { loading[id]?.changes.count ?? 0 }
     }
 
     private static func stripe(of id: String) -> Int {

@@ -76,4 +76,35 @@ import Testing
         let other = cache.entry("other") { DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false) }
         #expect(other.local.isEmpty, "a change made while no load of it ran is not kept for a later load")
     }
+
+    /// Loads of one document that overlap, the oldest ending first (lookups on several threads
+    /// while folds go on): each takes in the changes made since it began, and the changes no
+    /// load under way needs are dropped, so that loads overlapping without end keep only those.
+    @Test func changesKeptForLoadsGoOnceNoLoadUnderWayNeedsThem() {
+        let cache = DocumentCache()
+        func row(_ n: Int) -> LocalAttributes { LocalAttributes(digest: "md5-\(n)", modified: Int64(n)) }
+        let aStarted = DispatchSemaphore(value: 0), aGo = DispatchSemaphore(value: 0), aDone = DispatchSemaphore(value: 0)
+        let bStarted = DispatchSemaphore(value: 0), bGo = DispatchSemaphore(value: 0), bDone = DispatchSemaphore(value: 0)
+        nonisolated(unsafe) var gotA: DocumentCache.Entry?, gotB: DocumentCache.Entry?
+        Thread.detachNewThread {
+            gotA = cache.entry("doc") { aStarted.signal(); aGo.wait(); return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false) }
+            aDone.signal()
+        }
+        aStarted.wait()
+        cache.setLocal("doc", "c1", row(1))
+        Thread.detachNewThread {
+            gotB = cache.entry("doc") { bStarted.signal(); bGo.wait(); return DocumentCache.Entry(revision: nil, rendered: [], hasConflicts: false) }
+            bDone.signal()
+        }
+        bStarted.wait()
+        cache.setLocal("doc", "c2", row(2))
+        #expect(cache.changesKeptForLoads(of: "doc") == 2)
+        aGo.signal(); aDone.wait()
+        #expect(gotA?.local == ["c1": row(1), "c2": row(2)])
+        #expect(cache.changesKeptForLoads(of: "doc") == 1, "c1 was made before the load still under way began")
+        cache.setLocal("doc", "c3", row(3))
+        bGo.signal(); bDone.wait()
+        #expect(gotB?.local == ["c2": row(2), "c3": row(3)], "the load that began after c1 takes in what came after it")
+        #expect(cache.changesKeptForLoads(of: "doc") == 0)
+    }
 }
