@@ -74,8 +74,14 @@ func folderBenchmark(_ options: Options) throws {
     /// the last files closed are still staged: their revision is saved by the next fold, which
     /// the unmount waits for. So the time until the mount has ended is measured too ("saved"):
     /// what a user waits for between the job and a revision another process sees.
+    ///
+    /// `shows`: the tree the job copies, and whether it keeps the files' times (to the second).
+    /// In the first of several turns, what the mount shows right after the job is compared
+    /// with it file by file while the last fold runs (that turn's "saved" is not counted):
+    /// two wrong answers during a fold (a time, a lock file) were found only this way.
     @discardableResult
     func compare(_ label: String, files: Int, job: (_ target: String) -> String, into: String,
+                 shows: (tree: String, times: Bool)? = nil,
                  again: ((_ target: String) -> String)? = nil) throws -> Double {
         // passthrough_ll holds a descriptor per file it has seen: the 1,000-document trees (22,000
         // files and folders) pass the hard limit here, so it runs beside the one-document jobs only.
@@ -108,12 +114,21 @@ func folderBenchmark(_ options: Options) throws {
             try FileManager.default.createDirectory(atPath: "\(mountPoint)/\(into)", withIntermediateDirectories: true)
             _ = try timeShell("sync")  // as before passthrough_ll's: nothing left of the run before
             mountTimes.append(try timeShell("\(job("\(mountPoint)/\(into)")) && sync"))
+            let checked = round == 0 && rounds > 1 && shows != nil
+            if checked, let shows {
+                let (compared, differences) = try differencesShown(in: "\(mountPoint)/\(into)", from: shows.tree, times: shows.times)
+                extra += "  shown during the last fold: " + (differences.isEmpty ? "\(compared) as the source" : "\(differences.count) of \(compared) differ")
+                if !differences.isEmpty {
+                    print("  \(label): \(differences.count) files shown otherwise than the source while the last fold ran; first of them (path, size, mtime: source | mount):\n    "
+                          + differences.prefix(10).joined(separator: "\n    "))
+                }
+            }
             if let again, round == 0 {
                 let output = try shellOutput(again("\(mountPoint)/\(into)"))
                 let lines = output.split(separator: "\n")
                 let sent = lines.first { $0.hasPrefix("Number of regular files transferred") }
                     .map { String($0.split(separator: ":").last ?? "").trimmingCharacters(in: .whitespaces) } ?? "?"
-                extra = "  second run: \(sent) sent"
+                extra += "  second run: \(sent) sent"
                 if sent != "0" {
                     // What rsync found different and how (`-i`: `>f.st` size and time, `>f+++` new).
                     let itemized = lines.filter { $0.hasPrefix(">f") || $0.hasPrefix("<f") }
@@ -138,7 +153,7 @@ func folderBenchmark(_ options: Options) throws {
                 waited += 1
             }
             // The rsync run again before the unmount has had the first one's last fold done meanwhile.
-            if again == nil || round > 0 {
+            if (again == nil || round > 0) && !checked {
                 lastFolds.append(now() - unmounting)
                 savedTimes.append(mountTimes.last! + lastFolds.last!)
             }
@@ -168,6 +183,30 @@ func folderBenchmark(_ options: Options) throws {
                 beside + String(format: "  (unmount %.2f s)", median(lastFolds)))
         }
         return mountTime
+    }
+
+    /// How many files the source has, and the regular files below `mounted` whose size (and, with `times`, modification time to
+    /// the second) is not the source's, and those in only one of them; a document folder's
+    /// properties.json and a clone's `.git/` are the mount's own, not compared.
+    func differencesShown(in mounted: String, from tree: String, times: Bool) throws -> (compared: Int, differences: [String]) {
+        func files(_ root: String) throws -> [String: String] {
+            let listing = try shellOutput("cd \(root) && find . -type f -printf '%P\\t%s\\t%T@\\n'")
+            var found: [String: String] = [:]
+            for line in listing.split(separator: "\n") {
+                let fields = line.split(separator: "\t", omittingEmptySubsequences: false)
+                guard fields.count == 3 else { continue }
+                let path = String(fields[0])
+                if path.hasPrefix(".git/") || path.hasSuffix("properties.json") { continue }
+                let seconds = fields[2].split(separator: ".").first.map(String.init) ?? ""
+                found[path] = times ? "\(fields[1]) \(seconds)" : String(fields[1])
+            }
+            return found
+        }
+        let (source, shown) = (try files(tree), try files(mounted))
+        let differences = Set(source.keys).union(shown.keys).sorted().compactMap { path in
+            source[path] == shown[path] ? nil : "\(path): \(source[path] ?? "(none)") | \(shown[path] ?? "(none)")"
+        }
+        return (source.count, differences)
     }
 
     func median(_ times: [Double]) -> Double {
@@ -200,16 +239,16 @@ func folderBenchmark(_ options: Options) throws {
         let copy = into == "docs" ? { (target: String) in
             "cd \(tree) && for d in *; do mkdir -p \(target)/$d/attachments && cp -r $d/attachments/. \(target)/$d/attachments/ || exit 1; done"
         } : { (target: String) in "cp -r \(tree)/. \(target)" }
-        let time = try compare("cp -r, \(files) files, \(what)", files: files, job: copy, into: into)
-        try compare("tar x, \(files) files, \(what)", files: files, job: { "tar xf \(tree).tar -C \($0)" }, into: into)
+        let time = try compare("cp -r, \(files) files, \(what)", files: files, job: copy, into: into, shows: (tree, false))
+        try compare("tar x, \(files) files, \(what)", files: files, job: { "tar xf \(tree).tar -C \($0)" }, into: into, shows: (tree, true))
         try compare("rsync -a, \(files) files, \(what)", files: files, job: { "rsync -a \(tree)/ \($0)/" }, into: into,
-                    again: { "rsync -ai --stats \(tree)/ \($0)/" })
+                    shows: (tree, true), again: { "rsync -ai --stats \(tree)/ \($0)/" })
         if into != "docs" {
             // unzip writes each file in place; git clone writes its objects under .git/ (scratch
             // files in a mount: hidden names are local) through temporary names, then checks out.
-            try compare("unzip, \(files) files, \(what)", files: files, job: { "unzip -q \(tree).zip -d \($0)" }, into: into)
+            try compare("unzip, \(files) files, \(what)", files: files, job: { "unzip -q \(tree).zip -d \($0)" }, into: into, shows: (tree, false))
             try compare("git clone, \(files) files, \(what)", files: files,
-                        job: { "git clone -q --no-hardlinks file://\(tree).repo \($0)" }, into: into)
+                        job: { "git clone -q --no-hardlinks file://\(tree).repo \($0)" }, into: into, shows: (tree, false))
         }
         return time
     }
@@ -221,7 +260,8 @@ func folderBenchmark(_ options: Options) throws {
     } ?? ""
     row("cp -r: \(large) files / \(small) files", String(format: "%.1f× the time for 10× the files", more / fewer) + referenceGrowth)
     let texts = try makeTree(large, text: true)
-    try compare("cp -r, \(large) text files, one document", files: large, job: { "cp -r \(texts)/. \($0)" }, into: "docs/folder/attachments")
+    try compare("cp -r, \(large) text files, one document", files: large, job: { "cp -r \(texts)/. \($0)" }, into: "docs/folder/attachments",
+                shows: (texts, false))
     _ = try copyAll(try makeTree(large, spreadOver: large / 10), files: large, into: "docs", "\(large / 10) documents")
     print(String(repeating: "-", count: 96))
     row("peak RSS of the mount process (largest run)", String(format: "%.0f MB", Double(peak) / 1e6))
