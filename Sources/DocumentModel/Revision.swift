@@ -9,7 +9,7 @@ public struct RevisionID: Hashable, Sendable, Comparable, CustomStringConvertibl
 
     public init(generation: Int, suffix: String) {
         self.generation = generation
-        self.suffix = suffix
+        self.suffix = RevisionID.asCouchDBWritesIt(suffix)
     }
 
     /// Parses `GEN-SUFFIX`; nil unless GEN is a positive decimal and SUFFIX is not empty.
@@ -19,7 +19,16 @@ public struct RevisionID: Hashable, Sendable, Comparable, CustomStringConvertibl
               text[..<dash].allSatisfy(\.isASCII),
               text.index(after: dash) < text.endIndex else { return nil }
         self.generation = generation
-        self.suffix = String(text[text.index(after: dash)...])
+        self.suffix = RevisionID.asCouchDBWritesIt(String(text[text.index(after: dash)...]))
+    }
+
+    /// A suffix of 32 hex digits in capitals as CouchDB writes it back, in small letters: it
+    /// keeps such a suffix as the 16 bytes it spells (`suffixBytes`), the same revision.
+    static func asCouchDBWritesIt(_ suffix: String) -> String {
+        let utf8 = suffix.utf8
+        guard utf8.count == 32, utf8.contains(where: { $0 &- UInt8(ascii: "A") < 6 }),
+              utf8.allSatisfy({ ASCII.hexValue($0) != nil }) else { return suffix }
+        return suffix.lowercased()
     }
 
     /// Parses or throws `SofaError.invalidRevisionID`.
@@ -30,9 +39,15 @@ public struct RevisionID: Hashable, Sendable, Comparable, CustomStringConvertibl
 
     public var description: String { "\(generation)-\(suffix)" }
 
-    /// CouchDB's order: by generation, then by suffix bytes.
+    /// CouchDB's order: by generation, then by the suffix's bytes as CouchDB keeps them
+    /// (`suffixBytes`: 32 hex digits as 16 bytes, other suffixes, such as Couchbase Lite's 40
+    /// digits, as text), so that the winner and the order of branches are CouchDB's. Suffixes
+    /// of one length compare as their text (hex digits in small letters sort as their bytes).
     public static func < (lhs: RevisionID, rhs: RevisionID) -> Bool {
-        lhs.generation != rhs.generation ? lhs.generation < rhs.generation : lhs.suffix.utf8.lexicographicallyPrecedes(rhs.suffix.utf8)
+        if lhs.generation != rhs.generation { return lhs.generation < rhs.generation }
+        let (left, right) = (lhs.suffix.utf8, rhs.suffix.utf8)
+        if left.count == right.count { return left.lexicographicallyPrecedes(right) }
+        return lhs.suffixBytes.lexicographicallyPrecedes(rhs.suffixBytes)
     }
 
     /// The id CouchDB gives a new revision with this content on top of `parent`
