@@ -76,7 +76,7 @@ extension CouchServer {
             return try await self.openRevs(request, db, id: id, selector: openRevs, options: options)
         }
         let requested = try request.query("rev").map { try RevisionID.parse($0) }
-        let multipart = options.bodies == .inline && request.accepts("multipart/related")
+        let multipart = options.bodies == .inline && request.acceptsContentType("multipart/related")
         if multipart { options.bodies = .follows }
         let rendered = try await blocking { [options] () -> CouchFormat.Rendered in
             let tree = try db.revisionTree(of: id)
@@ -150,7 +150,7 @@ extension CouchServer {
     /// `multipart/mixed` (bodies included, as CouchDB does for that type) or a JSON array.
     private func openRevs(_ request: Request, _ db: Database, id: String, selector: JSONValue, options: CouchFormat.Options) async throws {
         var options = options
-        let multipart = request.accepts("multipart/mixed")
+        let multipart = request.acceptsContentType("multipart/mixed")
         if multipart { options.bodies = .follows }
         let latest = request.flag("latest")
         let wanted: [RevisionID]?

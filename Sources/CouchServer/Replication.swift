@@ -371,7 +371,11 @@ extension CouchServer {
         base.revisions = request.flag("revs") || body["revs"]?.boolValue == true
         let attachments = request.flag("attachments") || body["attachments"]?.boolValue == true
         let latest = request.flag("latest") || body["latest"]?.boolValue == true
-        let multipart = request.accepts("multipart/mixed")
+        // CouchDB answers JSON whenever the client takes it (no Accept header, `*/*`), and
+        // multipart only to one that takes multipart/mixed (or multipart/related) but not JSON.
+        let mixed = request.acceptsContentType("multipart/mixed")
+        let multipartType = mixed ? "multipart/mixed" : "multipart/related"
+        let multipart = !request.acceptsContentType("application/json") && (mixed || request.acceptsContentType("multipart/related"))
         let results = try await blocking { [base] () -> [BulkGetResult] in
             try list.map { item in
                 guard let id = item["id"]?.stringValue else { throw HTTPError.badRequest("Document id must be a string") }
@@ -415,7 +419,7 @@ extension CouchServer {
             return try await response.sendJSON(.ok, ["results": .array(rows)])
         }
         let boundary = makeBoundary()
-        try await response.start(.ok, headers: ["Content-Type": "multipart/mixed; boundary=\"\(boundary)\""])
+        try await response.start(.ok, headers: ["Content-Type": "\(multipartType); boundary=\"\(boundary)\""])
         for result in results {
             if result.missingUndefined {
                 let json = JSONValue.object(["rev": "undefined", "reason": "missing", "id": .string(result.id), "error": "not_found"]).jsonString()

@@ -547,9 +547,30 @@ struct Request {
         return value
     }
 
-    /// Whether the client prefers `type` (e.g. `multipart/mixed`) per its Accept header.
-    func accepts(_ type: String) -> Bool {
-        headers["Accept"].contains { $0.lowercased().contains(type) }
+    /// Whether the Accept header admits `type` (`multipart/mixed`), as CouchDB decides it
+    /// (mochiweb's `accepts_content_type`): no Accept header is `*/*`; a range admits the type
+    /// itself, its main type's `/*` or `*/*` with a q above 0, unless the type or its `/*` has
+    /// q=0; a q that is not a number admits nothing. So curl's `*/*` gets CouchDB's multipart
+    /// answers, and a client that wants JSON says `application/json`.
+    func acceptsContentType(_ type: String) -> Bool {
+        let values = headers["Accept"]
+        let ranges = values.isEmpty ? ["*/*"] : values.flatMap { $0.split(separator: ",").map(String.init) }
+        var qualities: [(range: String, q: Double)] = []
+        for item in ranges {
+            let parts = item.split(separator: ";").map { $0.filter { !$0.isWhitespace }.lowercased() }
+            guard let range = parts.first, !range.isEmpty else { continue }
+            var q = 1.0
+            for parameter in parts.dropFirst() where parameter.hasPrefix("q=") {
+                guard let value = Double(parameter.dropFirst(2)) else { return false }
+                q = value
+            }
+            qualities.append((range, q))
+        }
+        let wanted = type.lowercased()
+        let superType = String(wanted.prefix { $0 != "/" }) + "/*"
+        let admitted = qualities.contains { $0.q > 0 && ($0.range == "*/*" || $0.range == wanted || $0.range == superType) }
+        let refused = qualities.contains { $0.q == 0 && ($0.range == wanted || $0.range == superType) }
+        return admitted && !refused
     }
 }
 

@@ -43,7 +43,7 @@ import TestSupport
         var branch = try db.newRevision(of: "doc-02")
         branch.properties["branch"] = "mine"
         try db.save(branch)
-        _ = try db.insert(ReplicatedRevision(docID: "doc-02", revID: RevisionID("2-zzzz")!, ancestors: [root], properties: ["branch": "other"]))
+        _ = try db.insert(ReplicatedRevision(docID: "doc-02", revID: RevisionID("2-ffffffffffffffffffffffffffffffff")!, ancestors: [root], properties: ["branch": "other"]))  // wins: the highest id
         var withFiles = try db.newRevision(of: "files")
         try withFiles.setAttachment("notes/readme.txt", data: Array("hello, replication\n".utf8), contentType: "text/plain")
         let big = directory.appending("big.bin")
