@@ -129,6 +129,16 @@ extension DocumentFileSystem {
     /// the change is in (the current one when it changed nothing).
     func commitChanges(_ id: String, base: RevisionID?, change: Change?, seen: Seen,
                        _ apply: (inout RevisionDraft) throws -> Void) throws -> Revision? {
+        // One of this mount's saves of a document at a time: beside each other, each read the
+        // document, the other saved first, and it looked again; a file closed over and over
+        // beside a setxattr (git's index.lock, a writer's burst on a busy machine) made the
+        // setxattr lose eight times in a row and answer EBUSY. The retries below are for
+        // other writers (a sync, the CLI, another mount).
+        try saveTurns.withTurn(of: id) { try commitChangesInTurn(id, base: base, change: change, seen: seen, apply) }
+    }
+
+    private func commitChangesInTurn(_ id: String, base: RevisionID?, change: Change?, seen: Seen,
+                                     _ apply: (inout RevisionDraft) throws -> Void) throws -> Revision? {
         for _ in 0..<8 {
             let burst = ledger.burst(id)
             let staged = (burst?.staged.values).map(Array.init) ?? []
@@ -255,5 +265,31 @@ extension DocumentFileSystem {
         case .attachment(let name):
             return original.attachment(named: name)?.digest != (burst?.staged[name]?.attachment.digest ?? liveByName[name]?.digest)
         }
+    }
+}
+
+/// One save at a time per document in a mount (`commitChanges`). A turn is taken after the
+/// saving handle's lock and before the staging log's and the database's (docs/internals.md,
+/// Locks); nothing waits for a turn while holding one.
+final class DocumentSaveTurns: @unchecked Sendable {
+    private let lock = NSLock()
+    /// A lock per document being saved, with how many threads hold or wait for it.
+    private var turns: [String: (turn: NSLock, users: Int)] = [:]
+
+    func withTurn<T>(of id: String, _ body: () throws -> T) rethrows -> T {
+        let turn = lock.withLock {
+            let turn = turns[id]?.turn ?? NSLock()
+            turns[id] = (turn, (turns[id]?.users ?? 0) + 1)
+            return turn
+        }
+        turn.lock()
+        defer {
+            turn.unlock()
+            lock.withLock {
+                turns[id]!.users -= 1
+                if turns[id]!.users == 0 { turns[id] = nil }
+            }
+        }
+        return try body()
     }
 }

@@ -64,6 +64,8 @@ public final class DocumentFileSystem: FileSystem, @unchecked Sendable {
     let stagingLog: StagingLog?
     /// Where bursts are checked and folded, one at a time.
     let burstQueue = DispatchQueue(label: "sofa-bursts")
+    /// One of this mount's saves of a document at a time.
+    let saveTurns = DocumentSaveTurns()
     /// Works out staged text files' CouchDB MD5s while their burst goes on, for its fold.
     let md5sAhead: CouchMD5sInBackground
     typealias Removal = NamespaceOverlay.Removal
