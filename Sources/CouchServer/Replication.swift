@@ -335,6 +335,15 @@ extension CouchServer {
             document.id = id
             documents.append((id, document))
         }
+        if newEdits, body["all_or_nothing"]?.boolValue == true, !documents.isEmpty {
+            // CouchDB 3 does not do all-or-nothing: it answers 417 for each document and writes
+            // none (CouchDB-Python's suite expects that answer); not saving a part is what matters.
+            let refused: [JSONValue] = documents.map { entry in
+                ["id": .string(entry.id), "rev": .string(entry.document.rev?.description ?? "0-"),
+                 "error": "not_implemented", "reason": "all_or_nothing is not supported"]
+            }
+            return try await request.response.sendJSON(.expectationFailed, .array(refused))
+        }
         let results = try await storeDocuments(documents, received: [:], db: db, newEdits: newEdits)
         if !newEdits {
             // As CouchDB: nothing for what was stored, an entry for each revision refused.

@@ -67,6 +67,18 @@ extension CouchDBInteropTests {
             seen.append("_local_docs \(query): " + (try request("GET", "/\(listed)/_local_docs?\(query)")).text)
         }
         record("_local_docs keys", try request("POST", "/\(listed)/_local_docs", ["keys": ["_local/c", "_local/none", "_local/a"]]))
+        // all_or_nothing: CouchDB 3 refuses each document with 417 and writes none (with
+        // new_edits=false, or no documents, it goes on as without it).
+        let first = try request("PUT", "/\(db)/aon", ["n": 1]).json?["rev"]?.stringValue ?? ""
+        _ = try request("PUT", "/\(db)/aon?rev=\(first)", ["n": 2])
+        record("all_or_nothing", try request("POST", "/\(db)/_bulk_docs", ["all_or_nothing": true, "docs": [
+            ["_id": "aon", "_rev": .string(first), "n": 3], ["_id": "aon-new"], ["_id": "_local/aon"]]]))
+        record("all_or_nothing wrote nothing", try request("GET", "/\(db)/aon-new"))
+        record("all_or_nothing empty", try request("POST", "/\(db)/_bulk_docs", ["all_or_nothing": true, "docs": []]))
+        record("all_or_nothing replicated", try request("POST", "/\(db)/_bulk_docs", ["all_or_nothing": true, "new_edits": false,
+                                                                                        "docs": [["_id": "aon-r", "_rev": "1-abc"]]]))
+        record("all_or_nothing replicated stored", try request("GET", "/\(db)/aon-r"))
+        record("all_or_nothing not true", try request("POST", "/\(db)/_bulk_docs", ["all_or_nothing": "yes", "docs": [["_id": "aon-yes"]]]))
         for bad in ["0", "-1", "1.5", "abc"] {
             record("PUT q=\(bad)", try request("PUT", "/\(db)-bad?q=\(bad)"))
             seen.append("q=\(bad) made nothing: \(try request("GET", "/\(db)-bad").status)")
